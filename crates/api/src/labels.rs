@@ -1,0 +1,214 @@
+//! Well-known label, annotation and resource keys: NVIDIA's node contract, NFD's labels, and the labels
+//! every object this project creates carries. Nobody spells these strings anywhere else.
+//!
+//! Deploy switches (`nvidia.com/gpu.deploy.<operand>`) live with the operand catalogue
+//! ([`crate::catalogue`]).
+
+/// Prefix of the per-operand deploy switches.
+pub const DEPLOY_PREFIX: &str = "nvidia.com/gpu.deploy.";
+/// `true` on nodes with an NVIDIA GPU; flipped to `false` (not removed) when the GPU goes away.
+pub const GPU_PRESENT: &str = "nvidia.com/gpu.present";
+/// `false` empties the node of every operand.
+pub const DEPLOY_OPERANDS: &str = "nvidia.com/gpu.deploy.operands";
+/// `container`, `vm-passthrough` or `vm-vgpu`.
+pub const WORKLOAD_CONFIG: &str = "nvidia.com/gpu.workload.config";
+/// Deploy switches NVIDIA's operator sets although no operand uses them; swept, never set, by this one.
+pub const LEGACY_DEPLOY_LABELS: &[&str] =
+    &["nvidia.com/gpu.deploy.client", "nvidia.com/gpu.deploy.kata-manager", "nvidia.com/gpu.deploy.nvsm"];
+/// Deploy switch value the driver manager writes while it pauses an operand for a driver upgrade.
+pub const PAUSED_FOR_DRIVER_UPGRADE: &str = "paused-for-driver-upgrade";
+/// Deploy switch value the MIG manager writes while it pauses an operand for a MIG change.
+pub const PAUSED_FOR_MIG_CHANGE: &str = "paused-for-mig-change";
+
+/// MIG layout a node should have (a key of the MIG manager's configuration).
+pub const MIG_CONFIG: &str = "nvidia.com/mig.config";
+/// Progress of applying `nvidia.com/mig.config`: `pending`, `success` or `failed`.
+pub const MIG_CONFIG_STATE: &str = "nvidia.com/mig.config.state";
+/// `true` on nodes whose GPUs support MIG (written by feature discovery).
+pub const MIG_CAPABLE: &str = "nvidia.com/mig.capable";
+/// MIG strategy in use on the node (written by feature discovery).
+pub const MIG_STRATEGY: &str = "nvidia.com/mig.strategy";
+/// `true` on nodes where MPS sharing is configured (written by feature discovery).
+pub const MPS_CAPABLE: &str = "nvidia.com/mps.capable";
+/// Device plugin configuration a node selects (a key of `devicePlugin.config.name`).
+pub const DEVICE_PLUGIN_CONFIG: &str = "nvidia.com/device-plugin.config";
+/// Version of a vGPU host driver on the node; such nodes are never MIG-capable.
+pub const VGPU_HOST_DRIVER_VERSION: &str = "nvidia.com/vgpu.host-driver-version";
+
+/// GPU product name, e.g. `NVIDIA-A100-SXM4-40GB` (written by feature discovery).
+pub const GPU_PRODUCT: &str = "nvidia.com/gpu.product";
+/// Number of GPUs on the node.
+pub const GPU_COUNT: &str = "nvidia.com/gpu.count";
+/// Memory of one GPU in MiB.
+pub const GPU_MEMORY: &str = "nvidia.com/gpu.memory";
+/// GPU architecture family, e.g. `ampere`.
+pub const GPU_FAMILY: &str = "nvidia.com/gpu.family";
+/// Replicas each GPU is advertised as (time-slicing or MPS).
+pub const GPU_REPLICAS: &str = "nvidia.com/gpu.replicas";
+/// `time-slicing`, `mps` or `none`.
+pub const GPU_SHARING_STRATEGY: &str = "nvidia.com/gpu.sharing-strategy";
+/// Installed driver version, major part.
+pub const CUDA_DRIVER_MAJOR: &str = "nvidia.com/cuda.driver.major";
+
+/// NVIDIADriver that owns the driver on this node.
+pub const DRIVER_OWNER: &str = "nvidia.com/gpu-operator.driver.owner";
+/// State of the node in the driver upgrade state machine.
+pub const UPGRADE_STATE: &str = "nvidia.com/gpu-driver-upgrade-state";
+/// `true` excludes the node from automatic driver upgrades.
+pub const UPGRADE_SKIP: &str = "nvidia.com/gpu-driver-upgrade.skip";
+/// Pod label: `true` keeps a pod from being drained during driver upgrades.
+pub const UPGRADE_DRAIN_SKIP: &str = "nvidia.com/gpu-driver-upgrade-drain.skip";
+/// Node annotation: the operator, not the driver manager, handles upgrades on this node.
+pub const UPGRADE_ENABLED_ANNOTATION: &str = "nvidia.com/gpu-driver-upgrade-enabled";
+/// Node annotation set by a driver pod waiting for permission to load.
+pub const UPGRADE_WAIT_FOR_SAFE_LOAD: &str = "nvidia.com/gpu-driver-upgrade.driver-wait-for-safe-load";
+/// Node annotation: the node was already cordoned when its upgrade began.
+pub const UPGRADE_INITIAL_UNSCHEDULABLE: &str = "nvidia.com/gpu-driver-upgrade.node-initial-state.unschedulable";
+/// Node annotation: when waiting for job completion began.
+pub const UPGRADE_WAIT_FOR_COMPLETION_START: &str = "nvidia.com/gpu-driver-upgrade-wait-for-pod-completion-start-time";
+/// Node annotation: when post-upgrade validation began.
+pub const UPGRADE_VALIDATION_START: &str = "nvidia.com/gpu-driver-upgrade-validation-start-time";
+/// Node annotation: force an upgrade of this node.
+pub const UPGRADE_REQUESTED: &str = "nvidia.com/gpu-driver-upgrade-requested";
+
+/// NFD labels that mark an NVIDIA PCI device (vendor 0x10de), in any of the forms NFD writes.
+pub const NFD_NVIDIA_PCI: &[&str] = &[
+    "feature.node.kubernetes.io/pci-10de.present",
+    "feature.node.kubernetes.io/pci-0302_10de.present",
+    "feature.node.kubernetes.io/pci-0300_10de.present",
+];
+/// Prefix of every NFD label.
+pub const NFD_PREFIX: &str = "feature.node.kubernetes.io/";
+/// Full kernel version.
+pub const NFD_KERNEL_VERSION: &str = "feature.node.kubernetes.io/kernel-version.full";
+/// OS id, e.g. `ubuntu`, `rhel`.
+pub const NFD_OS_ID: &str = "feature.node.kubernetes.io/system-os_release.ID";
+/// OS version, e.g. `22.04`.
+pub const NFD_OS_VERSION: &str = "feature.node.kubernetes.io/system-os_release.VERSION_ID";
+/// OS major version, e.g. `9`.
+pub const NFD_OS_VERSION_MAJOR: &str = "feature.node.kubernetes.io/system-os_release.VERSION_ID.major";
+/// RHCOS OSTree version (OpenShift).
+pub const NFD_OSTREE_VERSION: &str = "feature.node.kubernetes.io/system-os_release.OSTREE_VERSION";
+
+/// Every object this project creates carries this label, with value [`MANAGED_BY_VALUE`].
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY`].
+pub const MANAGED_BY_VALUE: &str = "gpu-operator";
+/// The operand (catalogue id) an object belongs to.
+pub const COMPONENT: &str = "app.kubernetes.io/component";
+/// Field manager of every server-side apply this project makes.
+pub const FIELD_MANAGER: &str = "gpu-operator";
+
+/// Extended resource of whole (or single-strategy MIG, or shared) GPUs.
+pub const RESOURCE_GPU: &str = "nvidia.com/gpu";
+/// Prefix of the mixed-strategy MIG resources, e.g. `nvidia.com/mig-1g.10gb`.
+pub const RESOURCE_MIG_PREFIX: &str = "nvidia.com/mig-";
+/// Taint key and toleration every operand carries.
+pub const GPU_TAINT: &str = "nvidia.com/gpu";
+
+/// Directory of the on-node status files.
+pub const VALIDATIONS_DIR: &str = "/run/nvidia/validations";
+
+/// Whether a node's labels show an NVIDIA GPU, as NFD reports it.
+pub fn has_nfd_gpu<'a>(mut labels: impl Iterator<Item = (&'a str, &'a str)>) -> bool {
+    labels.any(|(key, value)| value == "true" && NFD_NVIDIA_PCI.contains(&key))
+}
+
+/// Whether a resource name is one the NVIDIA device plugin advertises.
+pub fn is_gpu_resource(name: &str) -> bool {
+    name == RESOURCE_GPU || name.starts_with(RESOURCE_MIG_PREFIX) || name.starts_with("nvidia.com/gpu.")
+}
+
+/// Why a label key is not valid, if it is not (Kubernetes' qualified-name rule).
+pub fn label_key_problem(key: &str) -> Option<String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix
+        && let Some(problem) = dns_subdomain_problem(prefix)
+    {
+        return Some(format!("prefix {prefix:?} {problem}"));
+    }
+    if name.is_empty() {
+        return Some("name part must not be empty".to_owned());
+    }
+    name_problem(name)
+}
+
+/// Why a label value is not valid, if it is not: at most 63 characters, alphanumeric at both ends, and
+/// `-`, `_`, `.` in between; empty is valid.
+pub fn label_value_problem(value: &str) -> Option<String> {
+    if value.is_empty() { None } else { name_problem(value) }
+}
+
+/// Why a name is not a valid DNS subdomain (the rule for most object names), if it is not.
+pub fn dns_subdomain_problem(name: &str) -> Option<String> {
+    let valid_label = |label: &str| {
+        !label.is_empty()
+            && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    if name.is_empty() {
+        Some("must not be empty".to_owned())
+    } else if name.len() > 253 {
+        Some("must be no more than 253 characters".to_owned())
+    } else if !name.split('.').all(valid_label) {
+        Some("must consist of lower case alphanumeric characters, '-' or '.', and start and end with an alphanumeric character".to_owned())
+    } else {
+        None
+    }
+}
+
+fn name_problem(name: &str) -> Option<String> {
+    let edge_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    if name.len() > 63 {
+        Some("must be no more than 63 characters".to_owned())
+    } else if !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        || !edge_ok(name.chars().next())
+        || !edge_ok(name.chars().last())
+    {
+        Some("must consist of alphanumeric characters, '-', '_' or '.', and start and end with an alphanumeric character".to_owned())
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_syntax_follows_kubernetes() {
+        assert_eq!(label_key_problem("nvidia.com/gpu.deploy.driver"), None);
+        assert_eq!(label_key_problem("app"), None);
+        assert!(label_key_problem("Bad_Prefix.com/x").is_some());
+        assert!(label_key_problem("a/").is_some());
+        assert!(label_key_problem("-a").is_some());
+        assert!(label_key_problem(&"a".repeat(64)).is_some());
+        assert_eq!(label_value_problem(""), None);
+        assert_eq!(label_value_problem("true"), None);
+        assert!(label_value_problem("has space").is_some());
+        assert_eq!(dns_subdomain_problem("cluster-policy"), None);
+        assert!(dns_subdomain_problem("Cluster").is_some());
+    }
+
+    #[test]
+    fn nfd_gpu_detection_accepts_every_form_and_only_true() {
+        for key in NFD_NVIDIA_PCI {
+            assert!(has_nfd_gpu([(*key, "true")].into_iter()), "{key}");
+            assert!(!has_nfd_gpu([(*key, "false")].into_iter()), "{key}=false");
+        }
+        assert!(!has_nfd_gpu([("feature.node.kubernetes.io/pci-1002.present", "true")].into_iter()));
+    }
+
+    #[test]
+    fn gpu_resources_are_recognised() {
+        assert!(is_gpu_resource("nvidia.com/gpu"));
+        assert!(is_gpu_resource("nvidia.com/mig-1g.10gb"));
+        assert!(is_gpu_resource("nvidia.com/gpu.shared"));
+        assert!(!is_gpu_resource("nvidia.com/gpumem"));
+        assert!(!is_gpu_resource("amd.com/gpu"));
+    }
+}

@@ -1,0 +1,25 @@
+//! The GPU operator's API: `ClusterPolicy` (`nvidia.com/v1`) and `NVIDIADriver` (`nvidia.com/v1alpha1`),
+//! API-compatible with NVIDIA's GPU Operator; the defaults NVIDIA applies in code; validation that names
+//! every problem at once; the operand catalogue; and the well-known label and annotation keys.
+//!
+//! This crate does no I/O.
+
+pub mod catalogue;
+pub mod choice;
+pub mod cluster_policy;
+pub mod component;
+pub mod crd;
+pub mod driver;
+pub mod field;
+pub mod labels;
+pub mod nvidia_driver;
+pub mod schema;
+pub mod status;
+pub mod validate;
+
+pub use catalogue::{OPERANDS, Operand, OperandInfo};
+pub use cluster_policy::{ClusterPolicy, ClusterPolicySpec};
+pub use nvidia_driver::{NVIDIADriver, NVIDIADriverSpec};
+pub use status::{PolicyStatus, State};
+pub use field::FieldError;
+pub use validate::{ImageDefaults, ValidatedPolicy, validate, validate_with};

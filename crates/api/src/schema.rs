@@ -1,0 +1,397 @@
+//! What the Kubernetes API server does with a custom resource and its CRD's structural `openAPIV3Schema`:
+//! drop unknown fields and `null`s ([`prune`]), fill in defaults ([`apply_defaults`]), and check types,
+//! enums, patterns, bounds and required fields ([`validate`]).
+//!
+//! `gpu-operator check` uses it to show a person what the API server would reject or silently drop; the fake
+//! API server uses it to behave like the real one. Schemas are plain JSON (`serde_json::Value`), so any CRD
+//! works, not only ours. CEL rules (`x-kubernetes-validations`) are not evaluated here.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use regex::Regex;
+use serde_json::{Map, Value};
+
+use crate::field::{FieldError, child, closest, item, json_type};
+
+/// Top-level fields of every object that the schema does not describe.
+const OBJECT_ENVELOPE: &[&str] = &["apiVersion", "kind", "metadata"];
+
+/// Checks an object (with `apiVersion`, `kind` and `metadata`) against its CRD schema; returns every problem.
+///
+/// Unknown fields are reported as [`FieldErrorKind::Unknown`](crate::field::FieldErrorKind::Unknown);
+/// `null`s are ignored, as the API server drops them before validating.
+pub fn validate(schema: &Value, object: &Value) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    check(schema, object, "", true, &mut errors);
+    errors
+}
+
+/// Removes what the API server would drop before storing the object: fields the schema does not know
+/// and `null`s where the schema does not allow them. Returns the paths of what was removed.
+pub fn prune(schema: &Value, object: &mut Value) -> Vec<String> {
+    let mut removed = Vec::new();
+    prune_at(schema, object, "", true, &mut removed);
+    removed
+}
+
+/// Fills in every `default` the schema gives for an absent field, recursively, as the API server does.
+pub fn apply_defaults(schema: &Value, object: &mut Value) {
+    match object {
+        Value::Object(map) => {
+            if let Some(Value::Object(properties)) = schema.get("properties") {
+                for (key, property) in properties {
+                    if !map.contains_key(key)
+                        && let Some(default) = property.get("default")
+                    {
+                        map.insert(key.clone(), default.clone());
+                    }
+                }
+                for (key, value) in map.iter_mut() {
+                    if let Some(property) = properties.get(key) {
+                        apply_defaults(property, value);
+                    }
+                }
+            } else if let Some(additional) = schema.get("additionalProperties").filter(|a| a.is_object()) {
+                map.values_mut().for_each(|value| apply_defaults(additional, value));
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                items.iter_mut().for_each(|value| apply_defaults(item_schema, value));
+            }
+        }
+        _ => {}
+    }
+}
+
+fn check(schema: &Value, value: &Value, path: &str, root: bool, errors: &mut Vec<FieldError>) {
+    if value.is_null() {
+        return;
+    }
+    if flag(schema, "x-kubernetes-int-or-string") {
+        if !(value.is_string() || is_integer(value)) {
+            errors.push(FieldError::wrong_type(path, value.clone(), "integer or string"));
+            return;
+        }
+    } else if let Some(expected) = schema.get("type").and_then(Value::as_str)
+        && !type_matches(expected, value)
+    {
+        errors.push(FieldError::wrong_type(path, value.clone(), expected));
+        return;
+    }
+    if let Some(Value::Array(allowed)) = schema.get("enum")
+        && !allowed.contains(value)
+    {
+        let supported: Vec<String> =
+            allowed.iter().map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned)).collect();
+        let supported: Vec<&str> = supported.iter().map(String::as_str).collect();
+        errors.push(FieldError::unsupported(path, value.clone(), &supported));
+    }
+    match value {
+        Value::String(text) => check_string(schema, text, value, path, errors),
+        Value::Number(_) => check_number(schema, value, path, errors),
+        Value::Object(map) => check_object(schema, map, path, root, errors),
+        Value::Array(items) => check_array(schema, items, value, path, errors),
+        _ => {}
+    }
+}
+
+fn check_string(schema: &Value, text: &str, value: &Value, path: &str, errors: &mut Vec<FieldError>) {
+    if let Some(pattern) = schema.get("pattern").and_then(Value::as_str)
+        && !matches_pattern(pattern, text)
+    {
+        errors.push(FieldError::invalid(path, value.clone(), format!("should match '{pattern}'")));
+    }
+    let length = text.chars().count() as u64;
+    if let Some(max) = schema.get("maxLength").and_then(Value::as_u64)
+        && length > max
+    {
+        errors.push(FieldError::invalid(path, value.clone(), format!("may not be longer than {max}")));
+    }
+    if let Some(min) = schema.get("minLength").and_then(Value::as_u64)
+        && length < min
+    {
+        errors.push(FieldError::invalid(path, value.clone(), format!("should be at least {min} chars long")));
+    }
+}
+
+fn check_number(schema: &Value, value: &Value, path: &str, errors: &mut Vec<FieldError>) {
+    let Some(number) = value.as_f64() else { return };
+    if let Some(minimum) = schema.get("minimum").and_then(Value::as_f64) {
+        let exclusive = flag(schema, "exclusiveMinimum");
+        if number < minimum || (exclusive && number == minimum) {
+            let relation = if exclusive { "greater than" } else { "greater than or equal to" };
+            errors.push(FieldError::invalid(path, value.clone(), format!("should be {relation} {}", trim(minimum))));
+        }
+    }
+    if let Some(maximum) = schema.get("maximum").and_then(Value::as_f64) {
+        let exclusive = flag(schema, "exclusiveMaximum");
+        if number > maximum || (exclusive && number == maximum) {
+            let relation = if exclusive { "less than" } else { "less than or equal to" };
+            errors.push(FieldError::invalid(path, value.clone(), format!("should be {relation} {}", trim(maximum))));
+        }
+    }
+    if schema.get("format").and_then(Value::as_str) == Some("int32")
+        && let Some(integer) = value.as_i64()
+        && i32::try_from(integer).is_err()
+    {
+        errors.push(FieldError::invalid(path, value.clone(), "should fit in 32 bits"));
+    }
+}
+
+fn check_object(schema: &Value, map: &Map<String, Value>, path: &str, root: bool, errors: &mut Vec<FieldError>) {
+    let properties = schema.get("properties").and_then(Value::as_object);
+    let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+    let preserve = flag(schema, "x-kubernetes-preserve-unknown-fields");
+    let embedded = flag(schema, "x-kubernetes-embedded-resource");
+    for (key, value) in map {
+        let key_path = child(path, key);
+        if let Some(property) = properties.and_then(|p| p.get(key)) {
+            check(property, value, &key_path, false, errors);
+        } else if let Some(additional) = additional {
+            check(additional, value, &key_path, false, errors);
+        } else if (root || embedded) && OBJECT_ENVELOPE.contains(&key.as_str()) || preserve {
+            // Always kept: the envelope of an object, or anything under preserve-unknown-fields.
+        } else {
+            let known = properties.into_iter().flat_map(|p| p.keys().map(String::as_str));
+            errors.push(FieldError::unknown(key_path, closest(key, known).map(str::to_owned)));
+        }
+    }
+    if let Some(Value::Array(required)) = schema.get("required") {
+        for key in required.iter().filter_map(Value::as_str) {
+            if map.get(key).is_none_or(Value::is_null) {
+                errors.push(FieldError::required(child(path, key)));
+            }
+        }
+    }
+}
+
+fn check_array(schema: &Value, items: &[Value], value: &Value, path: &str, errors: &mut Vec<FieldError>) {
+    if let Some(item_schema) = schema.get("items") {
+        for (index, element) in items.iter().enumerate() {
+            check(item_schema, element, &item(path, index), false, errors);
+        }
+    }
+    if let Some(max) = schema.get("maxItems").and_then(Value::as_u64)
+        && items.len() as u64 > max
+    {
+        errors.push(FieldError::invalid(path, value.clone(), format!("must have at most {max} items")));
+    }
+    if let Some(min) = schema.get("minItems").and_then(Value::as_u64)
+        && (items.len() as u64) < min
+    {
+        errors.push(FieldError::invalid(path, value.clone(), format!("should have at least {min} items")));
+    }
+    if schema.get("x-kubernetes-list-type").and_then(Value::as_str) == Some("map")
+        && let Some(Value::Array(keys)) = schema.get("x-kubernetes-list-map-keys")
+    {
+        let mut seen = Vec::new();
+        for (index, element) in items.iter().enumerate() {
+            let identity: Vec<Option<&Value>> =
+                keys.iter().filter_map(Value::as_str).map(|key| element.get(key)).collect();
+            if seen.contains(&identity) {
+                errors.push(FieldError::invalid(item(path, index), element.clone(), "duplicates an earlier entry's keys"));
+            }
+            seen.push(identity);
+        }
+    }
+}
+
+fn prune_at(schema: &Value, value: &mut Value, path: &str, root: bool, removed: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            let properties = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            let preserve = flag(schema, "x-kubernetes-preserve-unknown-fields");
+            let embedded = flag(schema, "x-kubernetes-embedded-resource");
+            let mut drop = Vec::new();
+            for (key, child_value) in map.iter_mut() {
+                let key_path = child(path, key);
+                let child_schema = properties.and_then(|p| p.get(key)).or(additional);
+                match child_schema {
+                    Some(child_schema) => {
+                        if child_value.is_null() && !flag(child_schema, "nullable") {
+                            drop.push(key.clone());
+                            removed.push(key_path);
+                        } else {
+                            prune_at(child_schema, child_value, &key_path, false, removed);
+                        }
+                    }
+                    None if (root || embedded) && OBJECT_ENVELOPE.contains(&key.as_str()) => {}
+                    None if preserve => {}
+                    None => {
+                        drop.push(key.clone());
+                        removed.push(key_path);
+                    }
+                }
+            }
+            for key in drop {
+                map.remove(&key);
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for (index, element) in items.iter_mut().enumerate() {
+                    prune_at(item_schema, element, &item(path, index), false, removed);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn type_matches(expected: &str, value: &Value) -> bool {
+    match expected {
+        "object" => value.is_object(),
+        "array" => value.is_array(),
+        "string" => value.is_string(),
+        "boolean" => value.is_boolean(),
+        "integer" => is_integer(value),
+        "number" => value.is_number(),
+        _ => true,
+    }
+}
+
+fn is_integer(value: &Value) -> bool {
+    json_type(value) == "integer" || value.as_f64().is_some_and(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
+}
+
+fn flag(schema: &Value, key: &str) -> bool {
+    schema.get(key).and_then(Value::as_bool).unwrap_or(false)
+}
+
+fn trim(number: f64) -> String {
+    if number.fract() == 0.0 { format!("{}", number as i64) } else { number.to_string() }
+}
+
+/// Whether `text` matches an OpenAPI `pattern` (unanchored, as Go's `regexp.MatchString`).
+///
+/// Compiled patterns are cached: the fake API server validates every write against the same few.
+pub(crate) fn matches_pattern(pattern: &str, text: &str) -> bool {
+    static CACHE: OnceLock<Mutex<HashMap<String, Option<Regex>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let mut cache = cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let regex = cache.entry(pattern.to_owned()).or_insert_with(|| Regex::new(pattern).ok());
+    // A pattern the regex engine cannot compile cannot reject anything; the API server would have refused
+    // the CRD in the first place.
+    regex.as_ref().is_none_or(|regex| regex.is_match(text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::field::FieldErrorKind;
+    use serde_json::json;
+
+    fn schema() -> Value {
+        json!({
+            "type": "object",
+            "required": ["spec"],
+            "properties": {
+                "spec": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {
+                        "name": { "type": "string", "pattern": "^[a-z]+$", "maxLength": 5 },
+                        "mode": { "type": "string", "enum": ["a", "b"], "default": "a" },
+                        "count": { "type": "integer", "minimum": 1, "format": "int32" },
+                        "enabled": { "type": "boolean" },
+                        "limit": { "x-kubernetes-int-or-string": true },
+                        "labels": { "type": "object", "additionalProperties": { "type": "string" } },
+                        "free": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+                        "ports": {
+                            "type": "array",
+                            "x-kubernetes-list-type": "map",
+                            "x-kubernetes-list-map-keys": ["name"],
+                            "items": {
+                                "type": "object",
+                                "properties": { "name": { "type": "string" }, "port": { "type": "integer", "default": 80 } }
+                            }
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    fn messages(object: Value) -> Vec<String> {
+        validate(&schema(), &object).iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn a_valid_object_has_no_problems() {
+        let object = json!({
+            "apiVersion": "x/v1", "kind": "X", "metadata": {"name": "x"},
+            "spec": {"name": "abc", "mode": "b", "count": 3, "enabled": true, "limit": "25%",
+                     "labels": {"a": "b"}, "free": {"anything": [1, 2]}, "ports": [{"name": "a"}, {"name": "b"}]}
+        });
+        assert_eq!(messages(object), Vec::<String>::new());
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once_with_its_path() {
+        let object = json!({
+            "spec": {"name": "ABCDEFG", "mode": "c", "count": 0, "enabled": "yes", "limit": true,
+                     "labels": {"a": 1}, "extra": 1, "ports": [{"name": "a"}, {"name": "a"}]}
+        });
+        let found = messages(object);
+        let expected = [
+            r#"spec.name: "ABCDEFG" should match '^[a-z]+$'"#,
+            r#"spec.name: "ABCDEFG" may not be longer than 5"#,
+            r#"spec.mode: "c" is not one of [a, b]"#,
+            "spec.count: 0 should be greater than or equal to 1",
+            r#"spec.enabled: "yes" is a string, expected a boolean"#,
+            "spec.limit: true is a boolean, expected an integer or string",
+            "spec.labels.a: 1 is an integer, expected a string",
+            "spec.extra: unknown field; the API server would silently drop it",
+            r#"spec.ports[1]: {"name":"a"} duplicates an earlier entry's keys"#,
+        ];
+        for message in expected {
+            assert!(found.iter().any(|m| m == message), "missing {message:?} in {found:#?}");
+        }
+        assert_eq!(found.len(), expected.len(), "{found:#?}");
+    }
+
+    #[test]
+    fn required_fields_and_nulls() {
+        assert_eq!(messages(json!({"spec": {}})), ["spec.name: required field is missing"]);
+        assert_eq!(messages(json!({})), ["spec: required field is missing"]);
+        // A null is dropped by the API server, so it is neither a type error nor a value.
+        assert_eq!(messages(json!({"spec": {"name": "a", "count": null}})), Vec::<String>::new());
+        assert_eq!(messages(json!({"spec": {"name": null}})), ["spec.name: required field is missing"]);
+    }
+
+    #[test]
+    fn unknown_fields_come_with_a_suggestion() {
+        let errors = validate(&schema(), &json!({"spec": {"name": "a", "enabeld": true}}));
+        assert_eq!(errors[0].kind, FieldErrorKind::Unknown { suggestion: Some("enabled".into()) });
+    }
+
+    #[test]
+    fn pruning_drops_unknown_fields_and_nulls_but_keeps_the_envelope() {
+        let mut object = json!({
+            "apiVersion": "x/v1", "kind": "X", "metadata": {"name": "x"}, "status": {},
+            "spec": {"name": "a", "extra": 1, "count": null, "free": {"kept": true}, "ports": [{"name": "a", "x": 1}]}
+        });
+        let removed = prune(&schema(), &mut object);
+        assert_eq!(removed, ["status", "spec.extra", "spec.count", "spec.ports[0].x"]);
+        assert_eq!(
+            object,
+            json!({"apiVersion": "x/v1", "kind": "X", "metadata": {"name": "x"},
+                   "spec": {"name": "a", "free": {"kept": true}, "ports": [{"name": "a"}]}})
+        );
+    }
+
+    #[test]
+    fn defaults_fill_absent_fields_only() {
+        let mut object = json!({"spec": {"name": "a", "ports": [{"name": "a"}, {"name": "b", "port": 8080}]}});
+        apply_defaults(&schema(), &mut object);
+        assert_eq!(object["spec"]["mode"], "a");
+        assert_eq!(object["spec"]["ports"][0]["port"], 80);
+        assert_eq!(object["spec"]["ports"][1]["port"], 8080);
+        let mut chosen = json!({"spec": {"name": "a", "mode": "b"}});
+        apply_defaults(&schema(), &mut chosen);
+        assert_eq!(chosen["spec"]["mode"], "b");
+    }
+}
