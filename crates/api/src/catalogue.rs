@@ -102,13 +102,28 @@ pub struct OperandInfo {
     pub image_env: &'static str,
 }
 
-const CONTAINER: &[Placement] = &[Placement { workload: WorkloadConfig::Container, mode: None }];
+const CONTAINER: &[Placement] = &[Placement {
+    workload: WorkloadConfig::Container,
+    mode: None,
+}];
 const VM_ANY: &[Placement] = &[
-    Placement { workload: WorkloadConfig::VmPassthrough, mode: None },
-    Placement { workload: WorkloadConfig::VmVgpu, mode: None },
+    Placement {
+        workload: WorkloadConfig::VmPassthrough,
+        mode: None,
+    },
+    Placement {
+        workload: WorkloadConfig::VmVgpu,
+        mode: None,
+    },
 ];
-const VM_PASSTHROUGH: &[Placement] = &[Placement { workload: WorkloadConfig::VmPassthrough, mode: None }];
-const VM_VGPU: &[Placement] = &[Placement { workload: WorkloadConfig::VmVgpu, mode: None }];
+const VM_PASSTHROUGH: &[Placement] = &[Placement {
+    workload: WorkloadConfig::VmPassthrough,
+    mode: None,
+}];
+const VM_VGPU: &[Placement] = &[Placement {
+    workload: WorkloadConfig::VmVgpu,
+    mode: None,
+}];
 
 /// Status file names under `/run/nvidia/validations`.
 pub mod status_file {
@@ -337,7 +352,9 @@ pub const OPERANDS: &[OperandInfo] = &[
         state: "state-vgpu-manager",
         switch: Some("spec.vgpuManager.enabled"),
         enabled_by_default: false,
-        enabled: |spec| spec.sandbox_enabled() && spec.vgpu_manager_enabled() && !spec.driver.use_nvidia_driver_crd(),
+        enabled: |spec| {
+            spec.sandbox_enabled() && spec.vgpu_manager_enabled() && !spec.driver.use_nvidia_driver_crd()
+        },
         placements: VM_VGPU,
         needs_mig_capable: false,
         requires: &[],
@@ -419,8 +436,14 @@ pub const OPERANDS: &[OperandInfo] = &[
                 && spec.sandbox_mode() == SandboxMode::KubeVirt.as_str()
         },
         placements: &[
-            Placement { workload: WorkloadConfig::VmPassthrough, mode: Some(SandboxMode::KubeVirt) },
-            Placement { workload: WorkloadConfig::VmVgpu, mode: None },
+            Placement {
+                workload: WorkloadConfig::VmPassthrough,
+                mode: Some(SandboxMode::KubeVirt),
+            },
+            Placement {
+                workload: WorkloadConfig::VmVgpu,
+                mode: None,
+            },
         ],
         needs_mig_capable: false,
         requires: &[SandboxValidator],
@@ -444,7 +467,10 @@ pub const OPERANDS: &[OperandInfo] = &[
                 && spec.kata_sandbox_device_plugin_enabled()
                 && spec.sandbox_mode() == SandboxMode::Kata.as_str()
         },
-        placements: &[Placement { workload: WorkloadConfig::VmPassthrough, mode: Some(SandboxMode::Kata) }],
+        placements: &[Placement {
+            workload: WorkloadConfig::VmPassthrough,
+            mode: Some(SandboxMode::Kata),
+        }],
         needs_mig_capable: false,
         requires: &[SandboxValidator],
         proves: None,
@@ -463,7 +489,9 @@ pub const OPERANDS: &[OperandInfo] = &[
         switch: Some("spec.ccManager.enabled"),
         enabled_by_default: false,
         enabled: |spec| {
-            spec.sandbox_enabled() && spec.cc_manager_enabled() && spec.sandbox_mode() == SandboxMode::Kata.as_str()
+            spec.sandbox_enabled()
+                && spec.cc_manager_enabled()
+                && spec.sandbox_mode() == SandboxMode::Kata.as_str()
         },
         placements: VM_ANY,
         needs_mig_capable: false,
@@ -489,12 +517,18 @@ impl Operand {
 
     /// The operand with this id.
     pub fn from_id(id: &str) -> Option<Operand> {
-        OPERANDS.iter().find(|info| info.id == id).map(|info| info.operand)
+        OPERANDS
+            .iter()
+            .find(|info| info.id == id)
+            .map(|info| info.operand)
     }
 
     /// The operand whose DaemonSet has this name.
     pub fn from_daemonset(name: &str) -> Option<Operand> {
-        OPERANDS.iter().find(|info| info.daemonset == name).map(|info| info.operand)
+        OPERANDS
+            .iter()
+            .find(|info| info.daemonset == name)
+            .map(|info| info.operand)
     }
 
     /// Short id, e.g. `device-plugin`.
@@ -526,14 +560,20 @@ impl std::fmt::Display for Operand {
 impl OperandInfo {
     /// Whether a node with this workload config (under this sandbox mode) wants the operand.
     pub fn wanted_for(&self, workload: WorkloadConfig, mode: SandboxMode) -> bool {
-        self.placements.iter().any(|p| p.workload == workload && p.mode.is_none_or(|m| m == mode))
+        self.placements
+            .iter()
+            .any(|p| p.workload == workload && p.mode.is_none_or(|m| m == mode))
     }
 }
 
 /// The deploy labels a node with this workload config should carry, in catalogue order, without duplicates.
 ///
 /// `mig_capable` adds the MIG manager's label on container nodes.
-pub fn deploy_labels_for(workload: WorkloadConfig, mode: SandboxMode, mig_capable: bool) -> Vec<&'static str> {
+pub fn deploy_labels_for(
+    workload: WorkloadConfig,
+    mode: SandboxMode,
+    mig_capable: bool,
+) -> Vec<&'static str> {
     let mut labels: Vec<&'static str> = Vec::new();
     for info in OPERANDS {
         if info.wanted_for(workload, mode)
@@ -575,20 +615,60 @@ mod tests {
         // (id, DaemonSet, state), from NVIDIA's state table.
         let expected = [
             ("driver", "nvidia-driver-daemonset", "state-driver"),
-            ("container-toolkit", "nvidia-container-toolkit-daemonset", "state-container-toolkit"),
-            ("operator-validator", "nvidia-operator-validator", "state-operator-validation"),
-            ("device-plugin", "nvidia-device-plugin-daemonset", "state-device-plugin"),
-            ("mps-control-daemon", "nvidia-device-plugin-mps-control-daemon", "state-mps-control-daemon"),
+            (
+                "container-toolkit",
+                "nvidia-container-toolkit-daemonset",
+                "state-container-toolkit",
+            ),
+            (
+                "operator-validator",
+                "nvidia-operator-validator",
+                "state-operator-validation",
+            ),
+            (
+                "device-plugin",
+                "nvidia-device-plugin-daemonset",
+                "state-device-plugin",
+            ),
+            (
+                "mps-control-daemon",
+                "nvidia-device-plugin-mps-control-daemon",
+                "state-mps-control-daemon",
+            ),
             ("dcgm", "nvidia-dcgm", "state-dcgm"),
             ("dcgm-exporter", "nvidia-dcgm-exporter", "state-dcgm-exporter"),
-            ("gpu-feature-discovery", "gpu-feature-discovery", "gpu-feature-discovery"),
+            (
+                "gpu-feature-discovery",
+                "gpu-feature-discovery",
+                "gpu-feature-discovery",
+            ),
             ("mig-manager", "nvidia-mig-manager", "state-mig-manager"),
-            ("node-status-exporter", "nvidia-node-status-exporter", "state-node-status-exporter"),
-            ("vgpu-manager", "nvidia-vgpu-manager-daemonset", "state-vgpu-manager"),
-            ("vgpu-device-manager", "nvidia-vgpu-device-manager", "state-vgpu-device-manager"),
-            ("sandbox-validator", "nvidia-sandbox-validator", "state-sandbox-validation"),
+            (
+                "node-status-exporter",
+                "nvidia-node-status-exporter",
+                "state-node-status-exporter",
+            ),
+            (
+                "vgpu-manager",
+                "nvidia-vgpu-manager-daemonset",
+                "state-vgpu-manager",
+            ),
+            (
+                "vgpu-device-manager",
+                "nvidia-vgpu-device-manager",
+                "state-vgpu-device-manager",
+            ),
+            (
+                "sandbox-validator",
+                "nvidia-sandbox-validator",
+                "state-sandbox-validation",
+            ),
             ("vfio-manager", "nvidia-vfio-manager", "state-vfio-manager"),
-            ("sandbox-device-plugin", "nvidia-sandbox-device-plugin-daemonset", "state-sandbox-device-plugin"),
+            (
+                "sandbox-device-plugin",
+                "nvidia-sandbox-device-plugin-daemonset",
+                "state-sandbox-device-plugin",
+            ),
             (
                 "kata-sandbox-device-plugin",
                 "nvidia-kata-sandbox-device-plugin-daemonset",
@@ -610,7 +690,10 @@ mod tests {
             };
             assert_eq!(info.deploy_label, expected, "{}", info.id);
         }
-        assert_eq!(MpsControlDaemon.info().extra_node_selector, &[("nvidia.com/mps.capable", "true")]);
+        assert_eq!(
+            MpsControlDaemon.info().extra_node_selector,
+            &[("nvidia.com/mps.capable", "true")]
+        );
     }
 
     #[test]
@@ -628,17 +711,40 @@ mod tests {
             );
             for required in info.requires {
                 let shares_a_workload = info.placements.iter().any(|p| {
-                    [SandboxMode::KubeVirt, SandboxMode::Kata].into_iter().any(|mode| required.info().wanted_for(p.workload, mode))
+                    [SandboxMode::KubeVirt, SandboxMode::Kata]
+                        .into_iter()
+                        .any(|mode| required.info().wanted_for(p.workload, mode))
                 });
-                assert!(shares_a_workload, "{} requires {}, which never runs where it does", info.id, required.id());
+                assert!(
+                    shares_a_workload,
+                    "{} requires {}, which never runs where it does",
+                    info.id,
+                    required.id()
+                );
             }
         }
         assert!(Driver.info().requires.is_empty());
-        for operand in [ContainerToolkit, DevicePlugin, GpuFeatureDiscovery, DcgmExporter, MigManager, OperatorValidator] {
-            assert!(operand.requires_transitively().contains(&Driver), "{operand} must need the driver");
+        for operand in [
+            ContainerToolkit,
+            DevicePlugin,
+            GpuFeatureDiscovery,
+            DcgmExporter,
+            MigManager,
+            OperatorValidator,
+        ] {
+            assert!(
+                operand.requires_transitively().contains(&Driver),
+                "{operand} must need the driver"
+            );
         }
-        assert_eq!(DevicePlugin.requires_transitively(), vec![Driver, ContainerToolkit]);
-        assert_eq!(OperatorValidator.requires_transitively(), vec![Driver, ContainerToolkit, DevicePlugin]);
+        assert_eq!(
+            DevicePlugin.requires_transitively(),
+            vec![Driver, ContainerToolkit]
+        );
+        assert_eq!(
+            OperatorValidator.requires_transitively(),
+            vec![Driver, ContainerToolkit, DevicePlugin]
+        );
     }
 
     #[test]
@@ -647,13 +753,26 @@ mod tests {
         assert_eq!(ContainerToolkit.info().proves, Some("toolkit-ready"));
         assert_eq!(DevicePlugin.info().proves, Some("plugin-ready"));
         assert_eq!(OperatorValidator.info().proves, Some("cuda-ready"));
-        for operand in [DevicePlugin, GpuFeatureDiscovery, Dcgm, DcgmExporter, MigManager, MpsControlDaemon] {
-            assert!(operand.info().waits_for.contains(&"toolkit-ready"), "{operand} waits for toolkit-ready");
+        for operand in [
+            DevicePlugin,
+            GpuFeatureDiscovery,
+            Dcgm,
+            DcgmExporter,
+            MigManager,
+            MpsControlDaemon,
+        ] {
+            assert!(
+                operand.info().waits_for.contains(&"toolkit-ready"),
+                "{operand} waits for toolkit-ready"
+            );
         }
         // Every file waited for is proven by some operand.
         for info in OPERANDS {
             for file in info.waits_for {
-                assert!(OPERANDS.iter().any(|other| other.proves == Some(file)), "nobody writes {file}");
+                assert!(
+                    OPERANDS.iter().any(|other| other.proves == Some(file)),
+                    "nobody writes {file}"
+                );
             }
         }
     }
@@ -661,7 +780,10 @@ mod tests {
     #[test]
     fn workload_tables_match_nvidias_labeller() {
         let container = deploy_labels_for(WorkloadConfig::Container, SandboxMode::KubeVirt, false);
-        let ids: Vec<_> = container.iter().map(|l| l.trim_start_matches(DEPLOY_PREFIX)).collect();
+        let ids: Vec<_> = container
+            .iter()
+            .map(|l| l.trim_start_matches(DEPLOY_PREFIX))
+            .collect();
         assert_eq!(
             ids,
             [
@@ -680,21 +802,45 @@ mod tests {
                 .contains(&"nvidia.com/gpu.deploy.mig-manager")
         );
         let passthrough = deploy_labels_for(WorkloadConfig::VmPassthrough, SandboxMode::KubeVirt, true);
-        let ids: Vec<_> = passthrough.iter().map(|l| l.trim_start_matches(DEPLOY_PREFIX)).collect();
-        assert_eq!(ids, ["sandbox-validator", "vfio-manager", "sandbox-device-plugin", "cc-manager"]);
+        let ids: Vec<_> = passthrough
+            .iter()
+            .map(|l| l.trim_start_matches(DEPLOY_PREFIX))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                "sandbox-validator",
+                "vfio-manager",
+                "sandbox-device-plugin",
+                "cc-manager"
+            ]
+        );
         let kata = deploy_labels_for(WorkloadConfig::VmPassthrough, SandboxMode::Kata, false);
         assert!(kata.contains(&"nvidia.com/gpu.deploy.kata-sandbox-device-plugin"));
         assert!(!kata.contains(&"nvidia.com/gpu.deploy.sandbox-device-plugin"));
         let vgpu = deploy_labels_for(WorkloadConfig::VmVgpu, SandboxMode::Kata, false);
         let ids: Vec<_> = vgpu.iter().map(|l| l.trim_start_matches(DEPLOY_PREFIX)).collect();
-        assert_eq!(ids, ["vgpu-manager", "vgpu-device-manager", "sandbox-validator", "sandbox-device-plugin", "cc-manager"]);
+        assert_eq!(
+            ids,
+            [
+                "vgpu-manager",
+                "vgpu-device-manager",
+                "sandbox-validator",
+                "sandbox-device-plugin",
+                "cc-manager"
+            ]
+        );
     }
 
     #[test]
     fn enablement_follows_nvidias_state_rules() {
         let spec = |yaml: &str| -> ClusterPolicySpec { serde_saphyr::from_str(yaml).unwrap() };
         let enabled = |spec: &ClusterPolicySpec| -> Vec<&str> {
-            OPERANDS.iter().filter(|info| (info.enabled)(spec)).map(|info| info.id).collect()
+            OPERANDS
+                .iter()
+                .filter(|info| (info.enabled)(spec))
+                .map(|info| info.id)
+                .collect()
         };
         assert_eq!(
             enabled(&spec("{}")),
@@ -724,8 +870,22 @@ mod tests {
         assert!(!enabled(&spec("vfioManager: {enabled: true}")).contains(&"vfio-manager"));
         // Switch defaults in the table agree with the policy's own defaults.
         for info in OPERANDS {
-            if info.switch.is_some() && !info.id.contains("sandbox") && !["vgpu-manager", "vgpu-device-manager", "vfio-manager", "cc-manager"].contains(&info.id) {
-                assert_eq!((info.enabled)(&spec("{}")), info.enabled_by_default, "{}", info.id);
+            if info.switch.is_some()
+                && !info.id.contains("sandbox")
+                && ![
+                    "vgpu-manager",
+                    "vgpu-device-manager",
+                    "vfio-manager",
+                    "cc-manager",
+                ]
+                .contains(&info.id)
+            {
+                assert_eq!(
+                    (info.enabled)(&spec("{}")),
+                    info.enabled_by_default,
+                    "{}",
+                    info.id
+                );
             }
         }
     }

@@ -12,9 +12,14 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::choice::{CcMode, KernelModuleType, MigDefault, MigStrategy, RelabelAction, SandboxMode, UpdateStrategy, WorkloadConfig};
+use crate::choice::{
+    CcMode, KernelModuleType, MigDefault, MigStrategy, RelabelAction, SandboxMode, UpdateStrategy,
+    WorkloadConfig,
+};
 use crate::component::{ComponentSpec, ContainerSpec, EnvVar, ImageSpec, NameRef, NamedConfig, flag};
-use crate::driver::{ClusterPolicyUpgradePolicy, ContainerProbeSpec, DriverAddonSpec, DriverManagerSpec, GpuDirectRdmaSpec};
+use crate::driver::{
+    ClusterPolicyUpgradePolicy, ContainerProbeSpec, DriverAddonSpec, DriverManagerSpec, GpuDirectRdmaSpec,
+};
 use crate::status::PolicyStatus;
 
 /// Default RuntimeClass (and containerd handler) name for operands that need the NVIDIA runtime.
@@ -45,15 +50,22 @@ pub const DEFAULT_VGPU_DEVICES_CONFIG: &str = "default";
     plural = "clusterpolicies",
     singular = "clusterpolicy",
     status = "PolicyStatus",
+    derive = "PartialEq",
     printcolumn(name = "Status", type_ = "string", json_path = ".status.state"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     doc = "ClusterPolicy configures the GPU operator: which operands run on GPU nodes and how."
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("required" = [
-    "operator", "daemonsets", "driver", "toolkit", "devicePlugin", "dcgmExporter", "dcgm",
-    "nodeStatusExporter", "gfd"
-]))]
+#[schemars(extend(
+    "required" = [
+        "operator", "daemonsets", "driver", "toolkit", "devicePlugin", "dcgmExporter", "dcgm",
+        "nodeStatusExporter", "gfd"
+    ],
+    "x-kubernetes-validations" = [{
+        "rule": "!has(self.cdi) || !has(self.cdi.nriPluginEnabled) || !self.cdi.nriPluginEnabled || ((!has(self.cdi.enabled) || self.cdi.enabled) && (!has(self.toolkit.enabled) || self.toolkit.enabled))",
+        "message": "cdi.nriPluginEnabled needs cdi.enabled and toolkit.enabled: the NRI plugin runs in the container toolkit and injects devices through CDI"
+    }]
+))]
 pub struct ClusterPolicySpec {
     /// Settings of the operator itself.
     #[serde(default)]
@@ -167,14 +179,21 @@ pub struct OperatorSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<OperatorMetricsSpec>,
     /// On OpenShift, build drivers with the Driver Toolkit.
-    #[serde(default, rename = "use_ocp_driver_toolkit", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "use_ocp_driver_toolkit",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub use_ocp_driver_toolkit: Option<bool>,
 }
 
 impl OperatorSpec {
     /// The RuntimeClass name, `nvidia` when absent or empty.
     pub fn runtime_class(&self) -> &str {
-        self.runtime_class.as_deref().filter(|s| !s.is_empty()).unwrap_or(DEFAULT_RUNTIME_CLASS)
+        self.runtime_class
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .unwrap_or(DEFAULT_RUNTIME_CLASS)
     }
 
     /// The OpenShift Driver Toolkit is used unless turned off.
@@ -201,11 +220,15 @@ pub struct ServiceMonitorConfig {
     pub enabled: Option<bool>,
     /// Scrape interval, e.g. `15s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"))]
+    #[schemars(regex(
+        pattern = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+    ))]
     pub interval: Option<String>,
     /// Scrape timeout, e.g. `10s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"))]
+    #[schemars(regex(
+        pattern = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+    ))]
     pub scrape_timeout: Option<String>,
     /// Keep the labels of scraped series when they clash with target labels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -289,8 +312,8 @@ pub struct RollingUpdateSpec {
     /// Pods that may be unavailable during an update: a count (`1`) or a percentage (`10%`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-kubernetes-validations" = [{
-        "rule": "self.matches('^[0-9]+%?$')",
-        "message": "must be a non-negative count like \"1\" or a percentage like \"10%\""
+        "rule": "self.matches('^([1-9][0-9]*|([1-9]|[1-9][0-9]|100)%)$')",
+        "message": "must be a count of at least 1 like \"1\" or a percentage from 1% to 100% like \"10%\""
     }]), length(max = 16))]
     pub max_unavailable: Option<String>,
 }
@@ -303,7 +326,11 @@ pub struct DriverSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
     /// Manage drivers with NVIDIADriver objects instead of this section.
-    #[serde(default, rename = "useNvidiaDriverCRD", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "useNvidiaDriverCRD",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub use_nvidia_driver_crd: Option<bool>,
     /// Use driver images with modules precompiled for the node's kernel.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -377,7 +404,9 @@ impl DriverSpec {
 
     /// Automatic upgrades run only when an upgrade policy turns them on.
     pub fn is_auto_upgrade(&self) -> bool {
-        self.upgrade_policy.as_ref().is_some_and(ClusterPolicyUpgradePolicy::is_auto_upgrade)
+        self.upgrade_policy
+            .as_ref()
+            .is_some_and(ClusterPolicyUpgradePolicy::is_auto_upgrade)
     }
 
     /// vGPU licensing is configured when a ConfigMap or Secret is named.
@@ -450,7 +479,10 @@ impl ToolkitSpec {
 
     /// The install directory, `/usr/local/nvidia` when absent.
     pub fn install_dir(&self) -> &str {
-        self.install_dir.as_deref().filter(|s| !s.is_empty()).unwrap_or(DEFAULT_TOOLKIT_INSTALL_DIR)
+        self.install_dir
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .unwrap_or(DEFAULT_TOOLKIT_INSTALL_DIR)
     }
 }
 
@@ -477,7 +509,11 @@ impl DevicePluginSpec {
 
     /// The MPS root, `/run/nvidia/mps` when absent.
     pub fn mps_root(&self) -> &str {
-        self.mps.as_ref().and_then(|mps| mps.root.as_deref()).filter(|s| !s.is_empty()).unwrap_or(DEFAULT_MPS_ROOT)
+        self.mps
+            .as_ref()
+            .and_then(|mps| mps.root.as_deref())
+            .filter(|s| !s.is_empty())
+            .unwrap_or(DEFAULT_MPS_ROOT)
     }
 }
 
@@ -539,7 +575,9 @@ impl DcgmExporterSpec {
 
     /// HPC job mapping only when asked.
     pub fn is_hpc_job_mapping_enabled(&self) -> bool {
-        self.hpc_job_mapping.as_ref().is_some_and(|mapping| flag(mapping.enabled, false))
+        self.hpc_job_mapping
+            .as_ref()
+            .is_some_and(|mapping| flag(mapping.enabled, false))
     }
 
     /// The exporter needs to read pods when it labels metrics with pod labels or UIDs.
@@ -897,17 +935,26 @@ pub struct HostPathsSpec {
 impl HostPathsSpec {
     /// The host root, `/` when absent.
     pub fn root_fs(&self) -> &str {
-        self.root_fs.as_deref().filter(|s| !s.is_empty()).unwrap_or(DEFAULT_ROOT_FS)
+        self.root_fs
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .unwrap_or(DEFAULT_ROOT_FS)
     }
 
     /// The driver install directory, `/run/nvidia/driver` when absent.
     pub fn driver_install_dir(&self) -> &str {
-        self.driver_install_dir.as_deref().filter(|s| !s.is_empty()).unwrap_or(DEFAULT_DRIVER_INSTALL_DIR)
+        self.driver_install_dir
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .unwrap_or(DEFAULT_DRIVER_INSTALL_DIR)
     }
 
     /// The kubelet root directory, `/var/lib/kubelet` when absent.
     pub fn kubelet_root_dir(&self) -> &str {
-        self.kubelet_root_dir.as_deref().filter(|s| !s.is_empty()).unwrap_or(DEFAULT_KUBELET_ROOT_DIR)
+        self.kubelet_root_dir
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .unwrap_or(DEFAULT_KUBELET_ROOT_DIR)
     }
 }
 
@@ -915,7 +962,10 @@ impl HostPathsSpec {
 impl ClusterPolicySpec {
     /// MIG strategy as written (validation checks it is one of the accepted values).
     pub fn mig_strategy(&self) -> Option<&str> {
-        self.mig.as_ref().and_then(|mig| mig.strategy.as_deref()).filter(|s| !s.is_empty())
+        self.mig
+            .as_ref()
+            .and_then(|mig| mig.strategy.as_deref())
+            .filter(|s| !s.is_empty())
     }
 
     /// The MIG manager is deployed unless turned off.
@@ -940,7 +990,9 @@ impl ClusterPolicySpec {
 
     /// Sandbox (VM) workloads are off unless turned on.
     pub fn sandbox_enabled(&self) -> bool {
-        self.sandbox_workloads.as_ref().is_some_and(SandboxWorkloadsSpec::is_enabled)
+        self.sandbox_workloads
+            .as_ref()
+            .is_some_and(SandboxWorkloadsSpec::is_enabled)
     }
 
     /// The sandbox mode as written, `kubevirt` when absent.
@@ -963,37 +1015,51 @@ impl ClusterPolicySpec {
 
     /// The VFIO manager is off unless turned on.
     pub fn vfio_manager_enabled(&self) -> bool {
-        self.vfio_manager.as_ref().is_some_and(|spec| spec.component.enabled_or(false))
+        self.vfio_manager
+            .as_ref()
+            .is_some_and(|spec| spec.component.enabled_or(false))
     }
 
     /// The KubeVirt sandbox device plugin is off unless turned on.
     pub fn sandbox_device_plugin_enabled(&self) -> bool {
-        self.sandbox_device_plugin.as_ref().is_some_and(|spec| spec.enabled_or(false))
+        self.sandbox_device_plugin
+            .as_ref()
+            .is_some_and(|spec| spec.enabled_or(false))
     }
 
     /// The Kata sandbox device plugin is off unless turned on.
     pub fn kata_sandbox_device_plugin_enabled(&self) -> bool {
-        self.kata_sandbox_device_plugin.as_ref().is_some_and(|spec| spec.enabled_or(false))
+        self.kata_sandbox_device_plugin
+            .as_ref()
+            .is_some_and(|spec| spec.enabled_or(false))
     }
 
     /// The vGPU manager is off unless turned on.
     pub fn vgpu_manager_enabled(&self) -> bool {
-        self.vgpu_manager.as_ref().is_some_and(|spec| spec.component.enabled_or(false))
+        self.vgpu_manager
+            .as_ref()
+            .is_some_and(|spec| spec.component.enabled_or(false))
     }
 
     /// The vGPU device manager is off unless turned on.
     pub fn vgpu_device_manager_enabled(&self) -> bool {
-        self.vgpu_device_manager.as_ref().is_some_and(|spec| spec.component.enabled_or(false))
+        self.vgpu_device_manager
+            .as_ref()
+            .is_some_and(|spec| spec.component.enabled_or(false))
     }
 
     /// The deprecated Kata manager switch (the manager itself is never deployed).
     pub fn kata_manager_enabled(&self) -> bool {
-        self.kata_manager.as_ref().is_some_and(|spec| spec.component.enabled_or(false))
+        self.kata_manager
+            .as_ref()
+            .is_some_and(|spec| spec.component.enabled_or(false))
     }
 
     /// The CC manager is off unless turned on.
     pub fn cc_manager_enabled(&self) -> bool {
-        self.cc_manager.as_ref().is_some_and(|spec| spec.component.enabled_or(false))
+        self.cc_manager
+            .as_ref()
+            .is_some_and(|spec| spec.component.enabled_or(false))
     }
 
     /// CDI is on unless turned off, also when the `cdi` section is absent.
@@ -1013,7 +1079,11 @@ impl ClusterPolicySpec {
 
     /// The kernel module type as written, `auto` when absent.
     pub fn kernel_module_type(&self) -> &str {
-        self.driver.kernel_module_type.as_deref().filter(|s| !s.is_empty()).unwrap_or(KernelModuleType::Auto.as_str())
+        self.driver
+            .kernel_module_type
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .unwrap_or(KernelModuleType::Auto.as_str())
     }
 }
 
@@ -1036,16 +1106,30 @@ mod tests {
         ("dcgm", true, |s| s.dcgm.is_enabled()),
         ("gfd", true, |s| s.gpu_feature_discovery.is_enabled()),
         ("migManager", true, ClusterPolicySpec::mig_manager_enabled),
-        ("nodeStatusExporter", false, |s| s.node_status_exporter.is_enabled()),
+        ("nodeStatusExporter", false, |s| {
+            s.node_status_exporter.is_enabled()
+        }),
         ("psa", false, ClusterPolicySpec::psa_enabled),
         ("gds", false, ClusterPolicySpec::gds_enabled),
         ("gdrcopy", false, ClusterPolicySpec::gdrcopy_enabled),
         ("sandboxWorkloads", false, ClusterPolicySpec::sandbox_enabled),
         ("vfioManager", false, ClusterPolicySpec::vfio_manager_enabled),
-        ("sandboxDevicePlugin", false, ClusterPolicySpec::sandbox_device_plugin_enabled),
-        ("kataSandboxDevicePlugin", false, ClusterPolicySpec::kata_sandbox_device_plugin_enabled),
+        (
+            "sandboxDevicePlugin",
+            false,
+            ClusterPolicySpec::sandbox_device_plugin_enabled,
+        ),
+        (
+            "kataSandboxDevicePlugin",
+            false,
+            ClusterPolicySpec::kata_sandbox_device_plugin_enabled,
+        ),
         ("vgpuManager", false, ClusterPolicySpec::vgpu_manager_enabled),
-        ("vgpuDeviceManager", false, ClusterPolicySpec::vgpu_device_manager_enabled),
+        (
+            "vgpuDeviceManager",
+            false,
+            ClusterPolicySpec::vgpu_device_manager_enabled,
+        ),
         ("kataManager", false, ClusterPolicySpec::kata_manager_enabled),
         ("ccManager", false, ClusterPolicySpec::cc_manager_enabled),
         ("cdi", true, ClusterPolicySpec::cdi_enabled),
@@ -1054,10 +1138,24 @@ mod tests {
     #[test]
     fn absent_enabled_uses_nvidias_default_per_component() {
         for (section, default, enabled) in SWITCHES {
-            assert_eq!(enabled(&spec("{}")), *default, "{section} with the section absent");
-            assert_eq!(enabled(&spec(&format!("{section}: {{}}"))), *default, "{section} with `enabled` absent");
-            assert!(enabled(&spec(&format!("{section}: {{enabled: true}}"))), "{section}: enabled: true");
-            assert!(!enabled(&spec(&format!("{section}: {{enabled: false}}"))), "{section}: enabled: false");
+            assert_eq!(
+                enabled(&spec("{}")),
+                *default,
+                "{section} with the section absent"
+            );
+            assert_eq!(
+                enabled(&spec(&format!("{section}: {{}}"))),
+                *default,
+                "{section} with `enabled` absent"
+            );
+            assert!(
+                enabled(&spec(&format!("{section}: {{enabled: true}}"))),
+                "{section}: enabled: true"
+            );
+            assert!(
+                !enabled(&spec(&format!("{section}: {{enabled: false}}"))),
+                "{section}: enabled: false"
+            );
         }
     }
 
@@ -1070,19 +1168,34 @@ mod tests {
         assert!(!empty.driver.is_auto_upgrade());
         assert!(!empty.driver.is_vgpu_licensing_enabled());
         assert!(spec("cdi: {nriPluginEnabled: true}").nri_plugin_enabled());
-        assert!(spec("driver: {licensingConfig: {secretName: lic}}").driver.is_vgpu_licensing_enabled());
-        assert!(!spec("driver: {licensingConfig: {secretName: ''}}").driver.is_vgpu_licensing_enabled());
+        assert!(
+            spec("driver: {licensingConfig: {secretName: lic}}")
+                .driver
+                .is_vgpu_licensing_enabled()
+        );
+        assert!(
+            !spec("driver: {licensingConfig: {secretName: ''}}")
+                .driver
+                .is_vgpu_licensing_enabled()
+        );
         assert!(!LicensingConfigSpec::default().is_nls_enabled());
     }
 
     #[test]
     fn upgrade_policy_defaults_match_the_crd_markers() {
         assert!(!spec("driver: {upgradePolicy: {}}").driver.is_auto_upgrade());
-        assert!(spec("driver: {upgradePolicy: {autoUpgrade: true}}").driver.is_auto_upgrade());
+        assert!(
+            spec("driver: {upgradePolicy: {autoUpgrade: true}}")
+                .driver
+                .is_auto_upgrade()
+        );
         let effective = ClusterPolicyUpgradePolicy::default().effective();
         assert!(!effective.auto_upgrade);
         assert_eq!(effective.max_parallel_upgrades, 1);
-        assert_eq!(effective.max_unavailable, k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("25%".into()));
+        assert_eq!(
+            effective.max_unavailable,
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("25%".into())
+        );
         assert_eq!(effective.pod_deletion_timeout_seconds, 300);
         assert_eq!(effective.drain_timeout_seconds, 300);
         assert_eq!(effective.wait_for_completion_timeout_seconds, 0);
@@ -1093,8 +1206,14 @@ mod tests {
     fn path_and_name_defaults_apply_when_absent_or_empty() {
         let empty = spec("{}");
         assert_eq!(empty.operator.runtime_class(), "nvidia");
-        assert_eq!(spec("operator: {runtimeClass: ''}").operator.runtime_class(), "nvidia");
-        assert_eq!(spec("operator: {runtimeClass: nv}").operator.runtime_class(), "nv");
+        assert_eq!(
+            spec("operator: {runtimeClass: ''}").operator.runtime_class(),
+            "nvidia"
+        );
+        assert_eq!(
+            spec("operator: {runtimeClass: nv}").operator.runtime_class(),
+            "nv"
+        );
         assert_eq!(empty.toolkit.install_dir(), "/usr/local/nvidia");
         assert_eq!(empty.device_plugin.mps_root(), "/run/nvidia/mps");
         assert_eq!(empty.host_paths().root_fs(), "/");
@@ -1110,8 +1229,14 @@ mod tests {
     fn mig_default_layout_is_all_disabled_unless_emptied() {
         let manager = |yaml: &str| spec(yaml).mig_manager.unwrap_or_default();
         assert_eq!(manager("{}").default_layout(), Some("all-disabled"));
-        assert_eq!(manager("migManager: {config: {name: custom}}").default_layout(), Some("all-disabled"));
-        assert_eq!(manager("migManager: {config: {default: ''}}").default_layout(), None);
+        assert_eq!(
+            manager("migManager: {config: {name: custom}}").default_layout(),
+            Some("all-disabled")
+        );
+        assert_eq!(
+            manager("migManager: {config: {default: ''}}").default_layout(),
+            None
+        );
     }
 
     #[test]
@@ -1130,7 +1255,10 @@ mod tests {
         assert_eq!(spec.driver.container.host_network, Some(true));
         assert!(!spec.gpu_feature_discovery.is_enabled());
         assert!(spec.dcgm_exporter.is_host_pid() && spec.dcgm_exporter.needs_pod_metadata());
-        assert_eq!(spec.validator.unwrap().vfio_pci.unwrap().env.unwrap()[0], EnvVar::new("A", "b"));
+        assert_eq!(
+            spec.validator.unwrap().vfio_pci.unwrap().env.unwrap()[0],
+            EnvVar::new("A", "b")
+        );
         assert_eq!(spec.host_paths.unwrap().root_fs(), "/host");
     }
 }

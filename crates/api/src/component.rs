@@ -50,7 +50,11 @@ impl ImageSpec {
     /// Resolves the image reference the way NVIDIA's operator does: the full triple wins, an image alone is
     /// taken verbatim, nothing set means "use the operator's environment", anything else is a mistake.
     pub fn reference(&self) -> ImageRef {
-        match (non_empty(&self.repository), non_empty(&self.image), non_empty(&self.version)) {
+        match (
+            non_empty(&self.repository),
+            non_empty(&self.image),
+            non_empty(&self.version),
+        ) {
             (None, None, None) => ImageRef::Unset,
             (None, Some(image), None) => ImageRef::Resolved(image.to_owned()),
             (Some(repository), Some(image), Some(version)) => {
@@ -84,7 +88,10 @@ pub struct EnvVar {
 impl EnvVar {
     /// A variable with a value.
     pub fn new(name: impl Into<String>, value: impl Into<String>) -> Self {
-        Self { name: name.into(), value: Some(value.into()) }
+        Self {
+            name: name.into(),
+            value: Some(value.into()),
+        }
     }
 }
 
@@ -196,7 +203,10 @@ mod tests {
         let cases = [
             (spec(None, None, None), ImageRef::Unset),
             (spec(Some(""), Some(""), Some("")), ImageRef::Unset),
-            (spec(None, Some("registry/x:1"), None), ImageRef::Resolved("registry/x:1".into())),
+            (
+                spec(None, Some("registry/x:1"), None),
+                ImageRef::Resolved("registry/x:1".into()),
+            ),
             (
                 spec(Some("nvcr.io/nvidia"), Some("driver"), Some("595.91.07")),
                 ImageRef::Resolved("nvcr.io/nvidia/driver:595.91.07".into()),
@@ -205,7 +215,10 @@ mod tests {
                 spec(Some("nvcr.io/nvidia"), Some("driver"), Some("sha256:abcd")),
                 ImageRef::Resolved("nvcr.io/nvidia/driver@sha256:abcd".into()),
             ),
-            (spec(Some("nvcr.io/nvidia"), Some("driver"), None), ImageRef::Partial),
+            (
+                spec(Some("nvcr.io/nvidia"), Some("driver"), None),
+                ImageRef::Partial,
+            ),
             (spec(Some("nvcr.io/nvidia"), None, Some("1")), ImageRef::Partial),
             (spec(None, Some("driver"), Some("1")), ImageRef::Partial),
         ];
@@ -223,7 +236,10 @@ mod tests {
             (Some("IfNotPresent"), "IfNotPresent"),
             (Some("always"), "IfNotPresent"),
         ] {
-            let spec = ImageSpec { image_pull_policy: given.map(str::to_owned), ..ImageSpec::default() };
+            let spec = ImageSpec {
+                image_pull_policy: given.map(str::to_owned),
+                ..ImageSpec::default()
+            };
             assert_eq!(spec.pull_policy(), expected);
         }
     }

@@ -147,6 +147,20 @@ pub struct DrainSpec {
     pub delete_empty_dir: Option<bool>,
 }
 
+/// A count (`2`) or a percentage (`"25%"`), defaulting to `25%`.
+fn count_or_percent_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "Nodes with a driver that may be unavailable at once: a count or a percentage of the nodes, rounded up.",
+        "default": "25%",
+        "x-kubernetes-int-or-string": true,
+        "anyOf": [{ "type": "integer", "minimum": 0 }, { "type": "string", "maxLength": 4 }],
+        "x-kubernetes-validations": [{
+            "rule": "type(self) == int ? self >= 0 : self.matches('^([0-9]|[1-9][0-9]|100)%$')",
+            "message": "must be a count like 2 or a percentage from 0% to 100% like \"25%\""
+        }]
+    })
+}
+
 /// How many nodes may be upgraded at once and how their workloads are moved away.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -157,7 +171,7 @@ pub struct UpgradeRules {
     pub max_parallel_upgrades: Option<i32>,
     /// Nodes with a driver that may be unavailable at once: a count or a percentage of the nodes, rounded up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("default" = "25%"))]
+    #[schemars(schema_with = "count_or_percent_schema")]
     pub max_unavailable: Option<IntOrString>,
     /// Removing GPU pods before the upgrade.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -237,7 +251,10 @@ impl UpgradeRules {
         EffectiveUpgradePolicy {
             auto_upgrade,
             max_parallel_upgrades: self.max_parallel_upgrades.unwrap_or(1),
-            max_unavailable: self.max_unavailable.clone().unwrap_or(IntOrString::String("25%".into())),
+            max_unavailable: self
+                .max_unavailable
+                .clone()
+                .unwrap_or(IntOrString::String("25%".into())),
             pod_deletion_force: flag(deletion.force, false),
             pod_deletion_timeout_seconds: deletion.timeout_seconds.unwrap_or(300),
             pod_deletion_delete_empty_dir: flag(deletion.delete_empty_dir, false),

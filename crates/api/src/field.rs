@@ -61,38 +61,72 @@ pub struct FieldError {
 impl FieldError {
     /// The field must be set.
     pub fn required(path: impl Into<String>) -> Self {
-        Self { path: path.into(), kind: FieldErrorKind::Required { because: None } }
+        Self {
+            path: path.into(),
+            kind: FieldErrorKind::Required { because: None },
+        }
     }
 
     /// The field must be set, for the reason given ("when repository and image are set").
     pub fn required_because(path: impl Into<String>, because: impl Into<String>) -> Self {
-        Self { path: path.into(), kind: FieldErrorKind::Required { because: Some(because.into()) } }
+        Self {
+            path: path.into(),
+            kind: FieldErrorKind::Required {
+                because: Some(because.into()),
+            },
+        }
     }
 
     /// The value is not one of `supported`.
     pub fn unsupported(path: impl Into<String>, value: impl Into<Value>, supported: &[&str]) -> Self {
         let supported = supported.iter().map(|s| (*s).to_owned()).collect();
-        Self { path: path.into(), kind: FieldErrorKind::Unsupported { value: value.into(), supported } }
+        Self {
+            path: path.into(),
+            kind: FieldErrorKind::Unsupported {
+                value: value.into(),
+                supported,
+            },
+        }
     }
 
     /// The value has the wrong type.
     pub fn wrong_type(path: impl Into<String>, value: Value, expected: impl Into<String>) -> Self {
-        Self { path: path.into(), kind: FieldErrorKind::WrongType { value, expected: expected.into() } }
+        Self {
+            path: path.into(),
+            kind: FieldErrorKind::WrongType {
+                value,
+                expected: expected.into(),
+            },
+        }
     }
 
     /// The value is not acceptable, for the reason given.
     pub fn invalid(path: impl Into<String>, value: impl Into<Value>, detail: impl Into<String>) -> Self {
-        Self { path: path.into(), kind: FieldErrorKind::Invalid { value: value.into(), detail: detail.into() } }
+        Self {
+            path: path.into(),
+            kind: FieldErrorKind::Invalid {
+                value: value.into(),
+                detail: detail.into(),
+            },
+        }
     }
 
     /// The field is unknown.
     pub fn unknown(path: impl Into<String>, suggestion: Option<String>) -> Self {
-        Self { path: path.into(), kind: FieldErrorKind::Unknown { suggestion } }
+        Self {
+            path: path.into(),
+            kind: FieldErrorKind::Unknown { suggestion },
+        }
     }
 
     /// The field may not be set.
     pub fn forbidden(path: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self { path: path.into(), kind: FieldErrorKind::Forbidden { detail: detail.into() } }
+        Self {
+            path: path.into(),
+            kind: FieldErrorKind::Forbidden {
+                detail: detail.into(),
+            },
+        }
     }
 
     /// The `reason` of this cause in a Kubernetes `Status` (`details.causes[].reason`).
@@ -112,17 +146,24 @@ impl FieldError {
         let path = &self.path;
         match &self.kind {
             FieldErrorKind::Required { because: None } => format!("{path}: Required value"),
-            FieldErrorKind::Required { because: Some(because) } => format!("{path}: Required value: {because}"),
+            FieldErrorKind::Required {
+                because: Some(because),
+            } => format!("{path}: Required value: {because}"),
             FieldErrorKind::Unsupported { value, supported } => {
                 let supported: Vec<String> = supported.iter().map(|s| format!("{s:?}")).collect();
-                format!("{path}: Unsupported value: {value}: supported values: {}", supported.join(", "))
+                format!(
+                    "{path}: Unsupported value: {value}: supported values: {}",
+                    supported.join(", ")
+                )
             }
             FieldErrorKind::WrongType { value, expected } => format!(
                 "{path}: Invalid value: \"{}\": {path} in body must be of type {expected}: \"{}\"",
                 json_type(value),
                 json_type(value)
             ),
-            FieldErrorKind::Invalid { value, detail } => format!("{path}: Invalid value: {value}: {path} in body {detail}"),
+            FieldErrorKind::Invalid { value, detail } => {
+                format!("{path}: Invalid value: {value}: {path} in body {detail}")
+            }
             FieldErrorKind::Unknown { .. } => format!("{path}: Invalid value: field not declared in schema"),
             FieldErrorKind::Forbidden { detail } => format!("{path}: Forbidden: {detail}"),
         }
@@ -134,12 +175,19 @@ impl fmt::Display for FieldError {
         let path = &self.path;
         match &self.kind {
             FieldErrorKind::Required { because: None } => write!(f, "{path}: required field is missing"),
-            FieldErrorKind::Required { because: Some(because) } => write!(f, "{path}: required {because}"),
+            FieldErrorKind::Required {
+                because: Some(because),
+            } => write!(f, "{path}: required {because}"),
             FieldErrorKind::Unsupported { value, supported } => {
                 write!(f, "{path}: {value} is not one of [{}]", supported.join(", "))
             }
             FieldErrorKind::WrongType { value, expected } => {
-                write!(f, "{path}: {value} is {}, expected {}", with_article(json_type(value)), with_article(expected))
+                write!(
+                    f,
+                    "{path}: {value} is {}, expected {}",
+                    with_article(json_type(value)),
+                    with_article(expected)
+                )
             }
             FieldErrorKind::Invalid { value, detail } => write!(f, "{path}: {value} {detail}"),
             FieldErrorKind::Unknown { suggestion } => {
@@ -170,13 +218,21 @@ pub fn json_type(value: &Value) -> &'static str {
 }
 
 fn with_article(noun: &str) -> String {
-    let article = if noun.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" };
+    let article = if noun.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
+    };
     format!("{article} {noun}")
 }
 
 /// Builds child paths: `spec` + `driver` = `spec.driver`, `env` + 2 = `env[2]`.
 pub fn child(path: &str, key: &str) -> String {
-    if path.is_empty() { key.to_owned() } else { format!("{path}.{key}") }
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
 }
 
 /// `path[index]`.
@@ -189,24 +245,42 @@ pub fn closest<'a>(unknown: &str, known: impl IntoIterator<Item = &'a str>) -> O
     let unknown_lower = unknown.to_lowercase();
     known
         .into_iter()
-        .map(|candidate| (edit_distance(&unknown_lower, &candidate.to_lowercase()), candidate))
+        .map(|candidate| {
+            (
+                edit_distance(&unknown_lower, &candidate.to_lowercase()),
+                candidate,
+            )
+        })
         .filter(|(distance, candidate)| *distance <= (candidate.len().max(unknown.len()) / 3).max(1))
         .min_by_key(|(distance, _)| *distance)
         .map(|(_, candidate)| candidate)
 }
 
+/// Edits (insert, delete, substitute, swap two neighbours) that turn `a` into `b`.
 fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
     let b: Vec<char> = b.chars().collect();
-    let mut previous: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut current = vec![i + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let substitution = previous[j] + usize::from(ca != *cb);
-            current.push(substitution.min(previous[j + 1] + 1).min(current[j] + 1));
-        }
-        previous = current;
+    // rows[i][j]: distance between a[..i] and b[..j].
+    let mut rows = vec![vec![0; b.len() + 1]; a.len() + 1];
+    for (i, row) in rows.iter_mut().enumerate() {
+        row[0] = i;
     }
-    previous[b.len()]
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (rows[i - 1][j] + 1)
+                .min(rows[i][j - 1] + 1)
+                .min(rows[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = best;
+        }
+    }
+    rows[a.len()][b.len()]
 }
 
 #[cfg(test)]
@@ -217,19 +291,31 @@ mod tests {
     #[test]
     fn people_and_the_api_server_get_their_own_wording() {
         let error = FieldError::unsupported("spec.mig.strategy", "double", &["none", "single", "mixed"]);
-        assert_eq!(error.to_string(), r#"spec.mig.strategy: "double" is not one of [none, single, mixed]"#);
+        assert_eq!(
+            error.to_string(),
+            r#"spec.mig.strategy: "double" is not one of [none, single, mixed]"#
+        );
         assert_eq!(
             error.apiserver_message(),
             r#"spec.mig.strategy: Unsupported value: "double": supported values: "none", "single", "mixed""#
         );
         let error = FieldError::wrong_type("spec.dcgm.enabled", json!("yes"), "boolean");
-        assert_eq!(error.to_string(), r#"spec.dcgm.enabled: "yes" is a string, expected a boolean"#);
+        assert_eq!(
+            error.to_string(),
+            r#"spec.dcgm.enabled: "yes" is a string, expected a boolean"#
+        );
         assert_eq!(
             error.apiserver_message(),
             r#"spec.dcgm.enabled: Invalid value: "string": spec.dcgm.enabled in body must be of type boolean: "string""#
         );
-        assert_eq!(FieldError::required("spec.gfd").apiserver_message(), "spec.gfd: Required value");
-        assert_eq!(FieldError::wrong_type("a", json!(1), "object").to_string(), "a: 1 is an integer, expected an object");
+        assert_eq!(
+            FieldError::required("spec.gfd").apiserver_message(),
+            "spec.gfd: Required value"
+        );
+        assert_eq!(
+            FieldError::wrong_type("a", json!(1), "object").to_string(),
+            "a: 1 is an integer, expected an object"
+        );
     }
 
     #[test]
@@ -238,6 +324,11 @@ mod tests {
         assert_eq!(closest("devicePlugn", known), Some("devicePlugin"));
         assert_eq!(closest("DevicePlugin", known), Some("devicePlugin"));
         assert_eq!(closest("drivr", known), Some("driver"));
+        assert_eq!(
+            closest("dcmg", known),
+            Some("dcgm"),
+            "a swap of neighbours is one edit"
+        );
         assert_eq!(closest("somethingElse", known), None);
         let error = FieldError::unknown("spec.devicePlugn", Some("devicePlugin".into()));
         assert_eq!(

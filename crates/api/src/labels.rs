@@ -13,8 +13,11 @@ pub const DEPLOY_OPERANDS: &str = "nvidia.com/gpu.deploy.operands";
 /// `container`, `vm-passthrough` or `vm-vgpu`.
 pub const WORKLOAD_CONFIG: &str = "nvidia.com/gpu.workload.config";
 /// Deploy switches NVIDIA's operator sets although no operand uses them; swept, never set, by this one.
-pub const LEGACY_DEPLOY_LABELS: &[&str] =
-    &["nvidia.com/gpu.deploy.client", "nvidia.com/gpu.deploy.kata-manager", "nvidia.com/gpu.deploy.nvsm"];
+pub const LEGACY_DEPLOY_LABELS: &[&str] = &[
+    "nvidia.com/gpu.deploy.client",
+    "nvidia.com/gpu.deploy.kata-manager",
+    "nvidia.com/gpu.deploy.nvsm",
+];
 /// Deploy switch value the driver manager writes while it pauses an operand for a driver upgrade.
 pub const PAUSED_FOR_DRIVER_UPGRADE: &str = "paused-for-driver-upgrade";
 /// Deploy switch value the MIG manager writes while it pauses an operand for a MIG change.
@@ -63,9 +66,11 @@ pub const UPGRADE_ENABLED_ANNOTATION: &str = "nvidia.com/gpu-driver-upgrade-enab
 /// Node annotation set by a driver pod waiting for permission to load.
 pub const UPGRADE_WAIT_FOR_SAFE_LOAD: &str = "nvidia.com/gpu-driver-upgrade.driver-wait-for-safe-load";
 /// Node annotation: the node was already cordoned when its upgrade began.
-pub const UPGRADE_INITIAL_UNSCHEDULABLE: &str = "nvidia.com/gpu-driver-upgrade.node-initial-state.unschedulable";
+pub const UPGRADE_INITIAL_UNSCHEDULABLE: &str =
+    "nvidia.com/gpu-driver-upgrade.node-initial-state.unschedulable";
 /// Node annotation: when waiting for job completion began.
-pub const UPGRADE_WAIT_FOR_COMPLETION_START: &str = "nvidia.com/gpu-driver-upgrade-wait-for-pod-completion-start-time";
+pub const UPGRADE_WAIT_FOR_COMPLETION_START: &str =
+    "nvidia.com/gpu-driver-upgrade-wait-for-pod-completion-start-time";
 /// Node annotation: when post-upgrade validation began.
 pub const UPGRADE_VALIDATION_START: &str = "nvidia.com/gpu-driver-upgrade-validation-start-time";
 /// Node annotation: force an upgrade of this node.
@@ -139,14 +144,20 @@ pub fn label_key_problem(key: &str) -> Option<String> {
 /// Why a label value is not valid, if it is not: at most 63 characters, alphanumeric at both ends, and
 /// `-`, `_`, `.` in between; empty is valid.
 pub fn label_value_problem(value: &str) -> Option<String> {
-    if value.is_empty() { None } else { name_problem(value) }
+    if value.is_empty() {
+        None
+    } else {
+        name_problem(value)
+    }
 }
 
 /// Why a name is not a valid DNS subdomain (the rule for most object names), if it is not.
 pub fn dns_subdomain_problem(name: &str) -> Option<String> {
     let valid_label = |label: &str| {
         !label.is_empty()
-            && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
             && !label.starts_with('-')
             && !label.ends_with('-')
     };
@@ -165,7 +176,9 @@ fn name_problem(name: &str) -> Option<String> {
     let edge_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
     if name.len() > 63 {
         Some("must be no more than 63 characters".to_owned())
-    } else if !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    } else if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         || !edge_ok(name.chars().next())
         || !edge_ok(name.chars().last())
     {
@@ -200,7 +213,9 @@ mod tests {
             assert!(has_nfd_gpu([(*key, "true")].into_iter()), "{key}");
             assert!(!has_nfd_gpu([(*key, "false")].into_iter()), "{key}=false");
         }
-        assert!(!has_nfd_gpu([("feature.node.kubernetes.io/pci-1002.present", "true")].into_iter()));
+        assert!(!has_nfd_gpu(
+            [("feature.node.kubernetes.io/pci-1002.present", "true")].into_iter()
+        ));
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod crd;
 pub mod driver;
 pub mod field;
 pub mod labels;
+pub mod manifest;
 pub mod nvidia_driver;
 pub mod schema;
 pub mod status;
@@ -19,7 +20,7 @@ pub mod validate;
 
 pub use catalogue::{OPERANDS, Operand, OperandInfo};
 pub use cluster_policy::{ClusterPolicy, ClusterPolicySpec};
+pub use field::FieldError;
 pub use nvidia_driver::{NVIDIADriver, NVIDIADriverSpec};
 pub use status::{PolicyStatus, State};
-pub use field::FieldError;
 pub use validate::{ImageDefaults, ValidatedPolicy, validate, validate_with};

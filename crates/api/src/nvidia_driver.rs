@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::choice::{DriverType, KernelModuleType};
 use crate::component::{ContainerSpec, NameRef, flag};
-use crate::driver::{ContainerProbeSpec, DriverAddonSpec, DriverManagerSpec, GpuDirectRdmaSpec, NvidiaDriverUpgradePolicy};
+use crate::driver::{
+    ContainerProbeSpec, DriverAddonSpec, DriverManagerSpec, GpuDirectRdmaSpec, NvidiaDriverUpgradePolicy,
+};
 use crate::status::PolicyStatus;
 
 /// Image an NVIDIADriver uses when none is given.
@@ -30,6 +32,7 @@ pub const DEFAULT_PRIORITY_CLASS: &str = "system-node-critical";
     shortname = "nvdriver",
     shortname = "nvdrivers",
     status = "PolicyStatus",
+    derive = "PartialEq",
     printcolumn(name = "Status", type_ = "string", json_path = ".status.state"),
     printcolumn(name = "Default", type_ = "boolean", json_path = ".spec.default"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
@@ -197,12 +200,17 @@ impl NVIDIADriverSpec {
 
     /// Automatic upgrades are on unless an upgrade policy turns them off.
     pub fn is_auto_upgrade(&self) -> bool {
-        self.upgrade_policy.as_ref().is_none_or(NvidiaDriverUpgradePolicy::is_auto_upgrade)
+        self.upgrade_policy
+            .as_ref()
+            .is_none_or(NvidiaDriverUpgradePolicy::is_auto_upgrade)
     }
 
     /// The PriorityClass, `system-node-critical` when absent.
     pub fn priority_class_name(&self) -> &str {
-        self.priority_class_name.as_deref().filter(|s| !s.is_empty()).unwrap_or(DEFAULT_PRIORITY_CLASS)
+        self.priority_class_name
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .unwrap_or(DEFAULT_PRIORITY_CLASS)
     }
 
     /// The node selector: the given one, or `nvidia.com/gpu.present=true` (all GPU nodes) when absent.
@@ -228,7 +236,10 @@ mod tests {
         assert!(!empty.default);
         assert_eq!(empty.driver_type, "gpu");
         assert_eq!(empty.image, "nvcr.io/nvidia/driver");
-        assert!(empty.is_auto_upgrade(), "absent upgrade policy means auto upgrade");
+        assert!(
+            empty.is_auto_upgrade(),
+            "absent upgrade policy means auto upgrade"
+        );
         assert!(spec("upgradePolicy: {}").is_auto_upgrade());
         assert!(!spec("upgradePolicy: {autoUpgrade: false}").is_auto_upgrade());
         assert!(DriverLicensingConfig::default().is_nls_enabled());

@@ -53,12 +53,15 @@ pub fn apply_defaults(schema: &Value, object: &mut Value) {
                     }
                 }
             } else if let Some(additional) = schema.get("additionalProperties").filter(|a| a.is_object()) {
-                map.values_mut().for_each(|value| apply_defaults(additional, value));
+                map.values_mut()
+                    .for_each(|value| apply_defaults(additional, value));
             }
         }
         Value::Array(items) => {
             if let Some(item_schema) = schema.get("items") {
-                items.iter_mut().for_each(|value| apply_defaults(item_schema, value));
+                items
+                    .iter_mut()
+                    .for_each(|value| apply_defaults(item_schema, value));
             }
         }
         _ => {}
@@ -83,8 +86,10 @@ fn check(schema: &Value, value: &Value, path: &str, root: bool, errors: &mut Vec
     if let Some(Value::Array(allowed)) = schema.get("enum")
         && !allowed.contains(value)
     {
-        let supported: Vec<String> =
-            allowed.iter().map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned)).collect();
+        let supported: Vec<String> = allowed
+            .iter()
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+            .collect();
         let supported: Vec<&str> = supported.iter().map(String::as_str).collect();
         errors.push(FieldError::unsupported(path, value.clone(), &supported));
     }
@@ -101,18 +106,30 @@ fn check_string(schema: &Value, text: &str, value: &Value, path: &str, errors: &
     if let Some(pattern) = schema.get("pattern").and_then(Value::as_str)
         && !matches_pattern(pattern, text)
     {
-        errors.push(FieldError::invalid(path, value.clone(), format!("should match '{pattern}'")));
+        errors.push(FieldError::invalid(
+            path,
+            value.clone(),
+            format!("should match '{pattern}'"),
+        ));
     }
     let length = text.chars().count() as u64;
     if let Some(max) = schema.get("maxLength").and_then(Value::as_u64)
         && length > max
     {
-        errors.push(FieldError::invalid(path, value.clone(), format!("may not be longer than {max}")));
+        errors.push(FieldError::invalid(
+            path,
+            value.clone(),
+            format!("may not be longer than {max}"),
+        ));
     }
     if let Some(min) = schema.get("minLength").and_then(Value::as_u64)
         && length < min
     {
-        errors.push(FieldError::invalid(path, value.clone(), format!("should be at least {min} chars long")));
+        errors.push(FieldError::invalid(
+            path,
+            value.clone(),
+            format!("should be at least {min} chars long"),
+        ));
     }
 }
 
@@ -121,15 +138,31 @@ fn check_number(schema: &Value, value: &Value, path: &str, errors: &mut Vec<Fiel
     if let Some(minimum) = schema.get("minimum").and_then(Value::as_f64) {
         let exclusive = flag(schema, "exclusiveMinimum");
         if number < minimum || (exclusive && number == minimum) {
-            let relation = if exclusive { "greater than" } else { "greater than or equal to" };
-            errors.push(FieldError::invalid(path, value.clone(), format!("should be {relation} {}", trim(minimum))));
+            let relation = if exclusive {
+                "greater than"
+            } else {
+                "greater than or equal to"
+            };
+            errors.push(FieldError::invalid(
+                path,
+                value.clone(),
+                format!("should be {relation} {}", trim(minimum)),
+            ));
         }
     }
     if let Some(maximum) = schema.get("maximum").and_then(Value::as_f64) {
         let exclusive = flag(schema, "exclusiveMaximum");
         if number > maximum || (exclusive && number == maximum) {
-            let relation = if exclusive { "less than" } else { "less than or equal to" };
-            errors.push(FieldError::invalid(path, value.clone(), format!("should be {relation} {}", trim(maximum))));
+            let relation = if exclusive {
+                "less than"
+            } else {
+                "less than or equal to"
+            };
+            errors.push(FieldError::invalid(
+                path,
+                value.clone(),
+                format!("should be {relation} {}", trim(maximum)),
+            ));
         }
     }
     if schema.get("format").and_then(Value::as_str) == Some("int32")
@@ -140,7 +173,13 @@ fn check_number(schema: &Value, value: &Value, path: &str, errors: &mut Vec<Fiel
     }
 }
 
-fn check_object(schema: &Value, map: &Map<String, Value>, path: &str, root: bool, errors: &mut Vec<FieldError>) {
+fn check_object(
+    schema: &Value,
+    map: &Map<String, Value>,
+    path: &str,
+    root: bool,
+    errors: &mut Vec<FieldError>,
+) {
     let properties = schema.get("properties").and_then(Value::as_object);
     let additional = schema.get("additionalProperties").filter(|a| a.is_object());
     let preserve = flag(schema, "x-kubernetes-preserve-unknown-fields");
@@ -155,7 +194,10 @@ fn check_object(schema: &Value, map: &Map<String, Value>, path: &str, root: bool
             // Always kept: the envelope of an object, or anything under preserve-unknown-fields.
         } else {
             let known = properties.into_iter().flat_map(|p| p.keys().map(String::as_str));
-            errors.push(FieldError::unknown(key_path, closest(key, known).map(str::to_owned)));
+            errors.push(FieldError::unknown(
+                key_path,
+                closest(key, known).map(str::to_owned),
+            ));
         }
     }
     if let Some(Value::Array(required)) = schema.get("required") {
@@ -176,22 +218,37 @@ fn check_array(schema: &Value, items: &[Value], value: &Value, path: &str, error
     if let Some(max) = schema.get("maxItems").and_then(Value::as_u64)
         && items.len() as u64 > max
     {
-        errors.push(FieldError::invalid(path, value.clone(), format!("must have at most {max} items")));
+        errors.push(FieldError::invalid(
+            path,
+            value.clone(),
+            format!("must have at most {max} items"),
+        ));
     }
     if let Some(min) = schema.get("minItems").and_then(Value::as_u64)
         && (items.len() as u64) < min
     {
-        errors.push(FieldError::invalid(path, value.clone(), format!("should have at least {min} items")));
+        errors.push(FieldError::invalid(
+            path,
+            value.clone(),
+            format!("should have at least {min} items"),
+        ));
     }
     if schema.get("x-kubernetes-list-type").and_then(Value::as_str) == Some("map")
         && let Some(Value::Array(keys)) = schema.get("x-kubernetes-list-map-keys")
     {
         let mut seen = Vec::new();
         for (index, element) in items.iter().enumerate() {
-            let identity: Vec<Option<&Value>> =
-                keys.iter().filter_map(Value::as_str).map(|key| element.get(key)).collect();
+            let identity: Vec<Option<&Value>> = keys
+                .iter()
+                .filter_map(Value::as_str)
+                .map(|key| element.get(key))
+                .collect();
             if seen.contains(&identity) {
-                errors.push(FieldError::invalid(item(path, index), element.clone(), "duplicates an earlier entry's keys"));
+                errors.push(FieldError::invalid(
+                    item(path, index),
+                    element.clone(),
+                    "duplicates an earlier entry's keys",
+                ));
             }
             seen.push(identity);
         }
@@ -254,7 +311,10 @@ fn type_matches(expected: &str, value: &Value) -> bool {
 }
 
 fn is_integer(value: &Value) -> bool {
-    json_type(value) == "integer" || value.as_f64().is_some_and(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
+    json_type(value) == "integer"
+        || value
+            .as_f64()
+            .is_some_and(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
 }
 
 fn flag(schema: &Value, key: &str) -> bool {
@@ -262,7 +322,11 @@ fn flag(schema: &Value, key: &str) -> bool {
 }
 
 fn trim(number: f64) -> String {
-    if number.fract() == 0.0 { format!("{}", number as i64) } else { number.to_string() }
+    if number.fract() == 0.0 {
+        format!("{}", number as i64)
+    } else {
+        number.to_string()
+    }
 }
 
 /// Whether `text` matches an OpenAPI `pattern` (unanchored, as Go's `regexp.MatchString`).
@@ -272,7 +336,9 @@ pub(crate) fn matches_pattern(pattern: &str, text: &str) -> bool {
     static CACHE: OnceLock<Mutex<HashMap<String, Option<Regex>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     let mut cache = cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let regex = cache.entry(pattern.to_owned()).or_insert_with(|| Regex::new(pattern).ok());
+    let regex = cache
+        .entry(pattern.to_owned())
+        .or_insert_with(|| Regex::new(pattern).ok());
     // A pattern the regex engine cannot compile cannot reject anything; the API server would have refused
     // the CRD in the first place.
     regex.as_ref().is_none_or(|regex| regex.is_match(text))
@@ -315,8 +381,11 @@ mod tests {
         })
     }
 
-    fn messages(object: Value) -> Vec<String> {
-        validate(&schema(), &object).iter().map(ToString::to_string).collect()
+    fn messages(object: &Value) -> Vec<String> {
+        validate(&schema(), object)
+            .iter()
+            .map(ToString::to_string)
+            .collect()
     }
 
     #[test]
@@ -326,7 +395,7 @@ mod tests {
             "spec": {"name": "abc", "mode": "b", "count": 3, "enabled": true, "limit": "25%",
                      "labels": {"a": "b"}, "free": {"anything": [1, 2]}, "ports": [{"name": "a"}, {"name": "b"}]}
         });
-        assert_eq!(messages(object), Vec::<String>::new());
+        assert_eq!(messages(&object), Vec::<String>::new());
     }
 
     #[test]
@@ -335,7 +404,7 @@ mod tests {
             "spec": {"name": "ABCDEFG", "mode": "c", "count": 0, "enabled": "yes", "limit": true,
                      "labels": {"a": 1}, "extra": 1, "ports": [{"name": "a"}, {"name": "a"}]}
         });
-        let found = messages(object);
+        let found = messages(&object);
         let expected = [
             r#"spec.name: "ABCDEFG" should match '^[a-z]+$'"#,
             r#"spec.name: "ABCDEFG" may not be longer than 5"#,
@@ -348,24 +417,41 @@ mod tests {
             r#"spec.ports[1]: {"name":"a"} duplicates an earlier entry's keys"#,
         ];
         for message in expected {
-            assert!(found.iter().any(|m| m == message), "missing {message:?} in {found:#?}");
+            assert!(
+                found.iter().any(|m| m == message),
+                "missing {message:?} in {found:#?}"
+            );
         }
         assert_eq!(found.len(), expected.len(), "{found:#?}");
     }
 
     #[test]
     fn required_fields_and_nulls() {
-        assert_eq!(messages(json!({"spec": {}})), ["spec.name: required field is missing"]);
-        assert_eq!(messages(json!({})), ["spec: required field is missing"]);
+        assert_eq!(
+            messages(&json!({"spec": {}})),
+            ["spec.name: required field is missing"]
+        );
+        assert_eq!(messages(&json!({})), ["spec: required field is missing"]);
         // A null is dropped by the API server, so it is neither a type error nor a value.
-        assert_eq!(messages(json!({"spec": {"name": "a", "count": null}})), Vec::<String>::new());
-        assert_eq!(messages(json!({"spec": {"name": null}})), ["spec.name: required field is missing"]);
+        assert_eq!(
+            messages(&json!({"spec": {"name": "a", "count": null}})),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            messages(&json!({"spec": {"name": null}})),
+            ["spec.name: required field is missing"]
+        );
     }
 
     #[test]
     fn unknown_fields_come_with_a_suggestion() {
         let errors = validate(&schema(), &json!({"spec": {"name": "a", "enabeld": true}}));
-        assert_eq!(errors[0].kind, FieldErrorKind::Unknown { suggestion: Some("enabled".into()) });
+        assert_eq!(
+            errors[0].kind,
+            FieldErrorKind::Unknown {
+                suggestion: Some("enabled".into())
+            }
+        );
     }
 
     #[test]
@@ -385,7 +471,8 @@ mod tests {
 
     #[test]
     fn defaults_fill_absent_fields_only() {
-        let mut object = json!({"spec": {"name": "a", "ports": [{"name": "a"}, {"name": "b", "port": 8080}]}});
+        let mut object =
+            json!({"spec": {"name": "a", "ports": [{"name": "a"}, {"name": "b", "port": 8080}]}});
         apply_defaults(&schema(), &mut object);
         assert_eq!(object["spec"]["mode"], "a");
         assert_eq!(object["spec"]["ports"][0]["port"], 80);

@@ -13,7 +13,10 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::OPERANDS;
-use crate::choice::{CcMode, DriverType, KernelModuleType, MigDefault, MigStrategy, RelabelAction, SandboxMode, UpdateStrategy, WorkloadConfig};
+use crate::choice::{
+    CcMode, DriverType, KernelModuleType, MigDefault, MigStrategy, RelabelAction, SandboxMode,
+    UpdateStrategy, WorkloadConfig,
+};
 use crate::cluster_policy::{ClusterPolicy, ClusterPolicySpec, ServiceMonitorConfig};
 use crate::component::{ContainerSpec, EnvVar, ImageRef, ImageSpec, non_empty};
 use crate::driver::{ContainerProbeSpec, DriverAddonSpec, UpgradeRules};
@@ -22,8 +25,7 @@ use crate::labels::{DRIVER_OWNER, dns_subdomain_problem, label_key_problem, labe
 use crate::nvidia_driver::NVIDIADriver;
 
 /// The format of a Kubernetes quantity (`500m`, `1Gi`, `2`).
-pub const QUANTITY_PATTERN: &str =
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
+pub const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
 /// The format of a Prometheus duration (`15s`, `1m30s`).
 pub const DURATION_PATTERN: &str =
     r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$";
@@ -49,7 +51,12 @@ impl ImageDefaults {
     /// Names of every environment variable an image can come from.
     pub fn variable_names() -> Vec<&'static str> {
         let mut names: Vec<&str> = OPERANDS.iter().map(|info| info.image_env).collect();
-        names.extend(["DRIVER_MANAGER_IMAGE", "GDS_IMAGE", "GDRCOPY_IMAGE", "CUDA_BASE_IMAGE"]);
+        names.extend([
+            "DRIVER_MANAGER_IMAGE",
+            "GDS_IMAGE",
+            "GDRCOPY_IMAGE",
+            "CUDA_BASE_IMAGE",
+        ]);
         names.sort_unstable();
         names.dedup();
         names
@@ -140,10 +147,19 @@ pub fn validate(policy: &ClusterPolicy) -> Result<ValidatedPolicy, Vec<FieldErro
 }
 
 /// Validates a ClusterPolicy; images the policy leaves unset may come from `defaults`.
-pub fn validate_with(policy: &ClusterPolicy, defaults: &ImageDefaults) -> Result<ValidatedPolicy, Vec<FieldError>> {
+pub fn validate_with(
+    policy: &ClusterPolicy,
+    defaults: &ImageDefaults,
+) -> Result<ValidatedPolicy, Vec<FieldError>> {
     let spec = &policy.spec;
     let mut errors = Vec::new();
-    let mig_strategy = choice(spec.mig_strategy(), "spec.mig.strategy", MigStrategy::parse, MigStrategy::VALUES, &mut errors);
+    let mig_strategy = choice(
+        spec.mig_strategy(),
+        "spec.mig.strategy",
+        MigStrategy::parse,
+        MigStrategy::VALUES,
+        &mut errors,
+    );
     let update_strategy = choice(
         spec.daemonsets.update_strategy.as_deref(),
         "spec.daemonsets.updateStrategy",
@@ -163,7 +179,13 @@ pub fn validate_with(policy: &ClusterPolicy, defaults: &ImageDefaults) -> Result
     let sandbox = check_sandbox(spec, &mut errors);
     let mig_default_layout = check_mig_manager(spec, &mut errors);
     if let Some(mode) = spec.cc_manager.as_ref().and_then(|cc| cc.default_mode.as_deref()) {
-        choice(Some(mode), "spec.ccManager.defaultMode", CcMode::parse, CcMode::VALUES, &mut errors);
+        choice(
+            Some(mode),
+            "spec.ccManager.defaultMode",
+            CcMode::parse,
+            CcMode::VALUES,
+            &mut errors,
+        );
     }
     let max_unavailable = check_rolling_update(spec, &mut errors);
     check_daemonsets(spec, &mut errors);
@@ -196,20 +218,61 @@ pub fn warnings(policy: &ClusterPolicy) -> Vec<FieldError> {
     let mut found = Vec::new();
     let deprecated = |found: &mut Vec<FieldError>, path: &str, set: bool, instead: &str| {
         if set {
-            found.push(FieldError::forbidden(path, format!("is deprecated and ignored; {instead}")));
+            found.push(FieldError::forbidden(
+                path,
+                format!("is deprecated and ignored; {instead}"),
+            ));
         }
     };
-    deprecated(&mut found, "spec.operator.defaultRuntime", spec.operator.default_runtime.is_some(), "the runtime is detected from each node");
-    deprecated(&mut found, "spec.operator.initContainer", spec.operator.init_container.is_some(), "remove it");
-    deprecated(&mut found, "spec.driver.useOpenKernelModules", spec.driver.use_open_kernel_modules.is_some(), "use spec.driver.kernelModuleType");
-    deprecated(&mut found, "spec.psp", spec.psp.as_ref().is_some_and(|psp| psp.enabled == Some(true)), "PodSecurityPolicy is gone; use spec.psa");
-    deprecated(&mut found, "spec.kataManager.enabled", spec.kata_manager_enabled(), "the Kata manager is never deployed");
-    deprecated(&mut found, "spec.cdi.default", spec.cdi.as_ref().is_some_and(|cdi| cdi.default.is_some()), "remove it");
-    deprecated(&mut found, "spec.dcgm.hostPort", spec.dcgm.host_port.is_some(), "remove it");
+    deprecated(
+        &mut found,
+        "spec.operator.defaultRuntime",
+        spec.operator.default_runtime.is_some(),
+        "the runtime is detected from each node",
+    );
+    deprecated(
+        &mut found,
+        "spec.operator.initContainer",
+        spec.operator.init_container.is_some(),
+        "remove it",
+    );
+    deprecated(
+        &mut found,
+        "spec.driver.useOpenKernelModules",
+        spec.driver.use_open_kernel_modules.is_some(),
+        "use spec.driver.kernelModuleType",
+    );
+    deprecated(
+        &mut found,
+        "spec.psp",
+        spec.psp.as_ref().is_some_and(|psp| psp.enabled == Some(true)),
+        "PodSecurityPolicy is gone; use spec.psa",
+    );
+    deprecated(
+        &mut found,
+        "spec.kataManager.enabled",
+        spec.kata_manager_enabled(),
+        "the Kata manager is never deployed",
+    );
+    deprecated(
+        &mut found,
+        "spec.cdi.default",
+        spec.cdi.as_ref().is_some_and(|cdi| cdi.default.is_some()),
+        "remove it",
+    );
+    deprecated(
+        &mut found,
+        "spec.dcgm.hostPort",
+        spec.dcgm.host_port.is_some(),
+        "remove it",
+    );
     deprecated(
         &mut found,
         "spec.driver.licensingConfig.configMapName",
-        spec.driver.licensing_config.as_ref().is_some_and(|l| non_empty(&l.config_map_name).is_some()),
+        spec.driver
+            .licensing_config
+            .as_ref()
+            .is_some_and(|l| non_empty(&l.config_map_name).is_some()),
         "use spec.driver.licensingConfig.secretName",
     );
     for (section, image) in all_image_sections(spec) {
@@ -243,8 +306,13 @@ pub struct ValidatedDriver {
 pub fn validate_driver(driver: &NVIDIADriver) -> Result<ValidatedDriver, Vec<FieldError>> {
     let spec = &driver.spec;
     let mut errors = Vec::new();
-    let driver_type =
-        choice(Some(&spec.driver_type), "spec.driverType", DriverType::parse, DriverType::VALUES, &mut errors);
+    let driver_type = choice(
+        Some(&spec.driver_type),
+        "spec.driverType",
+        DriverType::parse,
+        DriverType::VALUES,
+        &mut errors,
+    );
     let kernel_module_type = choice(
         spec.kernel_module_type.as_deref(),
         "spec.kernelModuleType",
@@ -306,7 +374,14 @@ pub fn validate_driver(driver: &NVIDIADriver) -> Result<ValidatedDriver, Vec<Fie
             "must be a driver branch, not a digest, when usePrecompiled is true",
         ));
     }
-    check_driver_addons("spec", spec.use_precompiled(), kernel_module_type, spec.gds.as_ref(), spec.gdrcopy.as_ref(), &mut errors);
+    check_driver_addons(
+        "spec",
+        spec.use_precompiled(),
+        kernel_module_type,
+        spec.gds.as_ref(),
+        spec.gdrcopy.as_ref(),
+        &mut errors,
+    );
 
     match (errors.is_empty(), driver_type, image) {
         (true, Some(driver_type), Some(image)) => Ok(ValidatedDriver {
@@ -362,17 +437,32 @@ fn check_mig_manager(spec: &ClusterPolicySpec, errors: &mut Vec<FieldError>) -> 
         return Some(MigDefault::AllDisabled.as_str().to_owned());
     };
     if let Some(default) = manager.config.as_ref().and_then(|c| c.default.as_deref()) {
-        choice(Some(default), "spec.migManager.config.default", MigDefault::parse, MigDefault::VALUES, errors);
+        choice(
+            Some(default),
+            "spec.migManager.config.default",
+            MigDefault::parse,
+            MigDefault::VALUES,
+            errors,
+        );
     }
     manager.default_layout().map(str::to_owned)
 }
 
 fn check_rolling_update(spec: &ClusterPolicySpec, errors: &mut Vec<FieldError>) -> Option<IntOrPercent> {
-    let text = spec.daemonsets.rolling_update.as_ref()?.max_unavailable.as_deref()?;
+    let text = spec
+        .daemonsets
+        .rolling_update
+        .as_ref()?
+        .max_unavailable
+        .as_deref()?;
     let path = "spec.daemonsets.rollingUpdate.maxUnavailable";
     match IntOrPercent::parse(text) {
         Some(IntOrPercent::Count(0) | IntOrPercent::Percent(0)) => {
-            errors.push(FieldError::invalid(path, text, "must not be 0: a DaemonSet could never replace a pod"));
+            errors.push(FieldError::invalid(
+                path,
+                text,
+                "must not be 0: a DaemonSet could never replace a pod",
+            ));
             None
         }
         Some(parsed) => Some(parsed),
@@ -390,18 +480,41 @@ fn check_rolling_update(spec: &ClusterPolicySpec, errors: &mut Vec<FieldError>) 
 fn check_daemonsets(spec: &ClusterPolicySpec, errors: &mut Vec<FieldError>) {
     let daemonsets = &spec.daemonsets;
     check_labels("spec.daemonsets.labels", daemonsets.labels.as_ref(), errors);
-    check_annotations("spec.daemonsets.annotations", daemonsets.annotations.as_ref(), errors);
-    check_tolerations("spec.daemonsets.tolerations", daemonsets.tolerations.as_deref(), errors);
-    if let Some(name) = daemonsets.priority_class_name.as_deref().filter(|n| !n.is_empty())
+    check_annotations(
+        "spec.daemonsets.annotations",
+        daemonsets.annotations.as_ref(),
+        errors,
+    );
+    check_tolerations(
+        "spec.daemonsets.tolerations",
+        daemonsets.tolerations.as_deref(),
+        errors,
+    );
+    if let Some(name) = daemonsets
+        .priority_class_name
+        .as_deref()
+        .filter(|n| !n.is_empty())
         && let Some(problem) = dns_subdomain_problem(name)
     {
-        errors.push(FieldError::invalid("spec.daemonsets.priorityClassName", name, problem));
+        errors.push(FieldError::invalid(
+            "spec.daemonsets.priorityClassName",
+            name,
+            problem,
+        ));
     }
     check_labels("spec.operator.labels", spec.operator.labels.as_ref(), errors);
-    check_annotations("spec.operator.annotations", spec.operator.annotations.as_ref(), errors);
+    check_annotations(
+        "spec.operator.annotations",
+        spec.operator.annotations.as_ref(),
+        errors,
+    );
 }
 
-fn check_driver(spec: &ClusterPolicySpec, kernel_module_type: KernelModuleType, errors: &mut Vec<FieldError>) {
+fn check_driver(
+    spec: &ClusterPolicySpec,
+    kernel_module_type: KernelModuleType,
+    errors: &mut Vec<FieldError>,
+) {
     let driver = &spec.driver;
     for (name, probe) in [
         ("startupProbe", &driver.startup_probe),
@@ -460,19 +573,32 @@ fn check_driver_addons(
 }
 
 fn gds_needs_open_modules(version: Option<&str>) -> bool {
-    let Some(version) = version.filter(|v| !v.is_empty()) else { return false };
+    let Some(version) = version.filter(|v| !v.is_empty()) else {
+        return false;
+    };
     if version.starts_with("sha256") {
         return true;
     }
-    let mut parts = version.trim_start_matches('v').split(['.', '-']).map(|p| p.parse::<u64>().unwrap_or(0));
-    let parsed = (parts.next().unwrap_or(0), parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(['.', '-'])
+        .map(|p| p.parse::<u64>().unwrap_or(0));
+    let parsed = (
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+    );
     parsed >= GDS_OPEN_MODULES_FROM
 }
 
 fn check_probe(path: &str, probe: Option<&ContainerProbeSpec>, errors: &mut Vec<FieldError>) {
     let Some(probe) = probe else { return };
     if let Some(delay) = probe.initial_delay_seconds.filter(|d| *d < 0) {
-        errors.push(FieldError::invalid(child(path, "initialDelaySeconds"), delay, "must not be negative"));
+        errors.push(FieldError::invalid(
+            child(path, "initialDelaySeconds"),
+            delay,
+            "must not be negative",
+        ));
     }
     for (name, value) in [
         ("timeoutSeconds", probe.timeout_seconds),
@@ -481,20 +607,34 @@ fn check_probe(path: &str, probe: Option<&ContainerProbeSpec>, errors: &mut Vec<
         ("failureThreshold", probe.failure_threshold),
     ] {
         if let Some(value) = value.filter(|v| *v < 1) {
-            errors.push(FieldError::invalid(child(path, name), value, "must be at least 1"));
+            errors.push(FieldError::invalid(
+                child(path, name),
+                value,
+                "must be at least 1",
+            ));
         }
     }
 }
 
 fn check_upgrade_rules(path: &str, rules: &UpgradeRules, errors: &mut Vec<FieldError>) {
     if let Some(parallel) = rules.max_parallel_upgrades.filter(|p| *p < 0) {
-        errors.push(FieldError::invalid(child(path, "maxParallelUpgrades"), parallel, "must not be negative (0 means no limit)"));
+        errors.push(FieldError::invalid(
+            child(path, "maxParallelUpgrades"),
+            parallel,
+            "must not be negative (0 means no limit)",
+        ));
     }
     match &rules.max_unavailable {
         Some(IntOrString::Int(count)) if *count < 0 => {
-            errors.push(FieldError::invalid(child(path, "maxUnavailable"), *count, "must not be negative"));
+            errors.push(FieldError::invalid(
+                child(path, "maxUnavailable"),
+                *count,
+                "must not be negative",
+            ));
         }
-        Some(IntOrString::String(text)) if IntOrPercent::parse(text).is_none() => {
+        Some(IntOrString::String(text))
+            if !matches!(IntOrPercent::parse(text), Some(IntOrPercent::Percent(_))) =>
+        {
             errors.push(FieldError::invalid(
                 child(path, "maxUnavailable"),
                 text.as_str(),
@@ -504,8 +644,14 @@ fn check_upgrade_rules(path: &str, rules: &UpgradeRules, errors: &mut Vec<FieldE
         _ => {}
     }
     let timeouts = [
-        ("podDeletion", rules.pod_deletion.as_ref().and_then(|p| p.timeout_seconds)),
-        ("waitForCompletion", rules.wait_for_completion.as_ref().and_then(|w| w.timeout_seconds)),
+        (
+            "podDeletion",
+            rules.pod_deletion.as_ref().and_then(|p| p.timeout_seconds),
+        ),
+        (
+            "waitForCompletion",
+            rules.wait_for_completion.as_ref().and_then(|w| w.timeout_seconds),
+        ),
         ("drain", rules.drain.as_ref().and_then(|d| d.timeout_seconds)),
     ];
     for (section, timeout) in timeouts {
@@ -526,28 +672,65 @@ fn check_containers(spec: &ClusterPolicySpec, errors: &mut Vec<FieldError>) {
         ("spec.devicePlugin", &spec.device_plugin.component.container),
         ("spec.dcgmExporter", &spec.dcgm_exporter.component.container),
         ("spec.dcgm", &spec.dcgm.component.container),
-        ("spec.nodeStatusExporter", &spec.node_status_exporter.component.container),
+        (
+            "spec.nodeStatusExporter",
+            &spec.node_status_exporter.component.container,
+        ),
         ("spec.gfd", &spec.gpu_feature_discovery.component.container),
     ];
     let optional = [
-        ("spec.migManager", spec.mig_manager.as_ref().map(|s| &s.component.container)),
+        (
+            "spec.migManager",
+            spec.mig_manager.as_ref().map(|s| &s.component.container),
+        ),
         ("spec.validator", spec.validator.as_ref().map(|s| &s.container)),
-        ("spec.vfioManager", spec.vfio_manager.as_ref().map(|s| &s.component.container)),
-        ("spec.sandboxDevicePlugin", spec.sandbox_device_plugin.as_ref().map(|s| &s.container)),
-        ("spec.vgpuManager", spec.vgpu_manager.as_ref().map(|s| &s.component.container)),
-        ("spec.vgpuDeviceManager", spec.vgpu_device_manager.as_ref().map(|s| &s.component.container)),
-        ("spec.kataManager", spec.kata_manager.as_ref().map(|s| &s.component.container)),
-        ("spec.ccManager", spec.cc_manager.as_ref().map(|s| &s.component.container)),
-        ("spec.kataSandboxDevicePlugin", spec.kata_sandbox_device_plugin.as_ref().map(|s| &s.container)),
+        (
+            "spec.vfioManager",
+            spec.vfio_manager.as_ref().map(|s| &s.component.container),
+        ),
+        (
+            "spec.sandboxDevicePlugin",
+            spec.sandbox_device_plugin.as_ref().map(|s| &s.container),
+        ),
+        (
+            "spec.vgpuManager",
+            spec.vgpu_manager.as_ref().map(|s| &s.component.container),
+        ),
+        (
+            "spec.vgpuDeviceManager",
+            spec.vgpu_device_manager.as_ref().map(|s| &s.component.container),
+        ),
+        (
+            "spec.kataManager",
+            spec.kata_manager.as_ref().map(|s| &s.component.container),
+        ),
+        (
+            "spec.ccManager",
+            spec.cc_manager.as_ref().map(|s| &s.component.container),
+        ),
+        (
+            "spec.kataSandboxDevicePlugin",
+            spec.kata_sandbox_device_plugin.as_ref().map(|s| &s.container),
+        ),
     ];
-    sections.extend(optional.into_iter().filter_map(|(path, container)| container.map(|c| (path, c))));
+    sections.extend(
+        optional
+            .into_iter()
+            .filter_map(|(path, container)| container.map(|c| (path, c))),
+    );
     for (path, container) in sections {
         check_container(path, container, errors);
     }
     let env_lists = [
-        ("spec.driver.manager.env", spec.driver.manager.as_ref().and_then(|m| m.env.as_deref())),
+        (
+            "spec.driver.manager.env",
+            spec.driver.manager.as_ref().and_then(|m| m.env.as_deref()),
+        ),
         ("spec.gds.env", spec.gds.as_ref().and_then(|g| g.env.as_deref())),
-        ("spec.gdrcopy.env", spec.gdrcopy.as_ref().and_then(|g| g.env.as_deref())),
+        (
+            "spec.gdrcopy.env",
+            spec.gdrcopy.as_ref().and_then(|g| g.env.as_deref()),
+        ),
     ];
     for (path, env) in env_lists {
         check_env(path, env, errors);
@@ -569,32 +752,65 @@ fn check_containers(spec: &ClusterPolicySpec, errors: &mut Vec<FieldError>) {
     }
     let paths = [
         ("spec.toolkit.installDir", spec.toolkit.install_dir.as_deref()),
-        ("spec.devicePlugin.mps.root", spec.device_plugin.mps.as_ref().and_then(|m| m.root.as_deref())),
-        ("spec.hostPaths.rootFS", spec.host_paths.as_ref().and_then(|h| h.root_fs.as_deref())),
-        ("spec.hostPaths.driverInstallDir", spec.host_paths.as_ref().and_then(|h| h.driver_install_dir.as_deref())),
-        ("spec.hostPaths.kubeletRootDir", spec.host_paths.as_ref().and_then(|h| h.kubelet_root_dir.as_deref())),
+        (
+            "spec.devicePlugin.mps.root",
+            spec.device_plugin.mps.as_ref().and_then(|m| m.root.as_deref()),
+        ),
+        (
+            "spec.hostPaths.rootFS",
+            spec.host_paths.as_ref().and_then(|h| h.root_fs.as_deref()),
+        ),
+        (
+            "spec.hostPaths.driverInstallDir",
+            spec.host_paths
+                .as_ref()
+                .and_then(|h| h.driver_install_dir.as_deref()),
+        ),
+        (
+            "spec.hostPaths.kubeletRootDir",
+            spec.host_paths
+                .as_ref()
+                .and_then(|h| h.kubelet_root_dir.as_deref()),
+        ),
         (
             "spec.dcgmExporter.hpcJobMapping.directory",
-            spec.dcgm_exporter.hpc_job_mapping.as_ref().and_then(|m| m.directory.as_deref()),
+            spec.dcgm_exporter
+                .hpc_job_mapping
+                .as_ref()
+                .and_then(|m| m.directory.as_deref()),
         ),
     ];
     for (path, value) in paths {
         if let Some(value) = value.filter(|v| !v.is_empty() && !v.starts_with('/')) {
-            errors.push(FieldError::invalid(path, value, "must be an absolute path on the host"));
+            errors.push(FieldError::invalid(
+                path,
+                value,
+                "must be an absolute path on the host",
+            ));
         }
     }
 }
 
 fn check_container(path: &str, container: &ContainerSpec, errors: &mut Vec<FieldError>) {
     check_env(&child(path, "env"), container.env.as_deref(), errors);
-    let Some(resources) = &container.resources else { return };
+    let Some(resources) = &container.resources else {
+        return;
+    };
     for (kind, list) in [("limits", &resources.limits), ("requests", &resources.requests)] {
         for (name, Quantity(quantity)) in list.iter().flatten() {
             let quantity_path = child(&child(&child(path, "resources"), kind), name);
             if !crate::schema::matches_pattern(QUANTITY_PATTERN, quantity) {
-                errors.push(FieldError::invalid(quantity_path, quantity.as_str(), "is not a quantity like \"500m\" or \"1Gi\""));
+                errors.push(FieldError::invalid(
+                    quantity_path,
+                    quantity.as_str(),
+                    "is not a quantity like \"500m\" or \"1Gi\"",
+                ));
             } else if quantity.starts_with('-') {
-                errors.push(FieldError::invalid(quantity_path, quantity.as_str(), "must not be negative"));
+                errors.push(FieldError::invalid(
+                    quantity_path,
+                    quantity.as_str(),
+                    "must not be negative",
+                ));
             }
         }
     }
@@ -614,18 +830,30 @@ fn check_env(path: &str, env: Option<&[EnvVar]>, errors: &mut Vec<FieldError>) {
 
 fn check_exporter(spec: &ClusterPolicySpec, errors: &mut Vec<FieldError>) {
     let exporter = &spec.dcgm_exporter;
-    check_annotations("spec.dcgmExporter.annotations", exporter.annotations.as_ref(), errors);
+    check_annotations(
+        "spec.dcgmExporter.annotations",
+        exporter.annotations.as_ref(),
+        errors,
+    );
     if let Some(service) = &exporter.service {
         if let Some(kind) = service.type_.as_deref().filter(|t| !t.is_empty()) {
             choice(
                 Some(kind),
                 "spec.dcgmExporter.service.type",
-                |t| ["ClusterIP", "NodePort", "LoadBalancer"].contains(&t).then_some(()),
+                |t| {
+                    ["ClusterIP", "NodePort", "LoadBalancer"]
+                        .contains(&t)
+                        .then_some(())
+                },
                 &["ClusterIP", "NodePort", "LoadBalancer"],
                 errors,
             );
         }
-        if let Some(policy) = service.internal_traffic_policy.as_deref().filter(|t| !t.is_empty()) {
+        if let Some(policy) = service
+            .internal_traffic_policy
+            .as_deref()
+            .filter(|t| !t.is_empty())
+        {
             choice(
                 Some(policy),
                 "spec.dcgmExporter.service.internalTrafficPolicy",
@@ -645,8 +873,17 @@ fn check_exporter(spec: &ClusterPolicySpec, errors: &mut Vec<FieldError>) {
         }
     }
     let monitors = [
-        ("spec.dcgmExporter.serviceMonitor", exporter.service_monitor.as_ref()),
-        ("spec.operator.metrics.serviceMonitor", spec.operator.metrics.as_ref().and_then(|m| m.service_monitor.as_ref())),
+        (
+            "spec.dcgmExporter.serviceMonitor",
+            exporter.service_monitor.as_ref(),
+        ),
+        (
+            "spec.operator.metrics.serviceMonitor",
+            spec.operator
+                .metrics
+                .as_ref()
+                .and_then(|m| m.service_monitor.as_ref()),
+        ),
     ];
     for (path, monitor) in monitors {
         if let Some(monitor) = monitor {
@@ -654,24 +891,52 @@ fn check_exporter(spec: &ClusterPolicySpec, errors: &mut Vec<FieldError>) {
         }
     }
     if let Some(port) = spec.dcgm.host_port.filter(|p| !(0..=65535).contains(p)) {
-        errors.push(FieldError::invalid("spec.dcgm.hostPort", port, "must be a port number, 1 to 65535"));
+        errors.push(FieldError::invalid(
+            "spec.dcgm.hostPort",
+            port,
+            "must be a port number, 1 to 65535",
+        ));
     }
 }
 
 fn check_service_monitor(path: &str, monitor: &ServiceMonitorConfig, errors: &mut Vec<FieldError>) {
-    for (name, value) in [("interval", &monitor.interval), ("scrapeTimeout", &monitor.scrape_timeout)] {
-        if let Some(value) = value.as_deref().filter(|v| !crate::schema::matches_pattern(DURATION_PATTERN, v)) {
-            errors.push(FieldError::invalid(child(path, name), value, "is not a duration like \"15s\" or \"1m30s\""));
+    for (name, value) in [
+        ("interval", &monitor.interval),
+        ("scrapeTimeout", &monitor.scrape_timeout),
+    ] {
+        if let Some(value) = value
+            .as_deref()
+            .filter(|v| !crate::schema::matches_pattern(DURATION_PATTERN, v))
+        {
+            errors.push(FieldError::invalid(
+                child(path, name),
+                value,
+                "is not a duration like \"15s\" or \"1m30s\"",
+            ));
         }
     }
-    check_labels(&child(path, "additionalLabels"), monitor.additional_labels.as_ref(), errors);
+    check_labels(
+        &child(path, "additionalLabels"),
+        monitor.additional_labels.as_ref(),
+        errors,
+    );
     for (index, rule) in monitor.relabelings.iter().flatten().enumerate() {
         let rule_path = item(&child(path, "relabelings"), index);
         if let Some(action) = rule.action.as_deref() {
-            choice(Some(action), &child(&rule_path, "action"), RelabelAction::parse, RelabelAction::VALUES, errors);
+            choice(
+                Some(action),
+                &child(&rule_path, "action"),
+                RelabelAction::parse,
+                RelabelAction::VALUES,
+                errors,
+            );
         }
         if let Some(modulus) = rule.modulus.filter(|m| *m < 0) {
-            errors.push(FieldError::invalid(child(&rule_path, "modulus"), modulus, "must not be negative"));
+            errors.push(FieldError::invalid(
+                child(&rule_path, "modulus"),
+                modulus,
+                "must not be negative",
+            ));
         }
     }
 }
@@ -705,18 +970,34 @@ fn check_cross_fields(spec: &ClusterPolicySpec, errors: &mut Vec<FieldError>) {
 fn check_labels(path: &str, labels: Option<&BTreeMap<String, String>>, errors: &mut Vec<FieldError>) {
     for (key, value) in labels.into_iter().flatten() {
         if let Some(problem) = label_key_problem(key) {
-            errors.push(FieldError::invalid(path, key.as_str(), format!("is not a valid label key: {problem}")));
+            errors.push(FieldError::invalid(
+                path,
+                key.as_str(),
+                format!("is not a valid label key: {problem}"),
+            ));
         }
         if let Some(problem) = label_value_problem(value) {
-            errors.push(FieldError::invalid(child(path, key), value.as_str(), format!("is not a valid label value: {problem}")));
+            errors.push(FieldError::invalid(
+                child(path, key),
+                value.as_str(),
+                format!("is not a valid label value: {problem}"),
+            ));
         }
     }
 }
 
-fn check_annotations(path: &str, annotations: Option<&BTreeMap<String, String>>, errors: &mut Vec<FieldError>) {
+fn check_annotations(
+    path: &str,
+    annotations: Option<&BTreeMap<String, String>>,
+    errors: &mut Vec<FieldError>,
+) {
     for key in annotations.into_iter().flatten().map(|(key, _)| key) {
         if let Some(problem) = label_key_problem(key) {
-            errors.push(FieldError::invalid(path, key.as_str(), format!("is not a valid annotation key: {problem}")));
+            errors.push(FieldError::invalid(
+                path,
+                key.as_str(),
+                format!("is not a valid annotation key: {problem}"),
+            ));
         }
     }
 }
@@ -729,19 +1010,39 @@ fn check_tolerations(path: &str, tolerations: Option<&[Toleration]>, errors: &mu
         let key = toleration.key.as_deref().unwrap_or("");
         let value = toleration.value.as_deref().unwrap_or("");
         if !["Equal", "Exists", ""].contains(&operator) {
-            errors.push(FieldError::unsupported(child(&path, "operator"), operator, &["Equal", "Exists"]));
+            errors.push(FieldError::unsupported(
+                child(&path, "operator"),
+                operator,
+                &["Equal", "Exists"],
+            ));
         }
         if !["", "NoSchedule", "PreferNoSchedule", "NoExecute"].contains(&effect) {
-            errors.push(FieldError::unsupported(child(&path, "effect"), effect, &["NoSchedule", "PreferNoSchedule", "NoExecute"]));
+            errors.push(FieldError::unsupported(
+                child(&path, "effect"),
+                effect,
+                &["NoSchedule", "PreferNoSchedule", "NoExecute"],
+            ));
         }
         if operator == "Exists" && !value.is_empty() {
-            errors.push(FieldError::invalid(child(&path, "value"), value, "must be empty when operator is Exists"));
+            errors.push(FieldError::invalid(
+                child(&path, "value"),
+                value,
+                "must be empty when operator is Exists",
+            ));
         }
         if key.is_empty() && operator != "Exists" {
-            errors.push(FieldError::invalid(child(&path, "operator"), operator, "must be Exists when key is empty"));
+            errors.push(FieldError::invalid(
+                child(&path, "operator"),
+                operator,
+                "must be Exists when key is empty",
+            ));
         }
         if let Some(problem) = (!key.is_empty()).then(|| label_key_problem(key)).flatten() {
-            errors.push(FieldError::invalid(child(&path, "key"), key, format!("is not a valid taint key: {problem}")));
+            errors.push(FieldError::invalid(
+                child(&path, "key"),
+                key,
+                format!("is not a valid taint key: {problem}"),
+            ));
         }
         if toleration.toleration_seconds.is_some() && effect != "NoExecute" {
             errors.push(FieldError::forbidden(
@@ -756,35 +1057,87 @@ fn check_tolerations(path: &str, tolerations: Option<&[Toleration]>, errors: &mu
 fn all_image_sections(spec: &ClusterPolicySpec) -> Vec<(&'static str, &ImageSpec)> {
     let mut sections: Vec<(&str, Option<&ImageSpec>)> = vec![
         ("spec.driver", Some(&spec.driver.image)),
-        ("spec.driver.manager", spec.driver.manager.as_ref().map(|m| &m.image)),
+        (
+            "spec.driver.manager",
+            spec.driver.manager.as_ref().map(|m| &m.image),
+        ),
         ("spec.toolkit", Some(&spec.toolkit.component.image)),
         ("spec.devicePlugin", Some(&spec.device_plugin.component.image)),
         ("spec.dcgmExporter", Some(&spec.dcgm_exporter.component.image)),
         ("spec.dcgm", Some(&spec.dcgm.component.image)),
-        ("spec.nodeStatusExporter", Some(&spec.node_status_exporter.component.image)),
+        (
+            "spec.nodeStatusExporter",
+            Some(&spec.node_status_exporter.component.image),
+        ),
         ("spec.gfd", Some(&spec.gpu_feature_discovery.component.image)),
-        ("spec.operator.initContainer", spec.operator.init_container.as_ref()),
+        (
+            "spec.operator.initContainer",
+            spec.operator.init_container.as_ref(),
+        ),
     ];
     sections.extend([
-        ("spec.migManager", spec.mig_manager.as_ref().map(|s| &s.component.image)),
+        (
+            "spec.migManager",
+            spec.mig_manager.as_ref().map(|s| &s.component.image),
+        ),
         ("spec.validator", spec.validator.as_ref().map(|s| &s.image)),
         ("spec.gds", spec.gds.as_ref().map(|s| &s.image)),
         ("spec.gdrcopy", spec.gdrcopy.as_ref().map(|s| &s.image)),
-        ("spec.vfioManager", spec.vfio_manager.as_ref().map(|s| &s.component.image)),
-        ("spec.vfioManager.driverManager", spec.vfio_manager.as_ref().and_then(|s| s.driver_manager.as_ref()).map(|m| &m.image)),
-        ("spec.sandboxDevicePlugin", spec.sandbox_device_plugin.as_ref().map(|s| &s.image)),
-        ("spec.vgpuManager", spec.vgpu_manager.as_ref().map(|s| &s.component.image)),
-        ("spec.vgpuManager.driverManager", spec.vgpu_manager.as_ref().and_then(|s| s.driver_manager.as_ref()).map(|m| &m.image)),
-        ("spec.vgpuDeviceManager", spec.vgpu_device_manager.as_ref().map(|s| &s.component.image)),
-        ("spec.kataManager", spec.kata_manager.as_ref().map(|s| &s.component.image)),
-        ("spec.ccManager", spec.cc_manager.as_ref().map(|s| &s.component.image)),
-        ("spec.kataSandboxDevicePlugin", spec.kata_sandbox_device_plugin.as_ref().map(|s| &s.image)),
+        (
+            "spec.vfioManager",
+            spec.vfio_manager.as_ref().map(|s| &s.component.image),
+        ),
+        (
+            "spec.vfioManager.driverManager",
+            spec.vfio_manager
+                .as_ref()
+                .and_then(|s| s.driver_manager.as_ref())
+                .map(|m| &m.image),
+        ),
+        (
+            "spec.sandboxDevicePlugin",
+            spec.sandbox_device_plugin.as_ref().map(|s| &s.image),
+        ),
+        (
+            "spec.vgpuManager",
+            spec.vgpu_manager.as_ref().map(|s| &s.component.image),
+        ),
+        (
+            "spec.vgpuManager.driverManager",
+            spec.vgpu_manager
+                .as_ref()
+                .and_then(|s| s.driver_manager.as_ref())
+                .map(|m| &m.image),
+        ),
+        (
+            "spec.vgpuDeviceManager",
+            spec.vgpu_device_manager.as_ref().map(|s| &s.component.image),
+        ),
+        (
+            "spec.kataManager",
+            spec.kata_manager.as_ref().map(|s| &s.component.image),
+        ),
+        (
+            "spec.ccManager",
+            spec.cc_manager.as_ref().map(|s| &s.component.image),
+        ),
+        (
+            "spec.kataSandboxDevicePlugin",
+            spec.kata_sandbox_device_plugin.as_ref().map(|s| &s.image),
+        ),
     ]);
-    sections.into_iter().filter_map(|(path, image)| image.map(|image| (path, image))).collect()
+    sections
+        .into_iter()
+        .filter_map(|(path, image)| image.map(|image| (path, image)))
+        .collect()
 }
 
 /// Resolves the image of every section an enabled operand needs, recording why one cannot be resolved.
-fn resolve_images(spec: &ClusterPolicySpec, defaults: &ImageDefaults, errors: &mut Vec<FieldError>) -> BTreeMap<String, String> {
+fn resolve_images(
+    spec: &ClusterPolicySpec,
+    defaults: &ImageDefaults,
+    errors: &mut Vec<FieldError>,
+) -> BTreeMap<String, String> {
     // (section, environment fallback, what needs it)
     let mut needed: Vec<(&str, &str, &str)> = Vec::new();
     for info in OPERANDS.iter().filter(|info| (info.enabled)(spec)) {
@@ -799,17 +1152,24 @@ fn resolve_images(spec: &ClusterPolicySpec, defaults: &ImageDefaults, errors: &m
                     needed.push(("spec.gdrcopy", "GDRCOPY_IMAGE", "GDRCopy"));
                 }
             }
-            crate::Operand::VfioManager => needed.push(("spec.vfioManager.driverManager", "DRIVER_MANAGER_IMAGE", info.id)),
-            crate::Operand::VgpuManager => needed.push(("spec.vgpuManager.driverManager", "DRIVER_MANAGER_IMAGE", info.id)),
+            crate::Operand::VfioManager => {
+                needed.push(("spec.vfioManager.driverManager", "DRIVER_MANAGER_IMAGE", info.id))
+            }
+            crate::Operand::VgpuManager => {
+                needed.push(("spec.vgpuManager.driverManager", "DRIVER_MANAGER_IMAGE", info.id))
+            }
             _ => {}
         }
     }
     let sections: BTreeMap<&str, &ImageSpec> = all_image_sections(spec).into_iter().collect();
     let mut images = BTreeMap::new();
+    let mut seen = Vec::new();
     for (section, variable, user) in needed {
-        if images.contains_key(section) {
+        // Operands that share a section (the device plugin and the MPS daemon) share its image.
+        if seen.contains(&section) {
             continue;
         }
+        seen.push(section);
         let image = sections.get(section).copied().cloned().unwrap_or_default();
         let resolved = match image.reference() {
             ImageRef::Resolved(reference) => Some(reference),
@@ -838,12 +1198,312 @@ fn resolve_images(spec: &ClusterPolicySpec, defaults: &ImageDefaults, errors: &m
 }
 
 fn partial_image_errors(section: &str, image: &ImageSpec, errors: &mut Vec<FieldError>) {
-    for (name, value) in [("repository", &image.repository), ("image", &image.image), ("version", &image.version)] {
+    for (name, value) in [
+        ("repository", &image.repository),
+        ("image", &image.image),
+        ("version", &image.version),
+    ] {
         if non_empty(value).is_none() {
             errors.push(FieldError::required_because(
                 child(section, name),
                 "when any of repository, image and version is set (or give image alone as a full reference)",
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEFAULT_POLICY: &str = include_str!("../../../deploy/samples/clusterpolicy.yaml");
+
+    fn policy(yaml: &str) -> ClusterPolicy {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    /// The default policy with a change to its spec, given as a YAML fragment merged over it.
+    fn tweaked(patch: &str) -> ClusterPolicy {
+        let mut value: serde_json::Value = serde_saphyr::from_str(DEFAULT_POLICY).unwrap();
+        let patch: serde_json::Value = serde_saphyr::from_str(patch).unwrap();
+        merge(&mut value["spec"], patch);
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn merge(target: &mut serde_json::Value, patch: serde_json::Value) {
+        match (target, patch) {
+            (serde_json::Value::Object(target), serde_json::Value::Object(patch)) => {
+                for (key, value) in patch {
+                    merge(target.entry(key).or_insert(serde_json::Value::Null), value);
+                }
+            }
+            (target, patch) => *target = patch,
+        }
+    }
+
+    fn errors(policy: &ClusterPolicy) -> Vec<String> {
+        validate(policy)
+            .err()
+            .unwrap_or_default()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn the_default_policy_validates_with_every_image_resolved() {
+        let validated = validate(&policy(DEFAULT_POLICY)).unwrap();
+        assert_eq!(validated.name, "cluster-policy");
+        assert_eq!(validated.mig_strategy, Some(MigStrategy::Single));
+        assert_eq!(validated.update_strategy, UpdateStrategy::RollingUpdate);
+        assert_eq!(validated.max_unavailable, Some(IntOrPercent::Count(1)));
+        assert_eq!(validated.kernel_module_type, KernelModuleType::Auto);
+        assert_eq!(validated.sandbox, None);
+        assert_eq!(validated.mig_default_layout.as_deref(), Some("all-disabled"));
+        let images: Vec<(&str, &str)> = validated
+            .images
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            images,
+            [
+                (
+                    "spec.dcgmExporter",
+                    "nvcr.io/nvidia/k8s/dcgm-exporter:4.6.0-4.8.3-distroless"
+                ),
+                ("spec.devicePlugin", "nvcr.io/nvidia/k8s-device-plugin:v0.20.0"),
+                ("spec.driver", "nvcr.io/nvidia/driver:595.91.07"),
+                (
+                    "spec.driver.manager",
+                    "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.12.0"
+                ),
+                ("spec.gfd", "nvcr.io/nvidia/k8s-device-plugin:v0.20.0"),
+                (
+                    "spec.migManager",
+                    "nvcr.io/nvidia/cloud-native/k8s-mig-manager:v0.15.0"
+                ),
+                ("spec.toolkit", "nvcr.io/nvidia/k8s/container-toolkit:v1.20.0"),
+                ("spec.validator", "nvcr.io/nvidia/gpu-operator:v26.7.0"),
+            ]
+        );
+        assert_eq!(
+            validated.image("spec.devicePlugin"),
+            Some("nvcr.io/nvidia/k8s-device-plugin:v0.20.0")
+        );
+        assert!(warnings(&policy(DEFAULT_POLICY)).is_empty());
+    }
+
+    #[test]
+    fn images_fall_back_to_the_operators_environment() {
+        let without = tweaked("{toolkit: {repository: '', image: '', version: ''}}");
+        assert_eq!(
+            errors(&without),
+            [
+                "spec.toolkit.image: required (with repository and version) because container-toolkit is enabled, unless CONTAINER_TOOLKIT_IMAGE is set in the operator's environment"
+            ]
+        );
+        let defaults = ImageDefaults::from_pairs([("CONTAINER_TOOLKIT_IMAGE", "registry.local/toolkit:1")]);
+        let validated = validate_with(&without, &defaults).unwrap();
+        assert_eq!(validated.image("spec.toolkit"), Some("registry.local/toolkit:1"));
+        // A disabled operand needs no image.
+        assert!(validate(&tweaked("{toolkit: {enabled: false, image: ''}}")).is_ok());
+    }
+
+    #[test]
+    fn counts_and_percentages() {
+        assert_eq!(IntOrPercent::parse("3"), Some(IntOrPercent::Count(3)));
+        assert_eq!(IntOrPercent::parse("25%"), Some(IntOrPercent::Percent(25)));
+        assert_eq!(IntOrPercent::parse("101%"), None);
+        assert_eq!(IntOrPercent::parse("-1"), None);
+        assert_eq!(IntOrPercent::parse("abc"), None);
+        assert_eq!(IntOrPercent::Percent(25).scaled_up(10), 3, "rounded up");
+        assert_eq!(IntOrPercent::Percent(25).scaled_up(0), 0);
+        assert_eq!(IntOrPercent::Count(2).scaled_up(10), 2);
+        assert_eq!(
+            IntOrPercent::Percent(10).to_int_or_string(),
+            IntOrString::String("10%".into())
+        );
+
+        assert_eq!(
+            errors(&tweaked("{daemonsets: {rollingUpdate: {maxUnavailable: 0%}}}")),
+            [
+                r#"spec.daemonsets.rollingUpdate.maxUnavailable: "0%" must not be 0: a DaemonSet could never replace a pod"#
+            ]
+        );
+        assert_eq!(
+            errors(&tweaked("{driver: {upgradePolicy: {maxUnavailable: '3'}}}")),
+            [
+                r#"spec.driver.upgradePolicy.maxUnavailable: "3" must be a count like 2 or a percentage like "25%" (at most 100%)"#
+            ]
+        );
+        assert!(validate(&tweaked("{driver: {upgradePolicy: {maxUnavailable: 3}}}")).is_ok());
+        assert_eq!(
+            errors(&tweaked(
+                "{driver: {upgradePolicy: {maxUnavailable: -3, drain: {timeoutSeconds: -1}}}}"
+            )),
+            [
+                "spec.driver.upgradePolicy.maxUnavailable: -3 must not be negative",
+                "spec.driver.upgradePolicy.drain.timeoutSeconds: -1 must not be negative (0 waits forever)",
+            ]
+        );
+    }
+
+    #[test]
+    fn objects_rendered_from_the_policy_would_be_accepted_by_the_api_server() {
+        let found = errors(&tweaked(
+            "{daemonsets: {labels: {'bad key!': x, team: 'has space'},
+                           tolerations: [{key: a, operator: Exists, value: v}, {operator: Equal, value: v},
+                                         {key: b, effect: NoSchedule, tolerationSeconds: 30}]},
+              toolkit: {installDir: relative/path, env: [{name: ''}]},
+              devicePlugin: {resources: {limits: {cpu: '-1'}}}}",
+        ));
+        let expected = [
+            r#"spec.daemonsets.labels: "bad key!" is not a valid label key: must consist of alphanumeric characters, '-', '_' or '.', and start and end with an alphanumeric character"#,
+            r#"spec.daemonsets.labels.team: "has space" is not a valid label value: must consist of alphanumeric characters, '-', '_' or '.', and start and end with an alphanumeric character"#,
+            r#"spec.daemonsets.tolerations[0].value: "v" must be empty when operator is Exists"#,
+            r#"spec.daemonsets.tolerations[1].operator: "Equal" must be Exists when key is empty"#,
+            "spec.daemonsets.tolerations[2].tolerationSeconds: may be set only when effect is NoExecute",
+            r#"spec.toolkit.env[0].name: "" must be a non-empty variable name without '='"#,
+            r#"spec.devicePlugin.resources.limits.cpu: "-1" must not be negative"#,
+            r#"spec.toolkit.installDir: "relative/path" must be an absolute path on the host"#,
+        ];
+        for message in expected {
+            assert!(
+                found.contains(&message.to_owned()),
+                "missing {message:?} in {found:#?}"
+            );
+        }
+        assert_eq!(found.len(), expected.len(), "{found:#?}");
+    }
+
+    #[test]
+    fn cross_field_rules() {
+        assert_eq!(
+            errors(&tweaked("{cdi: {enabled: false, nriPluginEnabled: true}}")),
+            [
+                "spec.cdi.nriPluginEnabled: cannot be true while spec.cdi.enabled is false: the NRI plugin injects devices through CDI"
+            ]
+        );
+        assert_eq!(
+            errors(&tweaked(
+                "{cdi: {nriPluginEnabled: true}, toolkit: {enabled: false}}"
+            )),
+            [
+                "spec.cdi.nriPluginEnabled: cannot be true while spec.toolkit.enabled is false: the container toolkit runs the NRI plugin"
+            ]
+        );
+        assert_eq!(
+            errors(&tweaked(
+                "{driver: {usePrecompiled: true}, gdrcopy: {enabled: true}}"
+            )),
+            [
+                "spec.gdrcopy.enabled: cannot be true with precompiled drivers (usePrecompiled): they carry no sources to build it against"
+            ]
+        );
+        assert_eq!(
+            errors(&tweaked("{gds: {enabled: true}}")),
+            [
+                r#"spec.gds.version: needs kernelModuleType "open" (GPUDirect Storage 2.17.5 and later only work with the open kernel modules)"#
+            ]
+        );
+        assert!(
+            validate(&tweaked(
+                "{gds: {enabled: true}, driver: {kernelModuleType: open}}"
+            ))
+            .is_ok()
+        );
+        assert!(validate(&tweaked("{gds: {enabled: true, version: '2.16.1'}}")).is_ok());
+        assert_eq!(
+            errors(&tweaked("{devicePlugin: {config: {name: '', default: any}}}")),
+            [
+                "spec.devicePlugin.config.name: required when spec.devicePlugin.config.default is set: the default names a key of that ConfigMap"
+            ]
+        );
+    }
+
+    #[test]
+    fn sandbox_settings_are_parsed_only_when_enabled() {
+        assert_eq!(
+            validate(&tweaked("{sandboxWorkloads: {mode: kata}}"))
+                .unwrap()
+                .sandbox,
+            None
+        );
+        let validated = validate(&tweaked(
+            "{sandboxWorkloads: {enabled: true, mode: kata, defaultWorkload: vm-passthrough}}",
+        ))
+        .unwrap();
+        assert_eq!(
+            validated.sandbox,
+            Some(Sandbox {
+                mode: SandboxMode::Kata,
+                default_workload: WorkloadConfig::VmPassthrough
+            })
+        );
+        assert_eq!(
+            errors(&tweaked("{sandboxWorkloads: {mode: qemu}}")),
+            [r#"spec.sandboxWorkloads.mode: "qemu" is not one of [kubevirt, kata]"#]
+        );
+    }
+
+    #[test]
+    fn warnings_name_deprecated_fields_and_replaced_pull_policies() {
+        let found: Vec<String> = warnings(&tweaked(
+            "{driver: {useOpenKernelModules: true}, psp: {enabled: true}, toolkit: {imagePullPolicy: always}}",
+        ))
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        assert_eq!(
+            found,
+            [
+                "spec.driver.useOpenKernelModules: is deprecated and ignored; use spec.driver.kernelModuleType",
+                "spec.psp: is deprecated and ignored; PodSecurityPolicy is gone; use spec.psa",
+                r#"spec.toolkit.imagePullPolicy: "always" is not Always, Never or IfNotPresent; it is treated as IfNotPresent"#,
+            ]
+        );
+    }
+
+    #[test]
+    fn nvidia_driver_image_and_precompiled_rules() {
+        let driver = |yaml: &str| -> NVIDIADriver { serde_saphyr::from_str(yaml).unwrap() };
+        let base = "apiVersion: nvidia.com/v1alpha1\nkind: NVIDIADriver\nmetadata: {name: d}\nspec:\n  default: false\n  driverType: gpu\n";
+        let validated = validate_driver(&driver(&format!(
+            "{base}  image: driver\n  repository: nvcr.io/nvidia\n  version: '595.91.07'\n"
+        )))
+        .unwrap();
+        assert_eq!(validated.image, "nvcr.io/nvidia/driver:595.91.07");
+        assert_eq!(validated.driver_type, DriverType::Gpu);
+        let messages = |yaml: String| -> Vec<String> {
+            validate_driver(&driver(&yaml))
+                .err()
+                .unwrap_or_default()
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        assert_eq!(
+            messages(format!("{base}  image: driver\n  version: '595'\n")),
+            [
+                "spec.repository: required when any of repository, image and version is set (or give image alone as a full reference)"
+            ]
+        );
+        assert_eq!(
+            messages(format!(
+                "{base}  image: driver\n  repository: r\n  version: sha256:abc\n  usePrecompiled: true\n"
+            )),
+            [
+                r#"spec.version: "sha256:abc" must be a driver branch, not a digest, when usePrecompiled is true"#
+            ]
+        );
+        assert_eq!(
+            messages(format!(
+                "{base}  image: d:1\n  nodeSelector: {{nvidia.com/gpu-operator.driver.owner: x}}\n"
+            )),
+            [
+                "spec.nodeSelector.nvidia.com/gpu-operator.driver.owner: is reserved: the operator sets it to route nodes to NVIDIADrivers"
+            ]
+        );
     }
 }

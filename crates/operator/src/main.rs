@@ -1,5 +1,7 @@
-//! `gpu-operator`: see `gpu-operator --help`.
+//! `gpu-operator`: the GPU operator's command line. See `gpu-operator --help`.
 
-fn main() {
-    print!("{}", gpuop_api::crd::crds_yaml());
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    gpuop_operator::cli::main()
 }

@@ -1,0 +1,174 @@
+//! Whole-crate tests: the shipped samples, and that no field of a manifest is lost on the way through the
+//! Rust types.
+
+mod samples {
+    use gpuop_api::manifest::check_manifests;
+    use gpuop_api::{ClusterPolicy, ImageDefaults, NVIDIADriver};
+    use serde_json::Value;
+
+    const SAMPLES: &[(&str, &str)] = &[
+        (
+            "clusterpolicy.yaml",
+            include_str!("../../../deploy/samples/clusterpolicy.yaml"),
+        ),
+        (
+            "clusterpolicy-mig-mixed-time-slicing.yaml",
+            include_str!("../../../deploy/samples/clusterpolicy-mig-mixed-time-slicing.yaml"),
+        ),
+        (
+            "clusterpolicy-preinstalled-driver.yaml",
+            include_str!("../../../deploy/samples/clusterpolicy-preinstalled-driver.yaml"),
+        ),
+        (
+            "nvidiadrivers.yaml",
+            include_str!("../../../deploy/samples/nvidiadrivers.yaml"),
+        ),
+    ];
+
+    fn documents(text: &str) -> Vec<Value> {
+        serde_saphyr::from_multiple(text).unwrap()
+    }
+
+    #[test]
+    fn every_sample_passes_the_check_without_warnings() {
+        for (name, text) in SAMPLES {
+            let reports = check_manifests(text, &ImageDefaults::default());
+            let checked: Vec<_> = reports.iter().filter(|r| r.skipped.is_none()).collect();
+            assert!(
+                !checked.is_empty(),
+                "{name} holds no ClusterPolicy or NVIDIADriver"
+            );
+            for report in checked {
+                assert!(report.is_valid(), "{name}: {:#?}", report.errors);
+                assert!(report.warnings.is_empty(), "{name}: {:#?}", report.warnings);
+            }
+        }
+    }
+
+    #[test]
+    fn samples_survive_parse_serialize_parse_unchanged() {
+        for (name, text) in SAMPLES {
+            for original in documents(text) {
+                let round_tripped = match original["kind"].as_str() {
+                    Some("ClusterPolicy") => {
+                        let typed: ClusterPolicy = serde_json::from_value(original.clone()).unwrap();
+                        let again: ClusterPolicy =
+                            serde_json::from_value(serde_json::to_value(&typed).unwrap()).unwrap();
+                        assert_eq!(typed, again, "{name}");
+                        serde_json::to_value(&again).unwrap()
+                    }
+                    Some("NVIDIADriver") => {
+                        let typed: NVIDIADriver = serde_json::from_value(original.clone()).unwrap();
+                        let again: NVIDIADriver =
+                            serde_json::from_value(serde_json::to_value(&typed).unwrap()).unwrap();
+                        assert_eq!(typed, again, "{name}");
+                        serde_json::to_value(&again).unwrap()
+                    }
+                    _ => continue,
+                };
+                assert_eq!(round_tripped, original, "{name}: a field was lost or changed");
+            }
+        }
+    }
+
+    #[test]
+    fn the_default_sample_is_the_one_the_mig_and_driver_samples_vary() {
+        let policy: ClusterPolicy = serde_saphyr::from_str(SAMPLES[0].1).unwrap();
+        assert_eq!(policy.metadata.name.as_deref(), Some("cluster-policy"));
+        let mig: Vec<Value> = documents(SAMPLES[1].1);
+        let mig: ClusterPolicy = serde_json::from_value(mig[1].clone()).unwrap();
+        assert_eq!(mig.spec.mig_strategy(), Some("mixed"));
+        assert_eq!(
+            mig.spec.device_plugin.config.unwrap().name.as_deref(),
+            Some("time-slicing-config")
+        );
+        let preinstalled: ClusterPolicy = serde_saphyr::from_str(SAMPLES[2].1).unwrap();
+        assert!(!preinstalled.spec.driver.is_enabled());
+        let drivers: Vec<NVIDIADriver> = serde_saphyr::from_multiple(SAMPLES[3].1).unwrap();
+        assert_eq!(
+            drivers.iter().filter(|d| d.spec.default).count(),
+            1,
+            "exactly one default NVIDIADriver"
+        );
+    }
+}
+
+mod every_field {
+    //! A manifest that sets every field the schema has must come back from the Rust types unchanged.
+
+    use gpuop_api::crd::{cluster_policy_crd, nvidia_driver_crd, openapi_schema};
+    use gpuop_api::{ClusterPolicy, NVIDIADriver};
+    use serde_json::{Map, Value, json};
+
+    /// A valid value for every field of `schema`.
+    fn fill(schema: &Value) -> Value {
+        if let Some(Value::Array(values)) = schema.get("enum") {
+            return values[0].clone();
+        }
+        if schema.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) {
+            return json!("25%");
+        }
+        match schema.get("type").and_then(Value::as_str) {
+            Some("object") => {
+                let mut map = Map::new();
+                for (key, property) in schema
+                    .get("properties")
+                    .and_then(Value::as_object)
+                    .into_iter()
+                    .flatten()
+                {
+                    map.insert(key.clone(), fill(property));
+                }
+                if let Some(values) = schema.get("additionalProperties").filter(|v| v.is_object()) {
+                    map.insert("example.com/key".into(), fill(values));
+                }
+                Value::Object(map)
+            }
+            Some("array") => json!([fill(&schema["items"])]),
+            Some("integer") => json!(1),
+            Some("number") => json!(1.5),
+            Some("boolean") => json!(true),
+            Some("string") if schema.get("format").and_then(Value::as_str) == Some("date-time") => {
+                json!("2026-11-30T00:00:00Z")
+            }
+            Some("string") => json!("x"),
+            _ => json!("1"),
+        }
+    }
+
+    fn object(
+        crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    ) -> Value {
+        let mut object = fill(&openapi_schema(crd));
+        let version = &crd.spec.versions[0].name;
+        object["apiVersion"] = json!(format!("{}/{version}", crd.spec.group));
+        object["kind"] = json!(crd.spec.names.kind);
+        object["metadata"] = json!({"name": "everything"});
+        object
+    }
+
+    #[test]
+    fn a_cluster_policy_with_every_field_set_round_trips() {
+        let original = object(&cluster_policy_crd());
+        let typed: ClusterPolicy = serde_json::from_value(original.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&typed).unwrap(), original);
+        // Spot checks that the generator reached the deep corners.
+        assert_eq!(original["spec"]["operator"]["use_ocp_driver_toolkit"], true);
+        assert_eq!(
+            original["spec"]["driver"]["upgradePolicy"]["drain"]["enable"],
+            true
+        );
+        assert_eq!(
+            original["spec"]["dcgmExporter"]["serviceMonitor"]["relabelings"][0]["action"],
+            "replace"
+        );
+    }
+
+    #[test]
+    fn an_nvidia_driver_with_every_field_set_round_trips() {
+        let original = object(&nvidia_driver_crd());
+        let typed: NVIDIADriver = serde_json::from_value(original.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&typed).unwrap(), original);
+        assert_eq!(original["spec"]["gds"]["enabled"], true);
+    }
+}
