@@ -63,7 +63,8 @@ pub const DEFAULT_VGPU_DEVICES_CONFIG: &str = "default";
     ],
     "x-kubernetes-validations" = [{
         "rule": "!has(self.cdi) || !has(self.cdi.nriPluginEnabled) || !self.cdi.nriPluginEnabled || ((!has(self.cdi.enabled) || self.cdi.enabled) && (!has(self.toolkit.enabled) || self.toolkit.enabled))",
-        "message": "cdi.nriPluginEnabled needs cdi.enabled and toolkit.enabled: the NRI plugin runs in the container toolkit and injects devices through CDI"
+        "message": "cdi.nriPluginEnabled needs cdi.enabled and toolkit.enabled: the NRI plugin runs in the container toolkit and injects devices through CDI",
+        "fieldPath": ".cdi.nriPluginEnabled"
     }]
 ))]
 pub struct ClusterPolicySpec {

@@ -255,6 +255,87 @@ mod tests {
     }
 
     #[test]
+    fn every_cel_rule_compiles_and_evaluates() {
+        let policy: Value =
+            serde_saphyr::from_str(include_str!("../../../deploy/samples/clusterpolicy.yaml")).unwrap();
+        let drivers: Vec<Value> =
+            serde_saphyr::from_multiple(include_str!("../../../deploy/samples/nvidiadrivers.yaml")).unwrap();
+        let crd = cluster_policy_crd();
+        assert_eq!(
+            schema::rule_faults(&openapi_schema(&crd), &policy),
+            Vec::<String>::new()
+        );
+        let crd = nvidia_driver_crd();
+        for driver in &drivers {
+            assert_eq!(
+                schema::rule_faults(&openapi_schema(&crd), driver),
+                Vec::<String>::new()
+            );
+        }
+    }
+
+    /// The CEL rules stop at the API server what the operator's validation would refuse later.
+    #[test]
+    fn cel_rules_agree_with_the_operators_validation() {
+        let schema = openapi_schema(&cluster_policy_crd());
+        let policy = |spec: Value| {
+            let mut base = json!({"operator": {}, "daemonsets": {}, "driver": {}, "toolkit": {}, "devicePlugin": {},
+                                  "dcgmExporter": {}, "dcgm": {}, "nodeStatusExporter": {}, "gfd": {}});
+            for (key, value) in spec.as_object().unwrap() {
+                base[key] = value.clone();
+            }
+            json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "p"}, "spec": base})
+        };
+        let paths = |object: &Value| -> Vec<String> {
+            schema::check_rules(&schema, object, None)
+                .into_iter()
+                .map(|e| e.path)
+                .collect()
+        };
+        let rolling = "spec.daemonsets.rollingUpdate.maxUnavailable";
+        for bad in ["0", "0%", "101%", "-1", "1.5", "x"] {
+            let object = policy(json!({"daemonsets": {"rollingUpdate": {"maxUnavailable": bad}}}));
+            assert_eq!(paths(&object), [rolling], "{bad:?} must be refused");
+        }
+        for good in ["1", "10", "1%", "100%"] {
+            let object = policy(json!({"daemonsets": {"rollingUpdate": {"maxUnavailable": good}}}));
+            assert_eq!(paths(&object), Vec::<String>::new(), "{good:?} must be accepted");
+        }
+        let upgrade = "spec.driver.upgradePolicy.maxUnavailable";
+        for bad in [json!("3"), json!("101%"), json!(-1)] {
+            let object = policy(json!({"driver": {"upgradePolicy": {"maxUnavailable": bad}}}));
+            assert_eq!(paths(&object), [upgrade], "{bad} must be refused");
+        }
+        for good in [json!("25%"), json!("0%"), json!(0), json!(3)] {
+            let object = policy(json!({"driver": {"upgradePolicy": {"maxUnavailable": good}}}));
+            assert_eq!(paths(&object), Vec::<String>::new(), "{good} must be accepted");
+        }
+        let nri = policy(json!({"cdi": {"enabled": false, "nriPluginEnabled": true}}));
+        assert_eq!(paths(&nri), ["spec.cdi.nriPluginEnabled"]);
+        let nri = policy(json!({"cdi": {"nriPluginEnabled": true}, "toolkit": {"enabled": false}}));
+        assert_eq!(paths(&nri), ["spec.cdi.nriPluginEnabled"]);
+        assert_eq!(
+            paths(&policy(json!({"cdi": {"nriPluginEnabled": true}}))),
+            Vec::<String>::new()
+        );
+
+        let schema = openapi_schema(&nvidia_driver_crd());
+        let driver = |spec: Value| json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver", "metadata": {"name": "d"}, "spec": spec});
+        let default_with_selector =
+            driver(json!({"default": true, "driverType": "gpu", "image": "d", "nodeSelector": {"a": "b"}}));
+        let errors = schema::check_rules(&schema, &default_with_selector, None);
+        assert_eq!(
+            errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["spec.nodeSelector: default NVIDIADriver must not use nodeSelector"]
+        );
+        let old = driver(json!({"default": false, "driverType": "gpu", "image": "d"}));
+        let changed = driver(json!({"default": false, "driverType": "vgpu", "image": "d"}));
+        let errors = schema::check_rules(&schema, &changed, Some(&old));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, "spec.driverType");
+    }
+
+    #[test]
     fn required_sections_are_nvidias() {
         let schema = openapi_schema(&cluster_policy_crd());
         let required = &schema["properties"]["spec"]["required"];

@@ -155,7 +155,9 @@ fn count_or_percent_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schem
         "x-kubernetes-int-or-string": true,
         "anyOf": [{ "type": "integer", "minimum": 0 }, { "type": "string", "maxLength": 4 }],
         "x-kubernetes-validations": [{
-            "rule": "type(self) == int ? self >= 0 : self.matches('^([0-9]|[1-9][0-9]|100)%$')",
+            // No `type()`: client-side CEL (kube-cel) cannot evaluate it. A number equals its own string
+            // form parsed back; a string never equals an int.
+            "rule": "string(self).endsWith('%') ? string(self).matches('^([0-9]|[1-9][0-9]|100)%$') : (self == int(string(self)) && int(string(self)) >= 0)",
             "message": "must be a count like 2 or a percentage from 0% to 100% like \"25%\""
         }]
     })

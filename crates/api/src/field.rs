@@ -42,6 +42,13 @@ pub enum FieldErrorKind {
         /// A known field with a similar name.
         suggestion: Option<String>,
     },
+    /// A rule of the schema (`x-kubernetes-validations`) does not hold.
+    Rule {
+        /// JSON type of the value the rule is on (the API server names the type, not the value).
+        value_type: String,
+        /// The rule's message.
+        message: String,
+    },
     /// The field may not be set (in this combination).
     Forbidden {
         /// Why.
@@ -136,7 +143,7 @@ impl FieldError {
             FieldErrorKind::Unsupported { .. } => "FieldValueNotSupported",
             FieldErrorKind::WrongType { .. } => "FieldValueTypeInvalid",
             FieldErrorKind::Invalid { .. } => "FieldValueInvalid",
-            FieldErrorKind::Unknown { .. } => "FieldValueInvalid",
+            FieldErrorKind::Unknown { .. } | FieldErrorKind::Rule { .. } => "FieldValueInvalid",
             FieldErrorKind::Forbidden { .. } => "FieldValueForbidden",
         }
     }
@@ -165,6 +172,9 @@ impl FieldError {
                 format!("{path}: Invalid value: {value}: {path} in body {detail}")
             }
             FieldErrorKind::Unknown { .. } => format!("{path}: Invalid value: field not declared in schema"),
+            FieldErrorKind::Rule { value_type, message } => {
+                format!("{path}: Invalid value: \"{value_type}\": {message}")
+            }
             FieldErrorKind::Forbidden { detail } => format!("{path}: Forbidden: {detail}"),
         }
     }
@@ -197,7 +207,9 @@ impl fmt::Display for FieldError {
                     None => Ok(()),
                 }
             }
-            FieldErrorKind::Forbidden { detail } => write!(f, "{path}: {detail}"),
+            FieldErrorKind::Rule { message, .. } | FieldErrorKind::Forbidden { detail: message } => {
+                write!(f, "{path}: {message}")
+            }
         }
     }
 }

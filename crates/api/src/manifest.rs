@@ -1,6 +1,6 @@
 //! Checking ClusterPolicy and NVIDIADriver manifests offline, the way the API server and the operator
 //! would judge them: YAML syntax, the CRD schema (wrong types, enums, patterns, unknown fields the API
-//! server would silently drop), then the operator's own validation.
+//! server would silently drop, CEL rules), then the operator's own validation.
 //!
 //! Input is text holding one or more YAML documents (`---` separated); a `List` document (as
 //! `kubectl get -o yaml` prints) is checked item by item. Other kinds are reported as skipped.
@@ -166,7 +166,9 @@ fn check_object(value: Value, location: Location, defaults: &ImageDefaults) -> O
         }
     }
 
-    let schema_errors = crate::schema::validate(&openapi_schema(&crd), &value);
+    let schema = openapi_schema(&crd);
+    let schema_errors = crate::schema::validate(&schema, &value);
+    let rule_errors = crate::schema::check_rules(&schema, &value, None);
     // Wrong types can keep the object from parsing; the schema errors already say why, so the operator's own
     // rules are then skipped rather than reported as a parse failure.
     let parse_failure = |error: serde_json::Error, kind: &str| {
@@ -193,17 +195,15 @@ fn check_object(value: Value, location: Location, defaults: &ImageDefaults) -> O
             Err(error) => parse_failure(error, "an NVIDIADriver"),
         },
     };
-    // The schema and the operator agree on enumerations; say each problem once.
-    let reported: Vec<String> = schema_errors.iter().map(|e| e.path.clone()).collect();
-    report
-        .errors
-        .extend(schema_errors.into_iter().map(Finding::Field));
-    report.errors.extend(
-        semantic
-            .into_iter()
-            .filter(|e| !reported.contains(&e.path))
-            .map(Finding::Field),
-    );
+    // The schema, its CEL rules and the operator check some things twice; say each problem once, in the
+    // most precise words: structure first, then the operator's rules, then CEL rules nothing else covered.
+    let mut reported: Vec<String> = Vec::new();
+    for error in schema_errors.into_iter().chain(semantic).chain(rule_errors) {
+        if !reported.contains(&error.path) {
+            reported.push(error.path.clone());
+            report.errors.push(Finding::Field(error));
+        }
+    }
     report
 }
 

@@ -43,7 +43,8 @@ pub const DEFAULT_PRIORITY_CLASS: &str = "system-node-critical";
     "required" = ["default", "driverType", "image"],
     "x-kubernetes-validations" = [{
         "rule": "has(self.default) && self.default ? !has(self.nodeSelector) || size(self.nodeSelector) == 0 : true",
-        "message": "default NVIDIADriver must not use nodeSelector"
+        "message": "default NVIDIADriver must not use nodeSelector",
+        "fieldPath": ".nodeSelector"
     }]
 ))]
 pub struct NVIDIADriverSpec {

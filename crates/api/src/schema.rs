@@ -4,7 +4,7 @@
 //!
 //! `gpu-operator check` uses it to show a person what the API server would reject or silently drop; the fake
 //! API server uses it to behave like the real one. Schemas are plain JSON (`serde_json::Value`), so any CRD
-//! works, not only ours. CEL rules (`x-kubernetes-validations`) are not evaluated here.
+//! works, not only ours. [`check_rules`] evaluates the CEL rules (`x-kubernetes-validations`).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -66,6 +66,82 @@ pub fn apply_defaults(schema: &Value, object: &mut Value) {
         }
         _ => {}
     }
+}
+
+/// Evaluates the schema's CEL rules (`x-kubernetes-validations`) on an object, as the API server does after
+/// defaulting; `old` is the stored object on an update (rules using `oldSelf` need it and are skipped
+/// without it). A rule that fails or errors while evaluating refuses the object, as on the API server. A
+/// rule that cannot be compiled or uses what client-side CEL lacks is not reported: that is a fault of the
+/// CRD, not of the object, and [`rule_faults`] finds it.
+pub fn check_rules(schema: &Value, object: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    let Err(failures) = kube_cel::validate(schema, object, old) else {
+        return Vec::new();
+    };
+    failures
+        .into_vec()
+        .into_iter()
+        .filter(|failure| {
+            matches!(
+                failure.kind,
+                kube_cel::ErrorKind::ValidationFailure | kube_cel::ErrorKind::EvaluationError
+            )
+        })
+        .map(|failure| {
+            let value_type = value_at(object, &failure.field_path).map_or("object", json_type);
+            FieldError {
+                path: failure.field_path.clone(),
+                kind: crate::field::FieldErrorKind::Rule {
+                    value_type: value_type.to_owned(),
+                    message: failure.message,
+                },
+            }
+        })
+        .collect()
+}
+
+/// Rules of a schema that cannot be compiled, or that use what client-side CEL cannot evaluate, when run
+/// on `object`; empty for a sound CRD.
+pub fn rule_faults(schema: &Value, object: &Value) -> Vec<String> {
+    let compiled = kube_cel::compile_schema(schema);
+    let mut faults: Vec<String> = compiled
+        .compilation_errors()
+        .iter()
+        .map(|error| error.to_string())
+        .collect();
+    if let Err(failures) = kube_cel::validate(schema, object, Some(object)) {
+        faults.extend(
+            failures
+                .into_vec()
+                .into_iter()
+                .filter(|failure| {
+                    !matches!(
+                        failure.kind,
+                        kube_cel::ErrorKind::ValidationFailure | kube_cel::ErrorKind::EvaluationError
+                    )
+                })
+                .map(|failure| format!("{}: {}", failure.rule, failure.message)),
+        );
+    }
+    faults
+}
+
+/// The value at a path like `spec.items[2].name`.
+fn value_at<'a>(object: &'a Value, path: &str) -> Option<&'a Value> {
+    let mut value = object;
+    for segment in path.split('.').filter(|s| !s.is_empty()) {
+        let (name, indices) = segment
+            .split_once('[')
+            .map_or((segment, ""), |(n, rest)| (n, rest));
+        value = value.get(name)?;
+        for index in indices
+            .split('[')
+            .map(|i| i.trim_end_matches(']'))
+            .filter(|i| !i.is_empty())
+        {
+            value = value.get(index.parse::<usize>().ok()?)?;
+        }
+    }
+    Some(value)
 }
 
 fn check(schema: &Value, value: &Value, path: &str, root: bool, errors: &mut Vec<FieldError>) {
@@ -467,6 +543,56 @@ mod tests {
             json!({"apiVersion": "x/v1", "kind": "X", "metadata": {"name": "x"},
                    "spec": {"name": "a", "free": {"kept": true}, "ports": [{"name": "a"}]}})
         );
+    }
+
+    #[test]
+    fn cel_rules_are_evaluated_with_their_messages() {
+        let schema = json!({
+            "type": "object",
+            "properties": {"spec": {
+                "type": "object",
+                "x-kubernetes-validations": [{"rule": "!has(self.b) || self.a < self.b", "message": "a must be below b"}],
+                "properties": {
+                    "a": {"type": "integer"},
+                    "b": {"type": "integer"},
+                    "fixed": {"type": "string", "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "is immutable"}]}
+                }
+            }}
+        });
+        let object = json!({"spec": {"a": 5, "b": 1, "fixed": "x"}});
+        assert_eq!(rule_faults(&schema, &object), Vec::<String>::new());
+        let errors = check_rules(&schema, &object, None);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].to_string(), "spec: a must be below b");
+        assert_eq!(
+            errors[0].apiserver_message(),
+            "spec: Invalid value: \"object\": a must be below b"
+        );
+        assert!(check_rules(&schema, &json!({"spec": {"a": 1, "b": 5}}), None).is_empty());
+        let old = json!({"spec": {"a": 1, "fixed": "y"}});
+        let errors = check_rules(&schema, &json!({"spec": {"a": 1, "fixed": "x"}}), Some(&old));
+        assert_eq!(
+            errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["spec.fixed: is immutable"]
+        );
+    }
+
+    #[test]
+    fn rules_client_side_cel_cannot_evaluate_are_faults_not_failures() {
+        let schema = json!({"type": "object", "properties": {"m": {
+            "x-kubernetes-int-or-string": true,
+            "x-kubernetes-validations": [{"rule": "type(self) == int", "message": "m must be a number"}]
+        }}});
+        let object = json!({"m": "3"});
+        assert_eq!(check_rules(&schema, &object, None), Vec::new());
+        assert_eq!(rule_faults(&schema, &object).len(), 1);
+    }
+
+    #[test]
+    fn values_are_found_by_path() {
+        let object = json!({"spec": {"list": [{"name": "a"}, {"name": "b"}]}});
+        assert_eq!(value_at(&object, "spec.list[1].name"), Some(&json!("b")));
+        assert_eq!(value_at(&object, "spec.missing"), None);
     }
 
     #[test]
