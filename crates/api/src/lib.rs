@@ -14,7 +14,9 @@ pub mod field;
 pub mod labels;
 pub mod manifest;
 pub mod nvidia_driver;
+pub mod placement;
 pub mod schema;
+pub mod selector;
 pub mod status;
 pub mod validate;
 
