@@ -1,12 +1,16 @@
 //! Command-line interface of `gpu-operator`.
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::check;
+use crate::labeler::GpuDetection;
+use crate::lease::Timing;
+use crate::run::{self, DEFAULT_LEASE_NAME, LeaderElection};
 
 /// The GPU operator: makes nodes with NVIDIA GPUs usable by Kubernetes workloads, and keeps them so.
 #[derive(Debug, Parser)]
@@ -20,6 +24,8 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the operator against the cluster of the usual kubeconfig (in-cluster, $KUBECONFIG, ~/.kube/config).
+    Run(RunArgs),
     /// Print the ClusterPolicy and NVIDIADriver CustomResourceDefinitions as multi-document YAML.
     Crd,
     /// Check ClusterPolicy and NVIDIADriver manifests offline, as the API server and the operator would.
@@ -32,22 +38,158 @@ pub enum Command {
         #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
         files: Vec<PathBuf>,
     },
+    /// Print the objects the operator would create for a ClusterPolicy, without a cluster.
+    Render {
+        /// The ClusterPolicy manifest; `-` reads standard input.
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+        /// Cluster facts (YAML: namespace, runtime, driverPools, serviceMonitorCrd, configMapKeys); by default
+        /// namespace `gpu-operator`, containerd, one pool of Ubuntu 22.04 GPU nodes.
+        #[arg(long)]
+        facts: Option<PathBuf>,
+    },
+}
+
+/// Arguments of `gpu-operator run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Namespace the operands run in.
+    #[arg(long, env = "OPERATOR_NAMESPACE")]
+    pub namespace: String,
+    /// Elect a leader among replicas on a Lease; only the leader writes.
+    #[arg(long)]
+    pub leader_elect: bool,
+    /// Name of the Lease (NVIDIA's operator uses the same one, so the two never lead at once).
+    #[arg(long, default_value = DEFAULT_LEASE_NAME)]
+    pub lease_name: String,
+    /// Address of `/metrics`.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_bind_address: SocketAddr,
+    /// Address of `/healthz` and `/readyz`.
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    pub health_probe_bind_address: SocketAddr,
+    /// Also treat nodes matching this label selector as GPU nodes (for clusters without NFD), e.g.
+    /// `cloud.google.com/gke-accelerator`.
+    #[arg(long)]
+    pub gpu_node_selector: Option<gpuop_api::selector::LabelSelector>,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Plain)]
+    pub log_format: LogFormat,
+}
+
+/// How logs are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Plain,
+    /// One JSON object per line.
+    Json,
 }
 
 /// Parses the command line and runs the subcommand.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Crd => {
-            let mut stdout = std::io::stdout().lock();
-            match stdout.write_all(gpuop_api::crd::crds_yaml().as_bytes()) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(error) => {
-                    eprintln!("gpu-operator crd: cannot write: {error}");
-                    ExitCode::from(2)
-                }
-            }
-        }
+        Command::Crd => write_stdout("crd", &gpuop_api::crd::crds_yaml()),
         Command::Check { files } => check::run(&files, &check::image_defaults_from_env()),
+        Command::Render { file, facts } => match crate::render_command::render_files(
+            &file,
+            facts.as_deref(),
+            &check::image_defaults_from_env(),
+        ) {
+            Ok(yaml) => write_stdout("render", &yaml),
+            Err(error) => {
+                eprintln!("gpu-operator render: {error}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Run(args) => run_operator(args),
     }
+}
+
+fn write_stdout(command: &str, text: &str) -> ExitCode {
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("gpu-operator {command}: cannot write: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Sets up logging as `RUST_LOG` says (default `info`).
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Plain => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+fn run_operator(args: RunArgs) -> ExitCode {
+    init_logging(args.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("gpu-operator run: cannot start the async runtime: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    runtime.block_on(async move {
+        let client = match kube::Client::try_default().await {
+            Ok(client) => client,
+            Err(error) => {
+                tracing::error!(%error, "cannot build a Kubernetes client from the kubeconfig or the in-cluster config");
+                return ExitCode::from(2);
+            }
+        };
+        let identity = std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .unwrap_or_else(|_| format!("gpu-operator-{}", std::process::id()));
+        let config = run::Config {
+            namespace: args.namespace,
+            detection: args.gpu_node_selector.map_or(GpuDetection::Nfd, GpuDetection::NfdOrSelector),
+            image_defaults: check::image_defaults_from_env(),
+            leader_election: args.leader_elect.then(|| LeaderElection {
+                lease_name: args.lease_name,
+                identity,
+                timing: Timing::default(),
+            }),
+            metrics_address: Some(args.metrics_bind_address),
+            health_address: Some(args.health_probe_bind_address),
+        };
+        let running = match run::start(client, config).await {
+            Ok(running) => running,
+            Err(error) => {
+                tracing::error!(%error, "cannot start");
+                return ExitCode::from(2);
+            }
+        };
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        running.stop().await;
+        ExitCode::SUCCESS
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let Ok(mut terminate) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        else {
+            let _ = interrupt.await;
+            return;
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
 }

@@ -1,6 +1,21 @@
-//! The GPU operator: reconciles `ClusterPolicy` and `NVIDIADriver` objects into operands on GPU nodes.
+//! The GPU operator: reconciles `ClusterPolicy` objects into operands on GPU nodes.
 //!
-//! The `gpu-operator` binary is a thin wrapper around [`cli`]; each subcommand lives in its own module.
+//! Pure decisions: [`labeler`] (node labels), [`facts`] (cluster facts for rendering), [`readiness`] (which
+//! nodes should run and do run each operand), [`status`] (the policy status), [`apply::plan`] (what to
+//! write and prune). Thin I/O around them: [`caches`] (reflectors), [`controller`] (the policy reconciler and
+//! the node labeller), [`lease`] (leader election), [`run`] (process wiring, metrics and health endpoints).
+//! The `gpu-operator` binary is a thin wrapper around [`cli`].
 
+pub mod apply;
+pub mod caches;
 pub mod check;
 pub mod cli;
+pub mod controller;
+pub mod facts;
+pub mod labeler;
+pub mod lease;
+pub mod metrics;
+pub mod readiness;
+pub mod render_command;
+pub mod run;
+pub mod status;

@@ -1,0 +1,499 @@
+//! Writing the rendered objects: server-side apply with the one field manager `gpu-operator`, only for
+//! objects whose desired state changed, and pruning of managed objects no longer rendered.
+//!
+//! "Changed" is decided without reading the live object's body: every applied object carries the hash of
+//! its desired state in the annotation [`APPLIED_HASH`], and a metadata-only cache of every managed object
+//! (selected by `app.kubernetes.io/managed-by=gpu-operator`) says what was applied last. In steady state
+//! this makes zero writes, also right after a restart. Pruning deletes, by label, managed objects owned by a
+//! ClusterPolicy that the last render did not produce; it never runs for an invalid policy.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::Hasher;
+
+use gpuop_api::ClusterPolicy;
+use gpuop_api::labels::{FIELD_MANAGER, MANAGED_BY, MANAGED_BY_VALUE};
+use gpuop_render::{Manifest, Rendered};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PropagationPolicy,
+};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::Value;
+use tracing::info;
+
+/// Annotation holding the hash of the desired state last applied to an object.
+pub const APPLIED_HASH: &str = "nvidia.com/last-applied-hash";
+
+/// A kind the operator renders, with what the API needs to address it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ManagedKind {
+    /// `group/version` or `version` for core.
+    pub api_version: &'static str,
+    /// Kind.
+    pub kind: &'static str,
+    /// Resource (plural).
+    pub plural: &'static str,
+    /// Whether objects live in a namespace.
+    pub namespaced: bool,
+}
+
+/// Every kind the renderer produces, in the order pruning deletes them (DaemonSets first, RBAC last).
+pub const MANAGED_KINDS: &[ManagedKind] = &[
+    ManagedKind {
+        api_version: "apps/v1",
+        kind: "DaemonSet",
+        plural: "daemonsets",
+        namespaced: true,
+    },
+    ManagedKind {
+        api_version: "monitoring.coreos.com/v1",
+        kind: "ServiceMonitor",
+        plural: "servicemonitors",
+        namespaced: true,
+    },
+    ManagedKind {
+        api_version: "v1",
+        kind: "Service",
+        plural: "services",
+        namespaced: true,
+    },
+    ManagedKind {
+        api_version: "v1",
+        kind: "ConfigMap",
+        plural: "configmaps",
+        namespaced: true,
+    },
+    ManagedKind {
+        api_version: "rbac.authorization.k8s.io/v1",
+        kind: "RoleBinding",
+        plural: "rolebindings",
+        namespaced: true,
+    },
+    ManagedKind {
+        api_version: "rbac.authorization.k8s.io/v1",
+        kind: "Role",
+        plural: "roles",
+        namespaced: true,
+    },
+    ManagedKind {
+        api_version: "rbac.authorization.k8s.io/v1",
+        kind: "ClusterRoleBinding",
+        plural: "clusterrolebindings",
+        namespaced: false,
+    },
+    ManagedKind {
+        api_version: "rbac.authorization.k8s.io/v1",
+        kind: "ClusterRole",
+        plural: "clusterroles",
+        namespaced: false,
+    },
+    ManagedKind {
+        api_version: "v1",
+        kind: "ServiceAccount",
+        plural: "serviceaccounts",
+        namespaced: true,
+    },
+    ManagedKind {
+        api_version: "node.k8s.io/v1",
+        kind: "RuntimeClass",
+        plural: "runtimeclasses",
+        namespaced: false,
+    },
+];
+
+impl ManagedKind {
+    /// The kind of a rendered object.
+    pub fn of(object: &Value) -> Option<&'static ManagedKind> {
+        let api_version = object["apiVersion"].as_str()?;
+        let kind = object["kind"].as_str()?;
+        MANAGED_KINDS
+            .iter()
+            .find(|k| k.api_version == api_version && k.kind == kind)
+    }
+
+    /// kube's description of the resource.
+    pub fn api_resource(&self) -> ApiResource {
+        let (group, version) = self
+            .api_version
+            .rsplit_once('/')
+            .unwrap_or(("", self.api_version));
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, self.kind), self.plural)
+    }
+
+    /// The API for objects of this kind (in `namespace` when namespaced).
+    pub fn api(&self, client: Client, namespace: &str) -> Api<DynamicObject> {
+        let resource = self.api_resource();
+        if self.namespaced {
+            Api::namespaced_with(client, namespace, &resource)
+        } else {
+            Api::all_with(client, &resource)
+        }
+    }
+}
+
+/// Identity of an object: kind, namespace (empty for cluster-scoped kinds) and name.
+pub type ObjectKey = (&'static str, String, String);
+
+/// Why applying or pruning failed; each names the object.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The renderer produced a kind the operator does not know how to address.
+    #[error("{kind} {name:?} is of a kind the operator cannot apply (apiVersion {api_version:?})")]
+    UnknownKind {
+        /// apiVersion.
+        api_version: String,
+        /// Kind.
+        kind: String,
+        /// Name.
+        name: String,
+    },
+    /// The API server refused a write.
+    #[error("{verb} {kind} {name:?}: {source}")]
+    Api {
+        /// `apply` or `delete`.
+        verb: &'static str,
+        /// Kind.
+        kind: &'static str,
+        /// Name.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// The desired object with its owner and the hash of its desired state.
+pub fn prepared(manifest: &Manifest, owner: &OwnerReference) -> (Value, String) {
+    let mut object = manifest.object.clone();
+    object["metadata"]["ownerReferences"] = serde_json::json!([owner]);
+    let hash = content_hash(&object);
+    object["metadata"]["annotations"][APPLIED_HASH] = Value::String(hash.clone());
+    (object, hash)
+}
+
+/// A stable hash of an object's JSON (FNV-1a, 64 bits, hex).
+pub fn content_hash(object: &Value) -> String {
+    let mut hasher = Fnv64::default();
+    hasher.write(object.to_string().as_bytes());
+    format!("{:016x}", hasher.finish())
+}
+
+#[derive(Debug)]
+struct Fnv64(u64);
+
+impl Default for Fnv64 {
+    fn default() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv64 {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = (self.0 ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// The controller owner reference every rendered object gets, so that deleting the ClusterPolicy
+/// garbage-collects them.
+pub fn owner_reference(policy: &ClusterPolicy) -> OwnerReference {
+    OwnerReference {
+        api_version: ClusterPolicy::api_version(&()).into_owned(),
+        kind: ClusterPolicy::kind(&()).into_owned(),
+        name: policy.name_any(),
+        uid: policy.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// What is applied now: object key → the applied-hash annotation, for every managed object in the caches.
+pub fn live_hashes(caches: &BTreeMap<&'static str, Store<DynamicObject>>) -> BTreeMap<ObjectKey, LiveObject> {
+    let mut live = BTreeMap::new();
+    for (kind, store) in caches {
+        for object in store.state() {
+            let key = (*kind, object.namespace().unwrap_or_default(), object.name_any());
+            live.insert(
+                key,
+                LiveObject {
+                    hash: object.annotations().get(APPLIED_HASH).cloned(),
+                    owned_by_policy: object
+                        .owner_references()
+                        .iter()
+                        .any(|o| o.kind == "ClusterPolicy"),
+                    managed: object
+                        .labels()
+                        .get(MANAGED_BY)
+                        .is_some_and(|v| v == MANAGED_BY_VALUE),
+                },
+            );
+        }
+    }
+    live
+}
+
+/// What the operator needs to know of a live managed object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveObject {
+    /// Its applied-hash annotation.
+    pub hash: Option<String>,
+    /// Whether a ClusterPolicy owns it.
+    pub owned_by_policy: bool,
+    /// Whether it carries the managed-by label.
+    pub managed: bool,
+}
+
+/// The key of a rendered object.
+pub fn key_of(manifest: &Manifest) -> Option<ObjectKey> {
+    let kind = ManagedKind::of(&manifest.object)?;
+    let namespace = if kind.namespaced {
+        manifest.object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+    } else {
+        ""
+    };
+    Some((kind.kind, namespace.to_owned(), manifest.name().to_owned()))
+}
+
+/// The decisions of one apply pass: which objects to write, which to delete.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ApplyPlan {
+    /// Objects to server-side apply, in render order, with their hashes.
+    pub apply: Vec<(ObjectKey, Value)>,
+    /// Objects to delete, in [`MANAGED_KINDS`] order.
+    pub delete: Vec<ObjectKey>,
+}
+
+/// Decides what to write: rendered objects whose hash differs from the live one, and managed objects owned by
+/// a ClusterPolicy that were not rendered.
+pub fn plan(
+    rendered: &Rendered,
+    owner: &OwnerReference,
+    live: &BTreeMap<ObjectKey, LiveObject>,
+) -> Result<ApplyPlan, ApplyError> {
+    let mut plan = ApplyPlan::default();
+    let mut wanted = BTreeSet::new();
+    for manifest in &rendered.objects {
+        let key = key_of(manifest).ok_or_else(|| ApplyError::UnknownKind {
+            api_version: manifest.object["apiVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            kind: manifest.kind().to_owned(),
+            name: manifest.name().to_owned(),
+        })?;
+        let (object, hash) = prepared(manifest, owner);
+        if live.get(&key).and_then(|l| l.hash.as_deref()) != Some(hash.as_str()) {
+            plan.apply.push((key.clone(), object));
+        }
+        wanted.insert(key);
+    }
+    for kind in MANAGED_KINDS {
+        for (key, object) in live.range((kind.kind, String::new(), String::new())..) {
+            if key.0 != kind.kind {
+                break;
+            }
+            if object.managed && object.owned_by_policy && !wanted.contains(key) {
+                plan.delete.push(key.clone());
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// Carries out a plan; returns how many objects were applied and deleted.
+pub async fn execute(
+    client: &Client,
+    namespace: &str,
+    plan: &ApplyPlan,
+) -> Result<(usize, usize), ApplyError> {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for ((kind, object_namespace, name), object) in &plan.apply {
+        let managed = MANAGED_KINDS
+            .iter()
+            .find(|k| k.kind == *kind)
+            .expect("keys come from MANAGED_KINDS");
+        let namespace = if managed.namespaced {
+            object_namespace.as_str()
+        } else {
+            namespace
+        };
+        managed
+            .api(client.clone(), namespace)
+            .patch(name, &params, &Patch::Apply(object))
+            .await
+            .map_err(|source| ApplyError::Api {
+                verb: "apply",
+                kind,
+                name: name.clone(),
+                source,
+            })?;
+        info!(kind, name = %name, "applied");
+    }
+    let background = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..DeleteParams::default()
+    };
+    for (kind, object_namespace, name) in &plan.delete {
+        let managed = MANAGED_KINDS
+            .iter()
+            .find(|k| k.kind == *kind)
+            .expect("keys come from MANAGED_KINDS");
+        match managed
+            .api(client.clone(), object_namespace)
+            .delete(name, &background)
+            .await
+        {
+            Ok(_) => info!(kind, name = %name, "pruned: no longer rendered"),
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(source) => {
+                return Err(ApplyError::Api {
+                    verb: "delete",
+                    kind,
+                    name: name.clone(),
+                    source,
+                });
+            }
+        }
+    }
+    Ok((plan.apply.len(), plan.delete.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn manifest(kind: &str, api_version: &str, name: &str, data: &str) -> Manifest {
+        Manifest {
+            state: "state-driver",
+            operand: None,
+            object: json!({
+                "apiVersion": api_version,
+                "kind": kind,
+                "metadata": {"name": name, "namespace": "gpu-operator", "labels": {MANAGED_BY: MANAGED_BY_VALUE}},
+                "data": {"x": data}
+            }),
+        }
+    }
+
+    fn owner() -> OwnerReference {
+        OwnerReference {
+            api_version: "nvidia.com/v1".into(),
+            kind: "ClusterPolicy".into(),
+            name: "p".into(),
+            uid: "u".into(),
+            ..OwnerReference::default()
+        }
+    }
+
+    fn live_from(rendered: &Rendered) -> BTreeMap<ObjectKey, LiveObject> {
+        rendered
+            .objects
+            .iter()
+            .map(|m| {
+                let (_, hash) = prepared(m, &owner());
+                (
+                    key_of(m).unwrap(),
+                    LiveObject {
+                        hash: Some(hash),
+                        owned_by_policy: true,
+                        managed: true,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn only_changed_objects_are_applied() {
+        let rendered = Rendered {
+            objects: vec![
+                manifest("ConfigMap", "v1", "a", "1"),
+                manifest("ConfigMap", "v1", "b", "1"),
+            ],
+        };
+        let first = plan(&rendered, &owner(), &BTreeMap::new()).unwrap();
+        assert_eq!(first.apply.len(), 2);
+        let live = live_from(&rendered);
+        assert_eq!(
+            plan(&rendered, &owner(), &live).unwrap(),
+            ApplyPlan::default(),
+            "steady state writes nothing"
+        );
+        let changed = Rendered {
+            objects: vec![
+                manifest("ConfigMap", "v1", "a", "2"),
+                manifest("ConfigMap", "v1", "b", "1"),
+            ],
+        };
+        let second = plan(&changed, &owner(), &live).unwrap();
+        assert_eq!(second.apply.len(), 1);
+        assert_eq!(
+            second.apply[0].0,
+            ("ConfigMap", "gpu-operator".to_owned(), "a".to_owned())
+        );
+        let applied = &second.apply[0].1;
+        assert_eq!(applied["metadata"]["ownerReferences"][0]["kind"], "ClusterPolicy");
+        assert!(applied["metadata"]["annotations"][APPLIED_HASH].is_string());
+    }
+
+    #[test]
+    fn objects_no_longer_rendered_are_pruned_but_foreign_ones_are_not() {
+        let rendered = Rendered {
+            objects: vec![
+                manifest("ConfigMap", "v1", "a", "1"),
+                manifest("DaemonSet", "apps/v1", "ds", "1"),
+            ],
+        };
+        let mut live = live_from(&rendered);
+        let now = Rendered {
+            objects: vec![manifest("ConfigMap", "v1", "a", "1")],
+        };
+        live.insert(
+            ("ConfigMap", "gpu-operator".into(), "user".into()),
+            LiveObject {
+                hash: None,
+                owned_by_policy: false,
+                managed: true,
+            },
+        );
+        let plan = plan(&now, &owner(), &live).unwrap();
+        assert_eq!(
+            plan.delete,
+            [("DaemonSet", "gpu-operator".to_owned(), "ds".to_owned())]
+        );
+        assert!(plan.apply.is_empty());
+    }
+
+    #[test]
+    fn hashes_are_stable_and_kinds_are_known() {
+        let a = manifest("ConfigMap", "v1", "a", "1");
+        assert_eq!(prepared(&a, &owner()).1, prepared(&a.clone(), &owner()).1);
+        assert_ne!(
+            prepared(&a, &owner()).1,
+            prepared(&manifest("ConfigMap", "v1", "a", "2"), &owner()).1
+        );
+        let unknown = Rendered {
+            objects: vec![manifest("Widget", "example.com/v1", "w", "1")],
+        };
+        let error = plan(&unknown, &owner(), &BTreeMap::new()).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            r#"Widget "w" is of a kind the operator cannot apply (apiVersion "example.com/v1")"#
+        );
+        assert_eq!(
+            ManagedKind::of(&json!({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass"}))
+                .unwrap()
+                .plural,
+            "runtimeclasses"
+        );
+    }
+}

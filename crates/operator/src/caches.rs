@@ -1,0 +1,219 @@
+//! The operator's view of the cluster: one reflector per kind it reads, each holding only what the
+//! decisions need. Nodes keep their labels, annotations, taints, cordon flag and node info (no images, no
+//! managed fields); pods of the operator namespace keep their owner, node and readiness; managed objects of
+//! every other kind keep only their metadata. Every change wakes the policy reconciler.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use gpuop_api::ClusterPolicy;
+use gpuop_api::labels::{MANAGED_BY, MANAGED_BY_VALUE};
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::DynamicObject;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::apply::MANAGED_KINDS;
+
+/// Every cache the operator reads.
+#[derive(Clone, Debug)]
+pub struct Caches {
+    /// ClusterPolicies.
+    pub policies: Store<ClusterPolicy>,
+    /// Nodes, trimmed.
+    pub nodes: Store<Node>,
+    /// The operator's DaemonSets, whole.
+    pub daemonsets: Store<DaemonSet>,
+    /// Pods in the operator namespace, trimmed.
+    pub pods: Store<Pod>,
+    /// ControllerRevisions in the operator namespace.
+    pub revisions: Store<ControllerRevision>,
+    /// Managed objects of every rendered kind, metadata only, by kind.
+    pub managed: BTreeMap<&'static str, Store<DynamicObject>>,
+}
+
+impl Caches {
+    /// Starts every reflector; each change notifies `changed`, and the name of every node that changes is
+    /// sent on the returned channel (the labeller's queue). Reflectors stop when `shutdown` is cancelled.
+    pub fn start(
+        client: &Client,
+        namespace: &str,
+        service_monitor_crd: bool,
+        changed: &Arc<Notify>,
+        shutdown: &CancellationToken,
+    ) -> (Self, mpsc::UnboundedReceiver<String>) {
+        let managed_label = format!("{MANAGED_BY}={MANAGED_BY_VALUE}");
+        let policies = spawn(
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            |_| {},
+            changed,
+            shutdown,
+        );
+        let (node_names, node_events) = mpsc::unbounded_channel();
+        let (nodes, node_writer) = reflector::store();
+        let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .modify(trim_node)
+            .reflect(node_writer)
+            .touched_objects()
+            .map(move |node| {
+                if let Ok(node) = &node {
+                    let _ = node_names.send(kube::ResourceExt::name_any(node));
+                }
+                node
+            });
+        run(node_stream, changed, shutdown);
+        let daemonsets = spawn(
+            Api::namespaced(client.clone(), namespace),
+            watcher::Config::default().labels(&managed_label),
+            |ds: &mut DaemonSet| ds.metadata.managed_fields = None,
+            changed,
+            shutdown,
+        );
+        let pods = spawn(
+            Api::namespaced(client.clone(), namespace),
+            watcher::Config::default(),
+            trim_pod,
+            changed,
+            shutdown,
+        );
+        let revisions = spawn(
+            Api::namespaced(client.clone(), namespace),
+            watcher::Config::default(),
+            |revision: &mut ControllerRevision| {
+                revision.data = None;
+                revision.metadata.managed_fields = None;
+            },
+            changed,
+            shutdown,
+        );
+        let mut managed = BTreeMap::new();
+        for kind in MANAGED_KINDS {
+            if kind.kind == "ServiceMonitor" && !service_monitor_crd {
+                continue;
+            }
+            let writer = reflector::store::Writer::new(kind.api_resource());
+            let reader = writer.as_reader();
+            let stream = watcher(
+                kind.api(client.clone(), namespace),
+                watcher::Config::default().labels(&managed_label),
+            )
+            .default_backoff()
+            .modify(|object: &mut DynamicObject| {
+                object.data = serde_json::Value::Null;
+                object.metadata.managed_fields = None;
+            })
+            .reflect(writer);
+            run(stream, changed, shutdown);
+            managed.insert(kind.kind, reader);
+        }
+        (
+            Self {
+                policies,
+                nodes,
+                daemonsets,
+                pods,
+                revisions,
+                managed,
+            },
+            node_events,
+        )
+    }
+
+    /// Waits until every cache has listed once.
+    pub async fn ready(&self) {
+        let _ = self.policies.wait_until_ready().await;
+        let _ = self.nodes.wait_until_ready().await;
+        let _ = self.daemonsets.wait_until_ready().await;
+        let _ = self.pods.wait_until_ready().await;
+        let _ = self.revisions.wait_until_ready().await;
+        for store in self.managed.values() {
+            let _ = store.wait_until_ready().await;
+        }
+    }
+}
+
+fn spawn<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    trim: impl FnMut(&mut K) + Send + 'static,
+    changed: &Arc<Notify>,
+    shutdown: &CancellationToken,
+) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(trim)
+        .reflect(writer);
+    run(stream, changed, shutdown);
+    reader
+}
+
+fn run<S, T, E>(stream: S, changed: &Arc<Notify>, shutdown: &CancellationToken)
+where
+    S: futures::Stream<Item = Result<T, E>> + Send + 'static,
+    T: Send,
+    E: std::fmt::Display + Send,
+{
+    let changed = changed.clone();
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                item = stream.next() => match item {
+                    Some(Ok(_)) => changed.notify_one(),
+                    Some(Err(error)) => tracing::warn!(%error, "watch failed; retrying with back-off"),
+                    None => break,
+                },
+            }
+        }
+    });
+}
+
+/// Keeps what the labeller, the facts and placement need.
+fn trim_node(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+        status.volumes_attached = None;
+        status.volumes_in_use = None;
+        status.conditions = status
+            .conditions
+            .take()
+            .map(|conditions| conditions.into_iter().filter(|c| c.type_ == "Ready").collect());
+    }
+}
+
+/// Keeps owner, labels, node and readiness.
+fn trim_pod(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    pod.metadata.annotations = None;
+    if let Some(spec) = pod.spec.as_mut() {
+        *spec = k8s_openapi::api::core::v1::PodSpec {
+            node_name: spec.node_name.take(),
+            ..Default::default()
+        };
+    }
+    if let Some(status) = pod.status.as_mut() {
+        status.container_statuses = None;
+        status.init_container_statuses = None;
+        status.pod_ips = None;
+    }
+}

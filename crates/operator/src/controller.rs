@@ -1,0 +1,629 @@
+//! The two controllers, as thin I/O loops around the pure decisions.
+//!
+//! **The policy reconciler** runs one pass whenever any cache changes (passes coalesce: events that arrive
+//! during a pass cause exactly one more): pick the active ClusterPolicy (the oldest; the others are marked
+//! ignored), validate it, derive the cluster facts, render, apply only what changed, prune what is no longer
+//! rendered, and write the status if it changed. An invalid policy gets a status naming the field and
+//! changes nothing that runs.
+//!
+//! **The node labeller** patches one node at a time, only the keys that differ, whenever the node changes or
+//! the policy's labelling inputs change.
+//!
+//! Only the leader writes; followers keep their caches warm and compute nothing they would write.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpuop_api::status::{PolicyStatus, State};
+use gpuop_api::validate::{ImageDefaults, validate_with};
+use gpuop_api::{ClusterPolicy, FieldError};
+use gpuop_render::{Rendered, render};
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::apply::{self, ApplyPlan, ObjectKey};
+use crate::caches::Caches;
+use crate::facts::{Census, NodeFacts, cluster_facts};
+use crate::labeler::{GpuDetection, LabelPolicy, desired_labels};
+use crate::lease::Leadership;
+use crate::metrics::{Metrics, ReconciliationStatus};
+use crate::readiness::{Observed, observe};
+use crate::status::{Outcome, policy_status};
+
+/// How long a write the caches have not shown yet is trusted before it is made again.
+const IN_FLIGHT: Duration = Duration::from_secs(10);
+/// How often the reconciler runs with nothing changed, to repair what it cannot watch.
+const RESYNC: Duration = Duration::from_secs(300);
+
+/// Everything the controllers share.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Namespace the operands run in.
+    pub namespace: String,
+    /// The caches.
+    pub caches: Caches,
+    /// Whether this replica may write.
+    pub leadership: Leadership,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// How GPU nodes are recognised.
+    pub detection: GpuDetection,
+    /// Images from the operator's environment.
+    pub image_defaults: ImageDefaults,
+    /// Whether the ServiceMonitor CRD is installed.
+    pub service_monitor_crd: bool,
+    /// Publishes events on state transitions.
+    pub recorder: Recorder,
+    /// Woken by every cache change.
+    pub changed: Arc<Notify>,
+    /// The labeller's inputs; `None` until the first reconcile decides them.
+    pub labelling: watch::Sender<Option<Option<LabelPolicy>>>,
+    recent: Mutex<Recent>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("namespace", &self.namespace)
+            .field("detection", &self.detection)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Writes made recently whose echo the caches may not have delivered yet.
+#[derive(Debug, Default)]
+struct Recent {
+    applied: BTreeMap<ObjectKey, (String, Instant)>,
+    deleted: BTreeMap<ObjectKey, Instant>,
+    statuses: BTreeMap<String, (PolicyStatus, Instant)>,
+}
+
+impl Context {
+    /// A context over started caches.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: Client,
+        namespace: String,
+        caches: Caches,
+        leadership: Leadership,
+        metrics: Arc<Metrics>,
+        detection: GpuDetection,
+        image_defaults: ImageDefaults,
+        service_monitor_crd: bool,
+        changed: Arc<Notify>,
+    ) -> Self {
+        let recorder = Recorder::new(client.clone(), "gpu-operator".into());
+        let (labelling, _) = watch::channel(None);
+        Self {
+            client,
+            namespace,
+            caches,
+            leadership,
+            metrics,
+            detection,
+            image_defaults,
+            service_monitor_crd,
+            recorder,
+            changed,
+            labelling,
+            recent: Mutex::default(),
+        }
+    }
+
+    fn recent(&self) -> std::sync::MutexGuard<'_, Recent> {
+        self.recent
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Why a reconcile pass failed; the next pass retries with back-off.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// Applying or pruning an object failed.
+    #[error(transparent)]
+    Apply(#[from] apply::ApplyError),
+    /// Writing a status failed.
+    #[error("cannot write the status of ClusterPolicy {name:?}: {source}")]
+    Status {
+        /// The policy.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Reading a ConfigMap the policy names failed.
+    #[error("cannot read ConfigMap {name:?}: {source}")]
+    ConfigMap {
+        /// The ConfigMap.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Runs the policy reconciler until `shutdown`.
+pub async fn run_policies(context: Arc<Context>, shutdown: CancellationToken) {
+    context.caches.ready().await;
+    let mut leadership = context.leadership.clone();
+    let mut failures = 0u32;
+    let mut wait = Duration::ZERO;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = context.changed.notified() => {}
+            _ = leadership.changed() => {}
+            () = tokio::time::sleep(wait) => {}
+        }
+        match reconcile(&context).await {
+            Ok(()) => {
+                failures = 0;
+                wait = RESYNC;
+            }
+            Err(error) => {
+                failures += 1;
+                wait = Duration::from_millis(250 * 2u64.pow(failures.min(8))).min(Duration::from_secs(60));
+                warn!(%error, retry_in = ?wait, "reconcile failed");
+                context
+                    .metrics
+                    .reconciled(ReconciliationStatus::OperatorError, now_seconds());
+            }
+        }
+    }
+}
+
+/// One reconcile pass over every ClusterPolicy.
+pub async fn reconcile(context: &Context) -> Result<(), ReconcileError> {
+    let leader = context.leadership.is_leader();
+    context.metrics.leader(leader);
+    let mut policies: Vec<Arc<ClusterPolicy>> = context
+        .caches
+        .policies
+        .state()
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    policies.sort_by(|a, b| {
+        let created = |p: &ClusterPolicy| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        created(a)
+            .cmp(&created(b))
+            .then_with(|| a.name_any().cmp(&b.name_any()))
+    });
+    let Some((active, others)) = policies.split_first() else {
+        context
+            .labelling
+            .send_if_modified(|current| replace(current, Some(None)));
+        context
+            .metrics
+            .reconciled(ReconciliationStatus::PolicyUnavailable, now_seconds());
+        return Ok(());
+    };
+    for ignored in others {
+        let outcome = Outcome::Ignored {
+            active: active.name_any(),
+        };
+        write_status(context, ignored, &outcome, leader).await?;
+    }
+
+    let validated = match validate_with(active, &context.image_defaults) {
+        Ok(validated) => validated,
+        Err(errors) => {
+            // Leave everything running as it is; say which fields are wrong.
+            invalid(context, active, errors, leader).await?;
+            context
+                .metrics
+                .reconciled(ReconciliationStatus::PolicyUnavailable, now_seconds());
+            return Ok(());
+        }
+    };
+    let label_policy = LabelPolicy::from_policy(&validated);
+    context
+        .labelling
+        .send_if_modified(|current| replace(current, Some(Some(label_policy))));
+
+    let nodes: Vec<Arc<Node>> = context.caches.nodes.state();
+    let node_facts: Vec<NodeFacts> = nodes.iter().map(|node| node_facts(node)).collect();
+    let (mut facts, census) = cluster_facts(
+        &node_facts,
+        &context.namespace,
+        validated.spec.driver.use_precompiled(),
+        context.service_monitor_crd,
+    );
+    facts.config_map_keys = config_map_keys(context, &validated.spec).await?;
+    context.metrics.census(census.gpu_nodes, census.nfd_labels);
+    context
+        .metrics
+        .auto_upgrade(validated.spec.driver.is_auto_upgrade());
+
+    let rendered = match render(&validated, &facts) {
+        Ok(rendered) => rendered,
+        Err(error) => {
+            let outcome = Outcome::Failed(error.to_string());
+            write_status(context, active, &outcome, leader).await?;
+            context
+                .metrics
+                .reconciled(ReconciliationStatus::OperatorError, now_seconds());
+            return Ok(());
+        }
+    };
+    if leader {
+        apply_rendered(context, active, &rendered).await?;
+    }
+
+    let node_objects: Vec<Node> = nodes.iter().map(|n| (**n).clone()).collect();
+    let daemonsets: Vec<_> = context
+        .caches
+        .daemonsets
+        .state()
+        .iter()
+        .map(|d| (**d).clone())
+        .collect();
+    let pods: Vec<_> = context
+        .caches
+        .pods
+        .state()
+        .iter()
+        .map(|p| (**p).clone())
+        .collect();
+    let revisions: Vec<_> = context
+        .caches
+        .revisions
+        .state()
+        .iter()
+        .map(|r| (**r).clone())
+        .collect();
+    let operands = observe(
+        &rendered,
+        Observed {
+            nodes: &node_objects,
+            daemonsets: &daemonsets,
+            pods: &pods,
+            revisions: &revisions,
+        },
+    );
+    context.metrics.operands(operands.iter().filter_map(|o| {
+        Some((
+            o.operand?.id().to_owned(),
+            o.expected.len() as i64,
+            o.ready.intersection(&o.expected).count() as i64,
+        ))
+    }));
+    let outcome = Outcome::Applied {
+        operands,
+        census: census.clone(),
+    };
+    let status = write_status(context, active, &outcome, leader).await?;
+    let reconciliation = match status.state {
+        State::Ready => ReconciliationStatus::Success,
+        _ => ReconciliationStatus::NotReady,
+    };
+    context.metrics.reconciled(reconciliation, now_seconds());
+    Ok(())
+}
+
+fn replace<T: PartialEq>(current: &mut T, new: T) -> bool {
+    if *current == new {
+        false
+    } else {
+        *current = new;
+        true
+    }
+}
+
+async fn invalid(
+    context: &Context,
+    policy: &ClusterPolicy,
+    errors: Vec<FieldError>,
+    leader: bool,
+) -> Result<(), ReconcileError> {
+    let outcome = Outcome::Invalid(errors);
+    write_status(context, policy, &outcome, leader).await?;
+    Ok(())
+}
+
+/// Applies what changed and prunes what is gone, skipping writes the caches have not echoed yet.
+async fn apply_rendered(
+    context: &Context,
+    policy: &ClusterPolicy,
+    rendered: &Rendered,
+) -> Result<(), ReconcileError> {
+    let owner = apply::owner_reference(policy);
+    let live = apply::live_hashes(&context.caches.managed);
+    let mut plan = apply::plan(rendered, &owner, &live)?;
+    let now = Instant::now();
+    {
+        let mut recent = context.recent();
+        recent
+            .applied
+            .retain(|_, (_, at)| now.duration_since(*at) < IN_FLIGHT);
+        recent.deleted.retain(|_, at| now.duration_since(*at) < IN_FLIGHT);
+        plan.apply.retain(|(key, object)| {
+            let hash = object["metadata"]["annotations"][apply::APPLIED_HASH]
+                .as_str()
+                .unwrap_or_default();
+            recent.applied.get(key).is_none_or(|(applied, _)| applied != hash)
+        });
+        plan.delete.retain(|key| !recent.deleted.contains_key(key));
+    }
+    if plan == ApplyPlan::default() {
+        return Ok(());
+    }
+    let result = apply::execute(&context.client, &context.namespace, &plan).await;
+    let mut recent = context.recent();
+    // Remember what was written, even when a later write failed, so that it is not written twice.
+    for (key, object) in &plan.apply {
+        let hash = object["metadata"]["annotations"][apply::APPLIED_HASH]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        recent.applied.insert(key.clone(), (hash, now));
+    }
+    if result.is_ok() {
+        for key in &plan.delete {
+            recent.deleted.insert(key.clone(), now);
+        }
+    }
+    result.map(|_| ()).map_err(Into::into)
+}
+
+/// Writes a policy's status when it differs from the stored one; returns the status.
+async fn write_status(
+    context: &Context,
+    policy: &ClusterPolicy,
+    outcome: &Outcome,
+    leader: bool,
+) -> Result<PolicyStatus, ReconcileError> {
+    let name = policy.name_any();
+    let status = policy_status(
+        outcome,
+        &context.namespace,
+        policy.metadata.generation,
+        policy.status.as_ref(),
+        &now(),
+    );
+    let unchanged = policy.status.as_ref() == Some(&status)
+        || context
+            .recent()
+            .statuses
+            .get(&name)
+            .is_some_and(|(written, at)| *written == status && at.elapsed() < IN_FLIGHT);
+    if unchanged || !leader {
+        return Ok(status);
+    }
+    let api: Api<ClusterPolicy> = Api::all(context.client.clone());
+    let patch = serde_json::json!({
+        "apiVersion": ClusterPolicy::api_version(&()),
+        "kind": ClusterPolicy::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &name,
+        &PatchParams::apply(gpuop_api::labels::FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(|source| ReconcileError::Status {
+        name: name.clone(),
+        source,
+    })?;
+    context
+        .recent()
+        .statuses
+        .insert(name.clone(), (status.clone(), Instant::now()));
+    let previous = policy.status.as_ref().map(|s| s.state);
+    if previous != Some(status.state) {
+        transition_event(context, policy, &status).await;
+    }
+    Ok(status)
+}
+
+/// Publishes an event when a policy's state changes, with the `Ready` condition's reason and message.
+async fn transition_event(context: &Context, policy: &ClusterPolicy, status: &PolicyStatus) {
+    let ready = status.conditions.iter().flatten().find(|c| c.type_ == "Ready");
+    let error = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Error" && c.status == "True");
+    let (type_, reason, note) = match (status.state, error, ready) {
+        (_, Some(error), _) => (EventType::Warning, error.reason.clone(), error.message.clone()),
+        (_, None, Some(ready)) => (EventType::Normal, ready.reason.clone(), ready.message.clone()),
+        _ => (EventType::Normal, "StateChanged".to_owned(), String::new()),
+    };
+    info!(policy = %policy.name_any(), state = ?status.state, %reason, "policy state changed");
+    let event = Event {
+        type_,
+        reason,
+        note: Some(truncate(&note, 1024)),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(error) = context.recorder.publish(&event, &policy.object_ref(&())).await {
+        warn!(%error, "cannot publish an event");
+    }
+}
+
+fn truncate(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_owned();
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// Keys of the ConfigMaps the driver mounts file by file, read from the operator namespace.
+async fn config_map_keys(
+    context: &Context,
+    spec: &gpuop_api::ClusterPolicySpec,
+) -> Result<BTreeMap<String, Vec<String>>, ReconcileError> {
+    let driver = &spec.driver;
+    let names = [
+        driver
+            .repo_config
+            .as_ref()
+            .and_then(|c| c.config_map_name.clone()),
+        driver
+            .cert_config
+            .as_ref()
+            .and_then(|c| c.get().map(str::to_owned)),
+        driver
+            .kernel_module_config
+            .as_ref()
+            .and_then(|c| c.get().map(str::to_owned)),
+        spec.vgpu_manager
+            .as_ref()
+            .and_then(|v| v.kernel_module_config.as_ref())
+            .and_then(|c| c.get().map(str::to_owned)),
+    ];
+    let api: Api<ConfigMap> = Api::namespaced(context.client.clone(), &context.namespace);
+    let mut keys = BTreeMap::new();
+    for name in names.into_iter().flatten().filter(|n| !n.is_empty()) {
+        if keys.contains_key(&name) {
+            continue;
+        }
+        let found = api
+            .get_opt(&name)
+            .await
+            .map_err(|source| ReconcileError::ConfigMap {
+                name: name.clone(),
+                source,
+            })?;
+        if let Some(config_map) = found {
+            let mut names: Vec<String> = config_map.data.iter().flatten().map(|(k, _)| k.clone()).collect();
+            names.extend(config_map.binary_data.iter().flatten().map(|(k, _)| k.clone()));
+            keys.insert(name, names);
+        }
+    }
+    Ok(keys)
+}
+
+/// The facts of a cached node.
+pub fn node_facts(node: &Node) -> NodeFacts {
+    NodeFacts {
+        name: node.name_any(),
+        labels: node.labels().clone(),
+        runtime_version: node
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.container_runtime_version.clone()),
+    }
+}
+
+/// Runs the node labeller until `shutdown`: one patch per node whose labels differ from the desired ones.
+pub async fn run_labeller(
+    context: Arc<Context>,
+    mut node_events: mpsc::UnboundedReceiver<String>,
+    shutdown: CancellationToken,
+) {
+    context.caches.ready().await;
+    let mut labelling = context.labelling.subscribe();
+    let mut leadership = context.leadership.clone();
+    let (retry_sender, mut retries) = mpsc::unbounded_channel::<String>();
+    let mut pending: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            Some(name) = node_events.recv() => { pending.insert(name); }
+            Some(name) = retries.recv() => { pending.insert(name); }
+            Ok(()) = labelling.changed() => {
+                pending.extend(context.caches.nodes.state().iter().map(|n| n.name_any()));
+            }
+            _ = leadership.changed() => {
+                pending.extend(context.caches.nodes.state().iter().map(|n| n.name_any()));
+            }
+        }
+        // Take everything queued so far, then label in parallel.
+        while let Ok(name) = node_events.try_recv() {
+            pending.insert(name);
+        }
+        let Some(policy) = context.labelling.borrow().clone() else {
+            continue;
+        };
+        if !context.leadership.is_leader() {
+            pending.clear();
+            continue;
+        }
+        let batch: Vec<String> = std::mem::take(&mut pending).into_iter().collect();
+        let results = futures::future::join_all(batch.chunks(16).map(|chunk| {
+            let context = context.clone();
+            let policy = policy.clone();
+            async move {
+                let mut failed = Vec::new();
+                for name in chunk {
+                    if let Err(error) = label_node(&context, name, policy.as_ref()).await {
+                        warn!(node = %name, %error, "cannot label node; retrying");
+                        failed.push(name.clone());
+                    }
+                }
+                failed
+            }
+        }))
+        .await;
+        for name in results.into_iter().flatten() {
+            let sender = retry_sender.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let _ = sender.send(name);
+            });
+        }
+    }
+}
+
+async fn label_node(context: &Context, name: &str, policy: Option<&LabelPolicy>) -> Result<(), kube::Error> {
+    let Some(node) = context
+        .caches
+        .nodes
+        .get(&kube::runtime::reflector::ObjectRef::new(name))
+    else {
+        return Ok(());
+    };
+    let patch = desired_labels(node.labels(), node.annotations(), policy, &context.detection);
+    if patch.is_empty() {
+        return Ok(());
+    }
+    let api: Api<Node> = Api::all(context.client.clone());
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(patch.to_merge_patch()),
+    )
+    .await?;
+    let changes: Vec<String> = patch
+        .labels
+        .iter()
+        .map(|(k, v)| match v {
+            Some(v) => format!("{k}={v}"),
+            None => format!("-{k}"),
+        })
+        .collect();
+    info!(node = %name, labels = %changes.join(","), "labelled node");
+    Ok(())
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+fn now_seconds() -> i64 {
+    k8s_openapi::jiff::Timestamp::now().as_second()
+}
+
+/// The census alone, for callers that only need counts.
+pub fn census_of(nodes: &[Node]) -> Census {
+    let facts: Vec<NodeFacts> = nodes.iter().map(node_facts).collect();
+    cluster_facts(&facts, "", false, false).1
+}

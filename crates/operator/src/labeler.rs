@@ -1,0 +1,573 @@
+//! The node labeller's decisions: which labels a node should carry, as a pure function of the node's labels
+//! and annotations and the active policy. The node-label controller patches exactly the difference.
+//!
+//! NVIDIA's semantics (reference section 3) with two deliberate improvements:
+//! - **A value a person set survives.** The operator records the labels it wrote, with their values, in
+//!   the annotation [`OWNED_LABELS`]; it only ever removes or rewrites a label whose value is still the one
+//!   it wrote. A person's `nvidia.com/gpu.deploy.device-plugin=false` therefore outlives a transient loss of
+//!   `nvidia.com/gpu.present` (NVIDIA's issue #2288).
+//! - **Uninstall cleans up.** With no policy, every label the operator owns is removed (NVIDIA's #1391).
+//!
+//! Labels the operator would write that a node already carries with the same value (for example from
+//! NVIDIA's operator, before a migration) are adopted: they become owned without a write.
+
+use std::collections::BTreeMap;
+
+use gpuop_api::catalogue::deploy_labels_for;
+use gpuop_api::choice::{SandboxMode, WorkloadConfig};
+use gpuop_api::labels::{
+    DEPLOY_OPERANDS, DEPLOY_PREFIX, GPU_PRESENT, GPU_PRODUCT, LEGACY_DEPLOY_LABELS, MIG_CAPABLE, MIG_CONFIG,
+    VGPU_HOST_DRIVER_VERSION, WORKLOAD_CONFIG, has_nfd_gpu,
+};
+use gpuop_api::selector::LabelSelector;
+use gpuop_api::validate::{Sandbox, ValidatedPolicy};
+
+/// Node annotation recording the labels the operator wrote on this node and their values, as
+/// `key=value` pairs separated by commas (label values never contain commas).
+pub const OWNED_LABELS: &str = "nvidia.com/gpu-operator.owned-labels";
+
+/// What the labeller needs from the policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LabelPolicy {
+    /// Sandbox settings, when sandbox workloads are on.
+    pub sandbox: Option<Sandbox>,
+    /// Whether the MIG manager is deployed.
+    pub mig_manager: bool,
+    /// Layout stamped on MIG-capable nodes that have none.
+    pub mig_default_layout: Option<String>,
+}
+
+impl LabelPolicy {
+    /// The labeller's view of a validated policy.
+    pub fn from_policy(policy: &ValidatedPolicy) -> Self {
+        Self {
+            sandbox: policy.sandbox,
+            mig_manager: policy.spec.mig_manager_enabled(),
+            mig_default_layout: policy.mig_default_layout.clone(),
+        }
+    }
+}
+
+/// How GPU nodes are recognised.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum GpuDetection {
+    /// By NFD's NVIDIA PCI labels (the default, as NVIDIA's operator does).
+    #[default]
+    Nfd,
+    /// By NFD's labels or a label selector, for clusters without NFD.
+    NfdOrSelector(LabelSelector),
+}
+
+impl GpuDetection {
+    /// Whether a node with these labels has an NVIDIA GPU.
+    pub fn has_gpu(&self, labels: &BTreeMap<String, String>) -> bool {
+        let nfd = has_nfd_gpu(labels.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        match self {
+            GpuDetection::Nfd => nfd,
+            GpuDetection::NfdOrSelector(selector) => nfd || selector.matches(labels),
+        }
+    }
+}
+
+/// Changes to one node's metadata; `None` removes a key. Empty when the node is as it should be.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodePatch {
+    /// Label changes.
+    pub labels: BTreeMap<String, Option<String>>,
+    /// Annotation changes.
+    pub annotations: BTreeMap<String, Option<String>>,
+}
+
+impl NodePatch {
+    /// Whether nothing needs to change.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.annotations.is_empty()
+    }
+
+    /// The JSON merge patch that makes these changes and touches nothing else.
+    pub fn to_merge_patch(&self) -> serde_json::Value {
+        let mut metadata = serde_json::Map::new();
+        if !self.labels.is_empty() {
+            metadata.insert(
+                "labels".into(),
+                serde_json::to_value(&self.labels).expect("strings serialize"),
+            );
+        }
+        if !self.annotations.is_empty() {
+            metadata.insert(
+                "annotations".into(),
+                serde_json::to_value(&self.annotations).expect("strings serialize"),
+            );
+        }
+        serde_json::json!({ "metadata": metadata })
+    }
+}
+
+/// The labels the operator wants on a node and the change that gets it there.
+///
+/// `policy` is `None` when no ClusterPolicy is active: the operator then removes what it owns.
+pub fn desired_labels(
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+    policy: Option<&LabelPolicy>,
+    detection: &GpuDetection,
+) -> NodePatch {
+    let owned: BTreeMap<&str, &str> = annotations
+        .get(OWNED_LABELS)
+        .map(|pairs| pairs.split(',').filter_map(|pair| pair.split_once('=')).collect())
+        .unwrap_or_default();
+    let ours_unchanged = |key: &str, value: &str| owned.get(key) == Some(&value);
+    let wanted = wanted_labels(labels, policy, detection);
+
+    let mut patch = NodePatch::default();
+    let mut now_owned: BTreeMap<&str, &str> = BTreeMap::new();
+    for (key, value) in &wanted {
+        let current = labels
+            .get(key.as_str())
+            .map(String::as_str)
+            .filter(|v| !v.is_empty());
+        let write = match current {
+            // Absent or empty (treated as absent): write it.
+            None => true,
+            // Already right: own it without a write (adopts what an earlier operator wrote).
+            Some(existing) if existing == value => false,
+            // Still what the operator wrote, or the operator's own protocol label: rewrite it.
+            Some(existing) if ours_unchanged(key, existing) || key == GPU_PRESENT => true,
+            // A value someone else chose wins, and the label is no longer the operator's.
+            Some(_) => continue,
+        };
+        if write {
+            patch.labels.insert(key.clone(), Some(value.clone()));
+        }
+        now_owned.insert(key, value);
+    }
+    let kill_switch = labels.get(DEPLOY_OPERANDS).is_some_and(|v| v == "false");
+    for (key, value) in labels {
+        if wanted.contains_key(key) {
+            continue;
+        }
+        // Deploy switches set to "true" schedule operands: with the kill switch on, or for keys no operand
+        // uses any more, they go even when the operator did not write them.
+        let stray_switch = value == "true"
+            && key != DEPLOY_OPERANDS
+            && (LEGACY_DEPLOY_LABELS.contains(&key.as_str())
+                || (kill_switch && key.starts_with(DEPLOY_PREFIX)));
+        if ours_unchanged(key, value) || stray_switch {
+            patch.labels.insert(key.clone(), None);
+        }
+    }
+
+    let record: Vec<String> = now_owned
+        .iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect();
+    let record = (!record.is_empty()).then(|| record.join(","));
+    if annotations.get(OWNED_LABELS) != record.as_ref() {
+        patch.annotations.insert(OWNED_LABELS.to_owned(), record);
+    }
+    patch
+}
+
+/// Every label the operator wants to own on the node, with its value.
+fn wanted_labels(
+    labels: &BTreeMap<String, String>,
+    policy: Option<&LabelPolicy>,
+    detection: &GpuDetection,
+) -> BTreeMap<String, String> {
+    let mut wanted = BTreeMap::new();
+    let Some(policy) = policy else { return wanted };
+    let has_gpu = detection.has_gpu(labels);
+    if has_gpu {
+        wanted.insert(GPU_PRESENT.to_owned(), "true".to_owned());
+    } else if labels.contains_key(GPU_PRESENT) {
+        // The GPU went away: say so (flip, do not delete), as NVIDIA's operator does.
+        wanted.insert(GPU_PRESENT.to_owned(), "false".to_owned());
+    }
+    if !has_gpu || labels.get(DEPLOY_OPERANDS).is_some_and(|v| v == "false") {
+        return wanted;
+    }
+    let (workload, mode) = workload_of(labels, policy.sandbox);
+    let mig_capable = is_mig_capable(labels);
+    for key in deploy_labels_for(workload, mode, mig_capable) {
+        wanted.insert(key.to_owned(), "true".to_owned());
+    }
+    if workload == WorkloadConfig::Container
+        && policy.mig_manager
+        && mig_capable
+        && let Some(layout) = &policy.mig_default_layout
+        && labels
+            .get(MIG_CONFIG)
+            .is_none_or(|current| current.is_empty() || current == layout)
+    {
+        wanted.insert(MIG_CONFIG.to_owned(), layout.clone());
+    }
+    wanted
+}
+
+/// The node's workload: `container` unless sandbox workloads are on; then its own label if valid, else the
+/// policy's default.
+pub fn workload_of(
+    labels: &BTreeMap<String, String>,
+    sandbox: Option<Sandbox>,
+) -> (WorkloadConfig, SandboxMode) {
+    match sandbox {
+        None => (WorkloadConfig::Container, SandboxMode::KubeVirt),
+        Some(sandbox) => {
+            let own = labels
+                .get(WORKLOAD_CONFIG)
+                .and_then(|value| WorkloadConfig::parse(value));
+            (own.unwrap_or(sandbox.default_workload), sandbox.mode)
+        }
+    }
+}
+
+/// Whether the node's GPUs support MIG, as NVIDIA's operator decides it: never on vGPU hosts; feature
+/// discovery's `nvidia.com/mig.capable` when present; else the product is an A100, A30 or H100.
+pub fn is_mig_capable(labels: &BTreeMap<String, String>) -> bool {
+    if labels
+        .get(VGPU_HOST_DRIVER_VERSION)
+        .is_some_and(|v| !v.is_empty())
+    {
+        return false;
+    }
+    if let Some(capable) = labels.get(MIG_CAPABLE) {
+        return capable == "true";
+    }
+    labels.get(GPU_PRODUCT).is_some_and(|product| {
+        let product = product.to_lowercase();
+        ["h100", "a100", "a30"]
+            .iter()
+            .any(|model| product.contains(model))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuop_api::choice::{SandboxMode, WorkloadConfig};
+
+    const NFD_GPU: &str = "feature.node.kubernetes.io/pci-10de.present";
+    const CONTAINER_IDS: &[&str] = &[
+        "driver",
+        "container-toolkit",
+        "operator-validator",
+        "device-plugin",
+        "dcgm",
+        "dcgm-exporter",
+        "gpu-feature-discovery",
+        "node-status-exporter",
+    ];
+
+    /// A node's metadata, evolving as the labeller's patches are applied to it.
+    #[derive(Clone, Debug, Default)]
+    struct Node {
+        labels: BTreeMap<String, String>,
+        annotations: BTreeMap<String, String>,
+    }
+
+    impl Node {
+        fn gpu() -> Self {
+            Self::default().with(NFD_GPU, "true")
+        }
+
+        fn with(mut self, key: &str, value: &str) -> Self {
+            self.labels.insert(key.to_owned(), value.to_owned());
+            self
+        }
+
+        fn without(mut self, key: &str) -> Self {
+            self.labels.remove(key);
+            self
+        }
+
+        fn patch(&self, policy: Option<&LabelPolicy>) -> NodePatch {
+            desired_labels(&self.labels, &self.annotations, policy, &GpuDetection::Nfd)
+        }
+
+        /// Applies the labeller's patch, asserting that a second pass changes nothing.
+        fn reconciled(mut self, policy: Option<&LabelPolicy>) -> Self {
+            let patch = self.patch(policy);
+            for (key, value) in patch.labels {
+                match value {
+                    Some(value) => self.labels.insert(key, value),
+                    None => self.labels.remove(&key),
+                };
+            }
+            for (key, value) in patch.annotations {
+                match value {
+                    Some(value) => self.annotations.insert(key, value),
+                    None => self.annotations.remove(&key),
+                };
+            }
+            assert_eq!(
+                self.patch(policy),
+                NodePatch::default(),
+                "a second pass must not write"
+            );
+            self
+        }
+
+        fn label(&self, key: &str) -> Option<&str> {
+            self.labels.get(key).map(String::as_str)
+        }
+
+        fn deploy(&self, id: &str) -> Option<&str> {
+            self.label(&format!("{DEPLOY_PREFIX}{id}"))
+        }
+
+        fn deployed(&self) -> Vec<&str> {
+            self.labels
+                .iter()
+                .filter(|(k, v)| k.starts_with(DEPLOY_PREFIX) && *v == "true")
+                .map(|(k, _)| k.trim_start_matches(DEPLOY_PREFIX))
+                .collect()
+        }
+    }
+
+    fn policy() -> LabelPolicy {
+        LabelPolicy {
+            sandbox: None,
+            mig_manager: true,
+            mig_default_layout: Some("all-disabled".into()),
+        }
+    }
+
+    fn sorted(ids: &[&str]) -> Vec<String> {
+        let mut ids: Vec<String> = ids.iter().map(|s| (*s).to_owned()).collect();
+        ids.sort();
+        ids
+    }
+
+    fn owned(node: &Node) -> Vec<&str> {
+        node.annotations
+            .get(OWNED_LABELS)
+            .map(|v| v.split(',').map(|pair| pair.split_once('=').unwrap().0).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_new_gpu_node_gets_the_container_switches_once() {
+        let node = Node::gpu().reconciled(Some(&policy()));
+        assert_eq!(node.label(GPU_PRESENT), Some("true"));
+        assert_eq!(node.deployed(), sorted(CONTAINER_IDS));
+        assert_eq!(node.label(MIG_CONFIG), None, "not MIG-capable");
+        assert!(owned(&node).contains(&GPU_PRESENT));
+    }
+
+    #[test]
+    fn a_node_without_a_gpu_is_left_alone() {
+        let node = Node::default().with("kubernetes.io/os", "linux");
+        assert_eq!(node.patch(Some(&policy())), NodePatch::default());
+    }
+
+    #[test]
+    fn mig_capable_nodes_get_the_mig_manager_and_the_default_layout() {
+        let a100 = Node::gpu()
+            .with(GPU_PRODUCT, "NVIDIA-A100-SXM4-80GB")
+            .reconciled(Some(&policy()));
+        assert_eq!(a100.deploy("mig-manager"), Some("true"));
+        assert_eq!(a100.label(MIG_CONFIG), Some("all-disabled"));
+        // A layout a person chose is never replaced.
+        let chosen = Node::gpu()
+            .with(MIG_CAPABLE, "true")
+            .with(MIG_CONFIG, "all-1g.10gb")
+            .reconciled(Some(&policy()));
+        assert_eq!(chosen.label(MIG_CONFIG), Some("all-1g.10gb"));
+        // `default: ""` in the policy stamps no layout; vGPU hosts are never MIG-capable.
+        let no_default = LabelPolicy {
+            mig_default_layout: None,
+            ..policy()
+        };
+        assert_eq!(
+            Node::gpu()
+                .with(MIG_CAPABLE, "true")
+                .reconciled(Some(&no_default))
+                .label(MIG_CONFIG),
+            None
+        );
+        let vgpu_host = Node::gpu()
+            .with(GPU_PRODUCT, "A100")
+            .with(VGPU_HOST_DRIVER_VERSION, "550.54")
+            .reconciled(Some(&policy()));
+        assert_eq!(vgpu_host.deploy("mig-manager"), None);
+        let disabled = LabelPolicy {
+            mig_manager: false,
+            ..policy()
+        };
+        assert_eq!(
+            Node::gpu()
+                .with(MIG_CAPABLE, "true")
+                .reconciled(Some(&disabled))
+                .label(MIG_CONFIG),
+            None
+        );
+    }
+
+    #[test]
+    fn values_a_person_set_are_honoured_and_empty_means_absent() {
+        let node = Node::gpu()
+            .with(&format!("{DEPLOY_PREFIX}driver"), "false")
+            .with(&format!("{DEPLOY_PREFIX}device-plugin"), "")
+            .with(&format!("{DEPLOY_PREFIX}dcgm"), "paused-for-driver-upgrade")
+            .reconciled(Some(&policy()));
+        assert_eq!(node.deploy("driver"), Some("false"));
+        assert_eq!(node.deploy("device-plugin"), Some("true"));
+        assert_eq!(node.deploy("dcgm"), Some("paused-for-driver-upgrade"));
+        assert!(!owned(&node).contains(&"nvidia.com/gpu.deploy.driver"));
+    }
+
+    #[test]
+    fn a_persons_false_survives_a_transient_loss_of_the_gpu() {
+        let policy = policy();
+        let node = Node::gpu()
+            .reconciled(Some(&policy))
+            .with(&format!("{DEPLOY_PREFIX}device-plugin"), "false");
+        let node = node.reconciled(Some(&policy));
+        // NFD loses the GPU for a while: gpu.present flips to false and the operator's switches go.
+        let lost = node.without(NFD_GPU).reconciled(Some(&policy));
+        assert_eq!(lost.label(GPU_PRESENT), Some("false"));
+        assert_eq!(lost.deployed(), Vec::<&str>::new());
+        assert_eq!(
+            lost.deploy("device-plugin"),
+            Some("false"),
+            "the person's choice stays"
+        );
+        // The GPU comes back: everything returns but the device plugin stays off.
+        let back = lost.with(NFD_GPU, "true").reconciled(Some(&policy));
+        assert_eq!(back.label(GPU_PRESENT), Some("true"));
+        assert_eq!(back.deploy("device-plugin"), Some("false"));
+        let mut expected: Vec<&str> = CONTAINER_IDS
+            .iter()
+            .copied()
+            .filter(|id| *id != "device-plugin")
+            .collect();
+        expected.sort_unstable();
+        assert_eq!(back.deployed(), expected);
+    }
+
+    #[test]
+    fn the_kill_switch_empties_the_node_and_lifting_it_restores_it() {
+        let policy = policy();
+        let node = Node::gpu()
+            .with(&format!("{DEPLOY_PREFIX}dcgm"), "false")
+            .reconciled(Some(&policy))
+            .with(DEPLOY_OPERANDS, "false");
+        let off = node
+            .with(&format!("{DEPLOY_PREFIX}sandbox-validator"), "true")
+            .reconciled(Some(&policy));
+        assert_eq!(
+            off.deployed(),
+            Vec::<&str>::new(),
+            "no operand may run, the driver included"
+        );
+        assert_eq!(off.deploy("dcgm"), Some("false"));
+        assert_eq!(
+            off.label(DEPLOY_OPERANDS),
+            Some("false"),
+            "the person's switch is not touched"
+        );
+        let on = off.without(DEPLOY_OPERANDS).reconciled(Some(&policy));
+        assert_eq!(
+            on.deploy("dcgm"),
+            Some("false"),
+            "a person's false outlives the kill switch"
+        );
+        assert_eq!(on.deploy("driver"), Some("true"));
+    }
+
+    #[test]
+    fn switching_workload_swaps_the_operands() {
+        let sandbox = LabelPolicy {
+            sandbox: Some(Sandbox {
+                mode: SandboxMode::KubeVirt,
+                default_workload: WorkloadConfig::Container,
+            }),
+            ..policy()
+        };
+        let container = Node::gpu().reconciled(Some(&sandbox));
+        assert_eq!(container.deployed(), sorted(CONTAINER_IDS));
+        let passthrough = container
+            .with(WORKLOAD_CONFIG, "vm-passthrough")
+            .reconciled(Some(&sandbox));
+        assert_eq!(
+            passthrough.deployed(),
+            sorted(&[
+                "sandbox-validator",
+                "vfio-manager",
+                "sandbox-device-plugin",
+                "cc-manager"
+            ])
+        );
+        let vgpu = passthrough
+            .with(WORKLOAD_CONFIG, "vm-vgpu")
+            .reconciled(Some(&sandbox));
+        assert!(vgpu.deployed().contains(&"vgpu-manager"));
+        // An invalid workload label falls back to the policy's default.
+        let invalid = Node::gpu()
+            .with(WORKLOAD_CONFIG, "bare-metal")
+            .reconciled(Some(&sandbox));
+        assert_eq!(invalid.deployed(), sorted(CONTAINER_IDS));
+    }
+
+    #[test]
+    fn deleting_the_policy_removes_what_the_operator_added_and_nothing_else() {
+        let node = Node::gpu()
+            .with(GPU_PRODUCT, "NVIDIA-H100-80GB-HBM3")
+            .with(&format!("{DEPLOY_PREFIX}driver"), "false")
+            .reconciled(Some(&policy()));
+        let removed = node.reconciled(None);
+        assert_eq!(removed.label(GPU_PRESENT), None);
+        assert_eq!(removed.label(MIG_CONFIG), None);
+        assert_eq!(removed.deployed(), Vec::<&str>::new());
+        assert_eq!(removed.deploy("driver"), Some("false"));
+        assert_eq!(removed.label(GPU_PRODUCT), Some("NVIDIA-H100-80GB-HBM3"));
+        assert!(removed.annotations.is_empty());
+    }
+
+    #[test]
+    fn labels_from_nvidias_operator_are_adopted_without_relabelling() {
+        let mut node = Node::gpu()
+            .with(GPU_PRESENT, "true")
+            .with("nvidia.com/gpu.deploy.client", "true");
+        for id in CONTAINER_IDS {
+            node = node.with(&format!("{DEPLOY_PREFIX}{id}"), "true");
+        }
+        let patch = node.patch(Some(&policy()));
+        assert_eq!(
+            patch.labels,
+            BTreeMap::from([("nvidia.com/gpu.deploy.client".to_owned(), None)]),
+            "only the unused legacy switch changes"
+        );
+        assert_eq!(patch.annotations.len(), 1);
+        // After adoption, uninstalling removes them.
+        assert_eq!(
+            node.reconciled(Some(&policy())).reconciled(None).deployed(),
+            Vec::<&str>::new()
+        );
+    }
+
+    #[test]
+    fn a_selector_finds_gpu_nodes_without_nfd() {
+        let detection = GpuDetection::NfdOrSelector("cloud.google.com/gke-accelerator".parse().unwrap());
+        let node = Node::default().with("cloud.google.com/gke-accelerator", "nvidia-l4");
+        let patch = desired_labels(&node.labels, &node.annotations, Some(&policy()), &detection);
+        assert_eq!(patch.labels.get(GPU_PRESENT), Some(&Some("true".to_owned())));
+        assert!(
+            Node::gpu()
+                .patch(Some(&policy()))
+                .labels
+                .contains_key(GPU_PRESENT),
+            "NFD still counts"
+        );
+    }
+
+    #[test]
+    fn the_merge_patch_touches_only_what_changes() {
+        let node = Node::gpu().reconciled(Some(&policy())).without(NFD_GPU);
+        let patch = node.patch(Some(&policy())).to_merge_patch();
+        let labels = patch["metadata"]["labels"].as_object().unwrap();
+        assert_eq!(labels[GPU_PRESENT], "false");
+        assert_eq!(labels["nvidia.com/gpu.deploy.driver"], serde_json::Value::Null);
+        assert_eq!(labels.len(), 1 + CONTAINER_IDS.len());
+    }
+}

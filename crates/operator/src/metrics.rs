@@ -1,0 +1,227 @@
+//! The operator's Prometheus metrics. The `gpu_operator_*` series keep NVIDIA's names, types and value
+//! conventions, so alerts written for NVIDIA's operator keep working; per-operand node counts are added.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+/// `gpu_operator_reconciliation_status` values, as NVIDIA defines them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i64)]
+pub enum ReconciliationStatus {
+    /// Everything is ready.
+    Success = 1,
+    /// Operands are not ready yet.
+    NotReady = 0,
+    /// No usable ClusterPolicy (absent, ignored or invalid).
+    PolicyUnavailable = -1,
+    /// The operator failed (API errors).
+    OperatorError = -2,
+}
+
+/// All metrics of one operator process.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    gpu_nodes_total: AtomicI64,
+    reconciliation_status: AtomicI64,
+    reconciliation_total: AtomicU64,
+    reconciliation_failed_total: AtomicU64,
+    reconciliation_has_nfd_labels: AtomicI64,
+    reconciliation_last_success_ts_seconds: AtomicI64,
+    driver_auto_upgrade_enabled: AtomicI64,
+    leader: AtomicI64,
+    operands: Mutex<BTreeMap<String, (i64, i64)>>,
+}
+
+impl Metrics {
+    /// Records the end of a reconcile pass.
+    pub fn reconciled(&self, status: ReconciliationStatus, now_seconds: i64) {
+        self.reconciliation_total.fetch_add(1, Ordering::Relaxed);
+        self.reconciliation_status.store(status as i64, Ordering::Relaxed);
+        match status {
+            ReconciliationStatus::Success => self
+                .reconciliation_last_success_ts_seconds
+                .store(now_seconds, Ordering::Relaxed),
+            ReconciliationStatus::OperatorError => {
+                self.reconciliation_failed_total.fetch_add(1, Ordering::Relaxed);
+            }
+            ReconciliationStatus::NotReady | ReconciliationStatus::PolicyUnavailable => {}
+        }
+    }
+
+    /// Records the node census.
+    pub fn census(&self, gpu_nodes: usize, has_nfd_labels: bool) {
+        self.gpu_nodes_total
+            .store(i64::try_from(gpu_nodes).unwrap_or(i64::MAX), Ordering::Relaxed);
+        self.reconciliation_has_nfd_labels
+            .store(i64::from(has_nfd_labels), Ordering::Relaxed);
+    }
+
+    /// Records whether the operator upgrades drivers itself.
+    pub fn auto_upgrade(&self, enabled: bool) {
+        self.driver_auto_upgrade_enabled
+            .store(i64::from(enabled), Ordering::Relaxed);
+    }
+
+    /// Records whether this replica leads.
+    pub fn leader(&self, leading: bool) {
+        self.leader.store(i64::from(leading), Ordering::Relaxed);
+    }
+
+    /// Records, per operand id, nodes expected and ready; operands not listed are dropped.
+    pub fn operands(&self, counts: impl IntoIterator<Item = (String, i64, i64)>) {
+        let counts = counts
+            .into_iter()
+            .map(|(id, expected, ready)| (id, (expected, ready)))
+            .collect();
+        *self
+            .operands
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = counts;
+    }
+
+    /// The Prometheus text exposition (format 0.0.4).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let gauge = |out: &mut String, name: &str, help: &str, value: i64| {
+            let _ = write!(
+                out,
+                "# HELP gpu_operator_{name} {help}\n# TYPE gpu_operator_{name} gauge\ngpu_operator_{name} {value}\n"
+            );
+        };
+        let counter = |out: &mut String, name: &str, help: &str, value: u64| {
+            let _ = write!(
+                out,
+                "# HELP gpu_operator_{name} {help}\n# TYPE gpu_operator_{name} counter\ngpu_operator_{name} {value}\n"
+            );
+        };
+        let load = |value: &AtomicI64| value.load(Ordering::Relaxed);
+        gauge(
+            &mut out,
+            "gpu_nodes_total",
+            "Number of nodes with GPUs",
+            load(&self.gpu_nodes_total),
+        );
+        gauge(
+            &mut out,
+            "reconciliation_last_success_ts_seconds",
+            "Timestamp (in seconds) of the last reconciliation loop success",
+            load(&self.reconciliation_last_success_ts_seconds),
+        );
+        gauge(
+            &mut out,
+            "reconciliation_status",
+            "1 if the reconciliation is currently successful, 0 if the operands are not ready, -1 if the cluster policy is unavailable, -2 if an error occurred within the operator.",
+            load(&self.reconciliation_status),
+        );
+        counter(
+            &mut out,
+            "reconciliation_total",
+            "Total number of reconciliation",
+            self.reconciliation_total.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "reconciliation_failed_total",
+            "Number of failed reconciliation",
+            self.reconciliation_failed_total.load(Ordering::Relaxed),
+        );
+        gauge(
+            &mut out,
+            "reconciliation_has_nfd_labels",
+            "1 if NFD mandatory kernel labels have been found, 0 otherwise",
+            load(&self.reconciliation_has_nfd_labels),
+        );
+        gauge(
+            &mut out,
+            "driver_auto_upgrade_enabled",
+            "1 if driver auto upgrade is enabled 0 if not",
+            load(&self.driver_auto_upgrade_enabled),
+        );
+        gauge(
+            &mut out,
+            "leader",
+            "1 if this replica holds the leader lease, 0 otherwise",
+            load(&self.leader),
+        );
+        let operands = self
+            .operands
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for (name, help, pick) in [
+            ("operand_nodes_expected", "Nodes an operand should run on", 0),
+            (
+                "operand_nodes_ready",
+                "Nodes where an operand runs and is ready",
+                1,
+            ),
+        ] {
+            let _ = write!(
+                out,
+                "# HELP gpu_operator_{name} {help}\n# TYPE gpu_operator_{name} gauge\n"
+            );
+            for (operand, (expected, ready)) in operands.iter() {
+                let value = if pick == 0 { expected } else { ready };
+                let _ = writeln!(out, "gpu_operator_{name}{{operand=\"{operand}\"}} {value}");
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line<'a>(text: &'a str, series: &str) -> &'a str {
+        text.lines()
+            .find(|l| l.starts_with(series) && !l.starts_with('#'))
+            .unwrap_or_else(|| panic!("{series} missing in\n{text}"))
+    }
+
+    #[test]
+    fn series_keep_nvidias_names_and_values() {
+        let metrics = Metrics::default();
+        metrics.census(3, true);
+        metrics.reconciled(ReconciliationStatus::NotReady, 100);
+        metrics.reconciled(ReconciliationStatus::OperatorError, 110);
+        metrics.reconciled(ReconciliationStatus::Success, 120);
+        metrics.operands([("driver".to_owned(), 3, 2)]);
+        let text = metrics.render();
+        assert_eq!(
+            line(&text, "gpu_operator_gpu_nodes_total"),
+            "gpu_operator_gpu_nodes_total 3"
+        );
+        assert_eq!(
+            line(&text, "gpu_operator_reconciliation_status"),
+            "gpu_operator_reconciliation_status 1"
+        );
+        assert_eq!(
+            line(&text, "gpu_operator_reconciliation_total"),
+            "gpu_operator_reconciliation_total 3"
+        );
+        assert_eq!(
+            line(&text, "gpu_operator_reconciliation_failed_total"),
+            "gpu_operator_reconciliation_failed_total 1"
+        );
+        assert_eq!(
+            line(&text, "gpu_operator_reconciliation_last_success_ts_seconds"),
+            "gpu_operator_reconciliation_last_success_ts_seconds 120"
+        );
+        assert_eq!(
+            line(&text, "gpu_operator_reconciliation_has_nfd_labels"),
+            "gpu_operator_reconciliation_has_nfd_labels 1"
+        );
+        assert_eq!(
+            line(&text, "gpu_operator_operand_nodes_ready"),
+            "gpu_operator_operand_nodes_ready{operand=\"driver\"} 2"
+        );
+        assert!(text.contains("# TYPE gpu_operator_reconciliation_total counter"));
+        metrics.reconciled(ReconciliationStatus::PolicyUnavailable, 130);
+        assert_eq!(
+            line(&metrics.render(), "gpu_operator_reconciliation_status"),
+            "gpu_operator_reconciliation_status -1"
+        );
+    }
+}

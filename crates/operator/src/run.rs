@@ -1,0 +1,254 @@
+//! Wiring of a running operator: caches, leader election, the two controllers, and the metrics and health
+//! endpoints, with one shutdown signal for all of them. `gpu-operator run` and the simulator's in-process
+//! operator both start it here.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::get;
+use gpuop_api::validate::ImageDefaults;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::{Api, Client};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::caches::Caches;
+use crate::controller::{Context, run_labeller, run_policies};
+use crate::labeler::GpuDetection;
+use crate::lease::{self, Leadership, Timing};
+use crate::metrics::Metrics;
+
+/// The lease NVIDIA's operator elects its leader on; sharing it keeps the two from leading at once.
+pub const DEFAULT_LEASE_NAME: &str = "53822513.nvidia.com";
+
+/// How to run the operator.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Namespace the operands run in (`OPERATOR_NAMESPACE`).
+    pub namespace: String,
+    /// How GPU nodes are recognised.
+    pub detection: GpuDetection,
+    /// Images from the environment.
+    pub image_defaults: ImageDefaults,
+    /// Leader election, or `None` to always lead (a single replica).
+    pub leader_election: Option<LeaderElection>,
+    /// Where to serve `/metrics`.
+    pub metrics_address: Option<SocketAddr>,
+    /// Where to serve `/healthz` and `/readyz`.
+    pub health_address: Option<SocketAddr>,
+}
+
+/// Leader election settings.
+#[derive(Clone, Debug)]
+pub struct LeaderElection {
+    /// Lease name, in the operator namespace.
+    pub lease_name: String,
+    /// This replica's identity.
+    pub identity: String,
+    /// Lease timing.
+    pub timing: Timing,
+}
+
+/// A running operator.
+#[derive(Debug)]
+pub struct Running {
+    /// Its metrics.
+    pub metrics: Arc<Metrics>,
+    /// The controllers' shared context (caches, leadership).
+    pub context: Arc<Context>,
+    /// The addresses actually bound for metrics and health.
+    pub bound: Vec<SocketAddr>,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops every task (and gives the lease up), waiting for them to finish.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+
+    /// Resolves when the operator is asked to stop.
+    pub fn stopping(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+}
+
+/// Why the operator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// An HTTP endpoint could not be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Listen {
+        /// The address.
+        address: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Starts the operator on a client.
+pub async fn start(client: Client, config: Config) -> Result<Running, StartError> {
+    let shutdown = CancellationToken::new();
+    let mut tasks = Vec::new();
+    let service_monitor_crd = service_monitor_crd(&client).await;
+    let changed = Arc::new(Notify::new());
+    let (caches, node_events) = Caches::start(
+        &client,
+        &config.namespace,
+        service_monitor_crd,
+        &changed,
+        &shutdown,
+    );
+    let leadership = match &config.leader_election {
+        None => Leadership::always(),
+        Some(election) => {
+            let api: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
+            let (leadership, task) = lease::elect(
+                api,
+                election.lease_name.clone(),
+                election.identity.clone(),
+                election.timing,
+                shutdown.clone(),
+            );
+            tasks.push(task);
+            leadership
+        }
+    };
+    let metrics = Arc::new(Metrics::default());
+    let context = Arc::new(Context::new(
+        client,
+        config.namespace.clone(),
+        caches,
+        leadership,
+        metrics.clone(),
+        config.detection.clone(),
+        config.image_defaults.clone(),
+        service_monitor_crd,
+        changed,
+    ));
+    let ready = Arc::new(AtomicBool::new(false));
+    let mut bound = Vec::new();
+    if let Some(address) = config.metrics_address {
+        let metrics = metrics.clone();
+        let router = Router::new().route("/metrics", get(move || async move { metrics.render() }));
+        bound.push(serve(address, router, &shutdown, &mut tasks).await?);
+    }
+    if let Some(address) = config.health_address {
+        let router = health_router(ready.clone());
+        bound.push(serve(address, router, &shutdown, &mut tasks).await?);
+    }
+    {
+        let context = context.clone();
+        let ready = ready.clone();
+        tasks.push(tokio::spawn(async move {
+            context.caches.ready().await;
+            ready.store(true, Ordering::Relaxed);
+            info!("caches synced; operator ready");
+        }));
+    }
+    tasks.push(tokio::spawn(run_policies(context.clone(), shutdown.clone())));
+    tasks.push(tokio::spawn(run_labeller(
+        context.clone(),
+        node_events,
+        shutdown.clone(),
+    )));
+    info!(namespace = %config.namespace, leader_election = config.leader_election.is_some(), "operator started");
+    Ok(Running {
+        metrics,
+        context,
+        bound,
+        shutdown,
+        tasks,
+    })
+}
+
+/// `/healthz` answers while the process runs; `/readyz` once every cache has synced.
+pub fn health_router(ready: Arc<AtomicBool>) -> Router {
+    Router::new().route("/healthz", get(|| async { "ok" })).route(
+        "/readyz",
+        get(move || {
+            let ready = ready.clone();
+            async move {
+                if ready.load(Ordering::Relaxed) {
+                    (StatusCode::OK, "ok")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "caches are not synced yet")
+                }
+            }
+        }),
+    )
+}
+
+async fn serve(
+    address: SocketAddr,
+    router: Router,
+    shutdown: &CancellationToken,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Result<SocketAddr, StartError> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|source| StartError::Listen { address, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| StartError::Listen { address, source })?;
+    let shutdown = shutdown.clone();
+    tasks.push(tokio::spawn(async move {
+        let server =
+            axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.cancelled().await });
+        if let Err(error) = server.await {
+            warn!(%error, "HTTP endpoint failed");
+        }
+    }));
+    Ok(local)
+}
+
+/// Whether the Prometheus Operator's ServiceMonitor CRD is installed (checked once, at start).
+async fn service_monitor_crd(client: &Client) -> bool {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    match api.get_opt("servicemonitors.monitoring.coreos.com").await {
+        Ok(found) => found.is_some(),
+        Err(error) => {
+            warn!(%error, "cannot tell whether the ServiceMonitor CRD exists; rendering no ServiceMonitors");
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    #[tokio::test]
+    async fn readiness_follows_the_caches_and_health_is_always_ok() {
+        let ready = Arc::new(AtomicBool::new(false));
+        let router = health_router(ready.clone());
+        let status = |router: Router, path: &'static str| async move {
+            router
+                .oneshot(Request::get(path).body(Body::empty()).unwrap())
+                .await
+                .unwrap()
+                .status()
+        };
+        assert_eq!(status(router.clone(), "/healthz").await, StatusCode::OK);
+        assert_eq!(
+            status(router.clone(), "/readyz").await,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        ready.store(true, Ordering::Relaxed);
+        assert_eq!(status(router, "/readyz").await, StatusCode::OK);
+    }
+}

@@ -1,0 +1,428 @@
+//! The ClusterPolicy status, as a pure function of what the operator observed: per operand, on which nodes
+//! it should run and on which it is ready; overall, NVIDIA's `state` and its `Ready`/`Error` condition pair
+//! with NVIDIA's reason strings.
+//!
+//! Where NVIDIA's status misleads, this one does not: an operand that fits no GPU node is not "ready" but
+//! reported with the nodes it excludes; not-ready operands are not errors (`Error` stays false, so alerts
+//! on it mean a real failure); and every not-ready operand names (up to 20 of) its nodes.
+
+use std::collections::BTreeSet;
+
+use gpuop_api::status::{
+    CONDITION_ERROR, CONDITION_READY, MAX_LISTED_NODES, OperandStatus, PolicyStatus, State, reason,
+};
+use gpuop_api::{FieldError, Operand};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::facts::Census;
+
+/// What the operator observed about one enabled operand.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OperandObservation {
+    /// The operand (its catalogue id is the status name).
+    pub operand: Option<Operand>,
+    /// Nodes its DaemonSets should run on: the deploy switch is on, the selectors match, taints are
+    /// tolerated.
+    pub expected: BTreeSet<String>,
+    /// Of those, nodes where its pod runs and is ready.
+    pub ready: BTreeSet<String>,
+    /// GPU nodes with its deploy switch on that its pods cannot go to (an untolerated taint, a selector).
+    pub excluded: BTreeSet<String>,
+}
+
+/// What the last reconcile amounted to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// Everything was applied; readiness is in the observations.
+    Applied {
+        /// Every enabled operand, in catalogue order.
+        operands: Vec<OperandObservation>,
+        /// GPU and NFD census of the nodes.
+        census: Census,
+    },
+    /// The policy is invalid: nothing was applied and running operands were left alone.
+    Invalid(Vec<FieldError>),
+    /// Applying failed (API errors); the message says which object and why.
+    Failed(String),
+    /// Another ClusterPolicy is the active one.
+    Ignored {
+        /// Name of the active ClusterPolicy.
+        active: String,
+    },
+}
+
+/// The status to write, keeping the transition times of conditions that did not change.
+pub fn policy_status(
+    outcome: &Outcome,
+    namespace: &str,
+    generation: Option<i64>,
+    previous: Option<&PolicyStatus>,
+    now: &Time,
+) -> PolicyStatus {
+    let (state, ready, error, operands) = match outcome {
+        Outcome::Applied { operands, census } => {
+            let statuses: Vec<OperandStatus> = operands.iter().filter_map(operand_status).collect();
+            let lagging: Vec<&OperandStatus> = statuses.iter().filter(|s| s.ready < s.expected).collect();
+            let (state, ready) = if census.gpu_nodes == 0 && !census.nfd_labels {
+                (
+                    State::Ready,
+                    (
+                        true,
+                        reason::NFD_LABELS_MISSING,
+                        "no node has NFD labels; no GPU node can be detected".to_owned(),
+                    ),
+                )
+            } else if census.gpu_nodes == 0 {
+                (
+                    State::Ready,
+                    (true, reason::NO_GPU_NODES, "no node has an NVIDIA GPU".to_owned()),
+                )
+            } else if lagging.is_empty() {
+                (
+                    State::Ready,
+                    (
+                        true,
+                        reason::RECONCILED,
+                        "all operands are ready on every node that should run them".to_owned(),
+                    ),
+                )
+            } else {
+                let summary: Vec<String> = lagging.iter().map(|s| describe(s)).collect();
+                (
+                    State::NotReady,
+                    (
+                        false,
+                        reason::OPERAND_NOT_READY,
+                        format!("not ready: {}", summary.join("; ")),
+                    ),
+                )
+            };
+            (
+                state,
+                ready,
+                (false, reason::READY, String::new()),
+                Some(statuses),
+            )
+        }
+        Outcome::Invalid(errors) => {
+            let problems: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            let message = format!(
+                "the ClusterPolicy is invalid and was not applied; running operands are unchanged: {}",
+                problems.join("; ")
+            );
+            (
+                State::NotReady,
+                (false, reason::ERROR, String::new()),
+                (true, reason::RECONCILE_FAILED, message),
+                None,
+            )
+        }
+        Outcome::Failed(message) => (
+            State::NotReady,
+            (false, reason::ERROR, String::new()),
+            (true, reason::RECONCILE_FAILED, message.clone()),
+            previous.and_then(|p| p.operands.clone()),
+        ),
+        Outcome::Ignored { active } => {
+            let message =
+                format!("ClusterPolicy {active:?} is the active one (the oldest); this one is ignored");
+            (
+                State::Ignored,
+                (false, "Ignored", message),
+                (false, reason::READY, String::new()),
+                None,
+            )
+        }
+    };
+    let previous_conditions = previous.and_then(|p| p.conditions.as_deref()).unwrap_or_default();
+    let conditions = vec![
+        condition(CONDITION_READY, ready, generation, previous_conditions, now),
+        condition(CONDITION_ERROR, error, generation, previous_conditions, now),
+    ];
+    PolicyStatus {
+        state,
+        namespace: Some(namespace.to_owned()),
+        conditions: Some(conditions),
+        observed_generation: generation,
+        operands,
+    }
+}
+
+fn operand_status(observation: &OperandObservation) -> Option<OperandStatus> {
+    let operand = observation.operand?;
+    let listed = |nodes: &mut dyn Iterator<Item = &String>| -> Option<Vec<String>> {
+        let nodes: Vec<String> = nodes.take(MAX_LISTED_NODES).cloned().collect();
+        (!nodes.is_empty()).then_some(nodes)
+    };
+    Some(OperandStatus {
+        name: operand.id().to_owned(),
+        expected: count(observation.expected.len()),
+        ready: count(observation.ready.intersection(&observation.expected).count()),
+        not_ready_nodes: listed(&mut observation.expected.difference(&observation.ready)),
+        excluded_nodes: listed(&mut observation.excluded.iter()),
+    })
+}
+
+fn describe(status: &OperandStatus) -> String {
+    let nodes = status.not_ready_nodes.as_deref().unwrap_or_default();
+    let more = (status.expected - status.ready) as usize - nodes.len();
+    let suffix = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!(
+        "{} on {} of {} nodes ({}{suffix})",
+        status.name,
+        status.expected - status.ready,
+        status.expected,
+        nodes.join(", ")
+    )
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+fn condition(
+    type_: &str,
+    (status, reason, message): (bool, &str, String),
+    generation: Option<i64>,
+    previous: &[Condition],
+    now: &Time,
+) -> Condition {
+    let status = if status { "True" } else { "False" }.to_owned();
+    let last_transition_time = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
+    Condition {
+        type_: type_.to_owned(),
+        status,
+        reason: reason.to_owned(),
+        message,
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nodes(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    fn observation(operand: Operand, expected: &[&str], ready: &[&str]) -> OperandObservation {
+        OperandObservation {
+            operand: Some(operand),
+            expected: nodes(expected),
+            ready: nodes(ready),
+            excluded: BTreeSet::new(),
+        }
+    }
+
+    fn census(gpu_nodes: usize) -> Census {
+        Census {
+            gpu_nodes,
+            nfd_labels: true,
+            gpu_nodes_without_os: Vec::new(),
+        }
+    }
+
+    fn time(seconds: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(seconds).unwrap())
+    }
+
+    fn ready_condition(status: &PolicyStatus) -> &Condition {
+        status
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap()
+    }
+
+    fn error_condition(status: &PolicyStatus) -> &Condition {
+        status
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == "Error")
+            .unwrap()
+    }
+
+    #[test]
+    fn all_ready_is_reconciled() {
+        let outcome = Outcome::Applied {
+            operands: vec![observation(Operand::Driver, &["a", "b"], &["a", "b"])],
+            census: census(2),
+        };
+        let status = policy_status(&outcome, "gpu-operator", Some(3), None, &time(100));
+        assert_eq!(status.state, State::Ready);
+        assert_eq!(status.namespace.as_deref(), Some("gpu-operator"));
+        assert_eq!(status.observed_generation, Some(3));
+        assert_eq!(
+            (
+                ready_condition(&status).status.as_str(),
+                ready_condition(&status).reason.as_str()
+            ),
+            ("True", "Reconciled")
+        );
+        assert_eq!(
+            (
+                error_condition(&status).status.as_str(),
+                error_condition(&status).reason.as_str()
+            ),
+            ("False", "Ready")
+        );
+        let operands = status.operands.unwrap();
+        assert_eq!(
+            operands,
+            [OperandStatus {
+                name: "driver".into(),
+                expected: 2,
+                ready: 2,
+                not_ready_nodes: None,
+                excluded_nodes: None
+            }]
+        );
+    }
+
+    #[test]
+    fn not_ready_names_the_operand_and_its_nodes_and_is_not_an_error() {
+        let mut plugin = observation(Operand::DevicePlugin, &["a", "b", "c"], &["a"]);
+        plugin.excluded = nodes(&["tainted"]);
+        let outcome = Outcome::Applied {
+            operands: vec![plugin],
+            census: census(4),
+        };
+        let status = policy_status(&outcome, "ns", None, None, &time(1));
+        assert_eq!(status.state, State::NotReady);
+        let ready = ready_condition(&status);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "OperandNotReady")
+        );
+        assert_eq!(ready.message, "not ready: device-plugin on 2 of 3 nodes (b, c)");
+        assert_eq!(error_condition(&status).status, "False");
+        let operand = &status.operands.unwrap()[0];
+        assert_eq!(
+            operand.not_ready_nodes.as_deref(),
+            Some(&["b".to_owned(), "c".to_owned()][..])
+        );
+        assert_eq!(
+            operand.excluded_nodes.as_deref(),
+            Some(&["tainted".to_owned()][..])
+        );
+    }
+
+    #[test]
+    fn node_lists_are_bounded_but_counts_are_exact() {
+        let expected: Vec<String> = (0..50).map(|i| format!("node-{i:02}")).collect();
+        let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+        let outcome = Outcome::Applied {
+            operands: vec![observation(Operand::Driver, &expected, &[])],
+            census: census(50),
+        };
+        let status = policy_status(&outcome, "ns", None, None, &time(1));
+        let operand = &status.operands.as_ref().unwrap()[0];
+        assert_eq!((operand.expected, operand.ready), (50, 0));
+        assert_eq!(operand.not_ready_nodes.as_ref().unwrap().len(), 20);
+        assert!(ready_condition(&status).message.ends_with("node-19 and 30 more)"));
+    }
+
+    #[test]
+    fn no_gpu_nodes_and_no_nfd_have_nvidias_reasons() {
+        let none = Outcome::Applied {
+            operands: vec![],
+            census: Census {
+                gpu_nodes: 0,
+                nfd_labels: true,
+                ..Census::default()
+            },
+        };
+        assert_eq!(
+            ready_condition(&policy_status(&none, "ns", None, None, &time(1))).reason,
+            "NoGPUNodes"
+        );
+        let no_nfd = Outcome::Applied {
+            operands: vec![],
+            census: Census::default(),
+        };
+        assert_eq!(
+            ready_condition(&policy_status(&no_nfd, "ns", None, None, &time(1))).reason,
+            "NFDLabelsMissing"
+        );
+    }
+
+    #[test]
+    fn an_invalid_policy_is_an_error_naming_the_field() {
+        let errors = vec![FieldError::unsupported(
+            "spec.mig.strategy",
+            "double",
+            &["none", "single", "mixed"],
+        )];
+        let status = policy_status(&Outcome::Invalid(errors), "ns", Some(2), None, &time(1));
+        let error = error_condition(&status);
+        assert_eq!(
+            (error.status.as_str(), error.reason.as_str()),
+            ("True", "ReconcileFailed")
+        );
+        assert!(
+            error
+                .message
+                .contains(r#"spec.mig.strategy: "double" is not one of [none, single, mixed]"#),
+            "{}",
+            error.message
+        );
+        assert_eq!(ready_condition(&status).reason, "Error");
+    }
+
+    #[test]
+    fn the_ignored_policy_names_the_active_one() {
+        let status = policy_status(
+            &Outcome::Ignored {
+                active: "cluster-policy".into(),
+            },
+            "ns",
+            None,
+            None,
+            &time(1),
+        );
+        assert_eq!(status.state, State::Ignored);
+        assert!(
+            ready_condition(&status)
+                .message
+                .contains(r#""cluster-policy" is the active one"#)
+        );
+    }
+
+    #[test]
+    fn transition_times_move_only_when_a_condition_changes() {
+        let ready = Outcome::Applied {
+            operands: vec![observation(Operand::Driver, &["a"], &["a"])],
+            census: census(1),
+        };
+        let not_ready = Outcome::Applied {
+            operands: vec![observation(Operand::Driver, &["a"], &[])],
+            census: census(1),
+        };
+        let first = policy_status(&ready, "ns", None, None, &time(10));
+        let same = policy_status(&ready, "ns", None, Some(&first), &time(20));
+        assert_eq!(
+            first, same,
+            "an unchanged status is identical, so it is not written again"
+        );
+        let changed = policy_status(&not_ready, "ns", None, Some(&first), &time(30));
+        assert_eq!(ready_condition(&changed).last_transition_time, time(30));
+        assert_eq!(
+            error_condition(&changed).last_transition_time,
+            time(10),
+            "Error stayed False"
+        );
+    }
+}

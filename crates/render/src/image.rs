@@ -1,0 +1,162 @@
+//! Image sections of the policy and driver image tags.
+//!
+//! Images themselves are resolved by validation (`ValidatedPolicy::image`); this module finds the rest of a
+//! section (pull policy, pull secrets, container settings) and builds the OS-specific driver tags:
+//! `<image>-<osTag>` for driver, GPUDirect Storage, GDRCopy and vGPU manager images, and
+//! `<image>-<kernel>-<osTag>` for precompiled drivers. A digest gets no suffix.
+
+use gpuop_api::ClusterPolicySpec;
+use gpuop_api::component::{ContainerSpec, ImageSpec};
+
+use crate::{OsPool, RenderError};
+
+/// The image part of a policy section, by its path (`spec.devicePlugin`, `spec.driver.manager`).
+// A public `ClusterPolicySpec::image_spec(section)` in gpuop-api would replace this mapping (its
+// `all_image_sections` is private).
+pub(crate) fn image_spec<'a>(spec: &'a ClusterPolicySpec, section: &str) -> Option<&'a ImageSpec> {
+    Some(match section {
+        "spec.driver" => &spec.driver.image,
+        "spec.driver.manager" => &spec.driver.manager.as_ref()?.image,
+        "spec.toolkit" => &spec.toolkit.component.image,
+        "spec.devicePlugin" => &spec.device_plugin.component.image,
+        "spec.dcgmExporter" => &spec.dcgm_exporter.component.image,
+        "spec.dcgm" => &spec.dcgm.component.image,
+        "spec.nodeStatusExporter" => &spec.node_status_exporter.component.image,
+        "spec.gfd" => &spec.gpu_feature_discovery.component.image,
+        "spec.migManager" => &spec.mig_manager.as_ref()?.component.image,
+        "spec.validator" => &spec.validator.as_ref()?.image,
+        "spec.gds" => &spec.gds.as_ref()?.image,
+        "spec.gdrcopy" => &spec.gdrcopy.as_ref()?.image,
+        "spec.vfioManager" => &spec.vfio_manager.as_ref()?.component.image,
+        "spec.vfioManager.driverManager" => &spec.vfio_manager.as_ref()?.driver_manager.as_ref()?.image,
+        "spec.sandboxDevicePlugin" => &spec.sandbox_device_plugin.as_ref()?.image,
+        "spec.vgpuManager" => &spec.vgpu_manager.as_ref()?.component.image,
+        "spec.vgpuManager.driverManager" => &spec.vgpu_manager.as_ref()?.driver_manager.as_ref()?.image,
+        "spec.vgpuDeviceManager" => &spec.vgpu_device_manager.as_ref()?.component.image,
+        "spec.ccManager" => &spec.cc_manager.as_ref()?.component.image,
+        "spec.kataSandboxDevicePlugin" => &spec.kata_sandbox_device_plugin.as_ref()?.image,
+        _ => return None,
+    })
+}
+
+/// The container settings (resources, args, env, hostNetwork) of a policy section, by its path.
+pub(crate) fn container_spec<'a>(spec: &'a ClusterPolicySpec, section: &str) -> Option<&'a ContainerSpec> {
+    Some(match section {
+        "spec.driver" => &spec.driver.container,
+        "spec.toolkit" => &spec.toolkit.component.container,
+        "spec.devicePlugin" => &spec.device_plugin.component.container,
+        "spec.dcgmExporter" => &spec.dcgm_exporter.component.container,
+        "spec.dcgm" => &spec.dcgm.component.container,
+        "spec.nodeStatusExporter" => &spec.node_status_exporter.component.container,
+        "spec.gfd" => &spec.gpu_feature_discovery.component.container,
+        "spec.migManager" => &spec.mig_manager.as_ref()?.component.container,
+        "spec.validator" => &spec.validator.as_ref()?.container,
+        "spec.vfioManager" => &spec.vfio_manager.as_ref()?.component.container,
+        "spec.sandboxDevicePlugin" => &spec.sandbox_device_plugin.as_ref()?.container,
+        "spec.vgpuManager" => &spec.vgpu_manager.as_ref()?.component.container,
+        "spec.vgpuDeviceManager" => &spec.vgpu_device_manager.as_ref()?.component.container,
+        "spec.ccManager" => &spec.cc_manager.as_ref()?.component.container,
+        "spec.kataSandboxDevicePlugin" => &spec.kata_sandbox_device_plugin.as_ref()?.container,
+        _ => return None,
+    })
+}
+
+/// The OS part of driver image tags: `<ID><VERSION_ID>`, with only the major version for RHEL, Rocky Linux
+/// and Oracle Linux (`rhel9`, `ubuntu22.04`), as NVIDIA publishes its driver images.
+pub fn os_tag(os_id: &str, os_version: &str) -> String {
+    match os_id {
+        "rhel" | "rocky" | "ol" => {
+            let major = os_version.split('.').next().unwrap_or(os_version);
+            format!("{os_id}{major}")
+        }
+        _ => format!("{os_id}{os_version}"),
+    }
+}
+
+/// A kernel version as it appears in precompiled driver DaemonSet names: without the architecture (images
+/// are multi-arch), `_` turned into `.`, no trailing `.`, lower case (`5.14.0-427.el9_4.x86_64` becomes
+/// `5.14.0-427.el9.4`).
+pub fn sanitized_kernel(kernel: &str) -> String {
+    let mut text = kernel.to_owned();
+    for arch in ["x86_64_64k", "x86_64", "aarch64_64k", "aarch64"] {
+        text = text.replace(arch, "");
+    }
+    text.replace('_', ".").trim_end_matches('.').to_lowercase()
+}
+
+/// Whether a resolved image reference is pinned by digest (NVIDIA appends no tag suffix then).
+pub(crate) fn is_digest(image: &str) -> bool {
+    image.contains("sha256:")
+}
+
+/// The OS tag of a pool, or why it has none.
+pub(crate) fn pool_os_tag(pool: &OsPool, section: &'static str) -> Result<String, RenderError> {
+    if pool.os_id.is_empty() || pool.os_version.is_empty() {
+        return Err(RenderError::PoolWithoutOs {
+            section,
+            os_id: pool.os_id.clone(),
+            os_version: pool.os_version.clone(),
+        });
+    }
+    Ok(os_tag(&pool.os_id, &pool.os_version))
+}
+
+/// `<image>-<osTag>`, or the image unchanged when it is a digest.
+pub(crate) fn with_os_suffix(image: &str, os_tag: &str) -> String {
+    if is_digest(image) {
+        image.to_owned()
+    } else {
+        format!("{image}-{os_tag}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn os_tag_keeps_only_the_major_version_for_rhel_rocky_and_oracle() {
+        assert_eq!(os_tag("ubuntu", "22.04"), "ubuntu22.04");
+        assert_eq!(os_tag("rhel", "9.4"), "rhel9");
+        assert_eq!(os_tag("rocky", "8.10"), "rocky8");
+        assert_eq!(os_tag("ol", "9.3"), "ol9");
+        assert_eq!(os_tag("rhcos", "4.16"), "rhcos4.16");
+        assert_eq!(os_tag("sles", "15.6"), "sles15.6");
+    }
+
+    #[test]
+    fn kernels_lose_their_architecture_and_underscores() {
+        assert_eq!(sanitized_kernel("5.15.0-105-generic"), "5.15.0-105-generic");
+        assert_eq!(
+            sanitized_kernel("5.14.0-427.13.1.el9_4.x86_64"),
+            "5.14.0-427.13.1.el9.4"
+        );
+        assert_eq!(sanitized_kernel("6.1.0-13-AARCH64"), "6.1.0-13-aarch64");
+        assert_eq!(sanitized_kernel("5.14.0-70.el9.aarch64_64k"), "5.14.0-70.el9");
+    }
+
+    #[test]
+    fn digests_get_no_os_suffix() {
+        assert_eq!(
+            with_os_suffix("nvcr.io/nvidia/driver:595.91.07", "rhel9"),
+            "nvcr.io/nvidia/driver:595.91.07-rhel9"
+        );
+        assert_eq!(
+            with_os_suffix("nvcr.io/nvidia/driver@sha256:abcd", "rhel9"),
+            "nvcr.io/nvidia/driver@sha256:abcd"
+        );
+    }
+
+    #[test]
+    fn pools_without_os_labels_are_refused() {
+        let pool = OsPool {
+            os_id: "ubuntu".into(),
+            os_version: String::new(),
+            kernel: None,
+        };
+        assert!(matches!(
+            pool_os_tag(&pool, "spec.driver"),
+            Err(RenderError::PoolWithoutOs { .. })
+        ));
+    }
+}

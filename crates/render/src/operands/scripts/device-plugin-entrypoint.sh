@@ -1,0 +1,23 @@
+#!/bin/sh
+# Entrypoint of the device plugin: wait until the validator has proven the driver on this node, take over
+# what it found, offer GDRCopy and GPUDirect Storage devices when their modules are loaded (unless the
+# policy already decided), then run the plugin.
+until [ -f /run/nvidia/validations/driver-ready ]; do
+  echo "waiting for /run/nvidia/validations/driver-ready"
+  sleep 5
+done
+
+set -o allexport
+cat /run/nvidia/validations/driver-ready
+. /run/nvidia/validations/driver-ready
+
+if lsmod | grep -q '^gdrdrv '; then
+  : "${GDRCOPY_ENABLED:=true}"
+fi
+if lsmod | grep -q '^nvidia_fs '; then
+  : "${GDS_ENABLED:=true}"
+  : "${MOFED_ENABLED:=true}"
+fi
+
+echo "starting nvidia-device-plugin"
+exec nvidia-device-plugin

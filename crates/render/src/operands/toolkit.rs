@@ -1,0 +1,345 @@
+//! The `state-container-toolkit` state: NVIDIA's container toolkit, which installs the NVIDIA runtime on
+//! the host, configures the node's container runtime for it (handlers `nvidia`, `nvidia-cdi`,
+//! `nvidia-legacy`) and writes the management CDI spec.
+//!
+//! Its pod first runs the validator's driver step (which waits for a working driver and writes
+//! `driver-ready`); the entrypoint then takes over what the validator found and starts the installer.
+//! The environment is the installer's contract:
+//! - `RUNTIME` (`containerd`, `crio`, `docker`), the runtime's config file, drop-in file and socket as
+//!   paths inside the container (`/runtime/config-dir/...`, `/runtime/config-dir.d/...`,
+//!   `/runtime/sock-dir/...`) with their host directories mounted there; host paths can be changed
+//!   through `toolkit.env` (`CONTAINERD_CONFIG`, `CONTAINERD_SOCKET`, `RUNTIME_DROP_IN_CONFIG`, ...);
+//! - `CONTAINERD_RUNTIME_CLASS` = `operator.runtimeClass`, so the handler matches the RuntimeClass;
+//! - with CDI: `CDI_ENABLED=true`, `NVIDIA_RUNTIME_SET_AS_DEFAULT=false` (workloads get GPUs through CDI,
+//!   not a default runtime), `NVIDIA_CONTAINER_RUNTIME_MODE=cdi`, `CRIO_CONFIG_MODE=config`; without CDI
+//!   on CRI-O, `CRIO_CONFIG_MODE=hook` (the OCI hook, as before CDI);
+//! - with the NRI plugin: `ENABLE_NRI_PLUGIN=true` and only the NRI socket mounted, since the runtime's
+//!   configuration is then left alone.
+
+use gpuop_api::OperandInfo;
+use gpuop_api::cluster_policy::DEFAULT_TOOLKIT_INSTALL_DIR;
+use k8s_openapi::api::core::v1::{Container, PodSpec, Volume};
+
+use crate::daemonset::OperandPod;
+use crate::inputs::{Inputs, add_pull_secrets, apply_env, apply_host_network, apply_resources};
+use crate::manifest::{Objects, Owner};
+use crate::operands::validator::{
+    apply_driver_validation_env, driver_validation, toolkit_driver_validation_mounts,
+};
+use crate::operands::{add_validator_pull_secrets, config_map, container};
+use crate::pod::{
+    DRIVER_INSTALL_DIR_VOLUME, HOST_DEV_CHAR_VOLUME, HOST_ROOT_VOLUME, Propagation, VALIDATIONS_VOLUME,
+    apply_host_paths, config_map_volume, env, env_value, field_env, host_path, mount, mount_with,
+    privileged_s0, set_env, validations_volume,
+};
+use crate::rbac::access;
+use crate::{ContainerRuntime, RenderError};
+
+/// The entrypoint script.
+const ENTRYPOINT: &str = include_str!("scripts/toolkit-entrypoint.sh");
+/// Name of the ConfigMap holding it.
+const ENTRYPOINT_CONFIG_MAP: &str = "nvidia-container-toolkit-entrypoint";
+/// The toolkit container's name.
+const TOOLKIT_CONTAINER: &str = "nvidia-container-toolkit-ctr";
+/// Where the runtime's top-level config directory is mounted in the container.
+const CONFIG_DIR: &str = "/runtime/config-dir/";
+/// Where the runtime's drop-in config directory is mounted.
+const DROP_IN_DIR: &str = "/runtime/config-dir.d/";
+/// Where the runtime's socket directory is mounted.
+const SOCKET_DIR: &str = "/runtime/sock-dir/";
+/// Where the runtime's NRI socket directory is mounted.
+const NRI_SOCKET_DIR: &str = "/runtime/nri-sock-dir/";
+
+/// Renders the entrypoint ConfigMap and returns the toolkit DaemonSet.
+pub(crate) fn render(
+    inputs: &Inputs<'_>,
+    info: &OperandInfo,
+    objects: &mut Objects,
+) -> Result<Vec<OperandPod>, RenderError> {
+    objects.push(
+        Owner::operand(info),
+        config_map(
+            ENTRYPOINT_CONFIG_MAP,
+            Some(info.daemonset),
+            &[("entrypoint.sh", ENTRYPOINT.to_owned())],
+        ),
+    );
+    let validator = inputs.validator_image(info)?;
+    let image = inputs.image("spec.toolkit", info)?;
+    let toolkit = Container {
+        command: Some(vec!["/bin/sh".to_owned(), "-c".to_owned()]),
+        args: Some(vec!["/bin/entrypoint.sh".to_owned()]),
+        env: Some(vec![
+            env("ROOT", DEFAULT_TOOLKIT_INSTALL_DIR),
+            env(
+                "NVIDIA_CONTAINER_RUNTIME_MODES_CDI_DEFAULT_KIND",
+                "management.nvidia.com/gpu",
+            ),
+            env("NVIDIA_VISIBLE_DEVICES", "void"),
+            env("TOOLKIT_PID_FILE", "/run/nvidia/toolkit/toolkit.pid"),
+            field_env("NRI_NAMESPACE", "metadata.namespace"),
+        ]),
+        security_context: Some(privileged_s0()),
+        volume_mounts: Some(vec![
+            crate::pod::file_mount(ENTRYPOINT_CONFIG_MAP, "/bin/entrypoint.sh", "entrypoint.sh"),
+            mount("toolkit-root", "/run/nvidia/toolkit"),
+            mount(VALIDATIONS_VOLUME, "/run/nvidia/validations"),
+            mount("toolkit-install-dir", DEFAULT_TOOLKIT_INSTALL_DIR),
+            mount("crio-hooks", "/usr/share/containers/oci/hooks.d"),
+            mount_with(
+                DRIVER_INSTALL_DIR_VOLUME,
+                "/driver-root",
+                false,
+                Some(Propagation::HostToContainer),
+            ),
+            mount_with(
+                HOST_ROOT_VOLUME,
+                "/host",
+                true,
+                Some(Propagation::HostToContainer),
+            ),
+            mount("cdi-root", "/var/run/cdi"),
+        ]),
+        ..container(TOOLKIT_CONTAINER, &image)
+    };
+    let mut spec = PodSpec {
+        service_account_name: Some(access(info.operand).account.to_owned()),
+        host_pid: Some(true),
+        init_containers: Some(vec![driver_validation(
+            inputs,
+            &validator,
+            toolkit_driver_validation_mounts(),
+        )]),
+        containers: vec![toolkit],
+        volumes: Some(vec![
+            config_map_volume(ENTRYPOINT_CONFIG_MAP, ENTRYPOINT_CONFIG_MAP, Some(0o700), &[]),
+            host_path("toolkit-root", "/run/nvidia/toolkit", Some("DirectoryOrCreate")),
+            validations_volume(),
+            host_path(
+                DRIVER_INSTALL_DIR_VOLUME,
+                "/run/nvidia/driver",
+                Some("DirectoryOrCreate"),
+            ),
+            host_path(HOST_ROOT_VOLUME, "/", None),
+            host_path("toolkit-install-dir", DEFAULT_TOOLKIT_INSTALL_DIR, None),
+            // CRI-O reads OCI hooks from /usr/share/containers/oci/hooks.d; NVIDIA keeps /run/... for
+            // other runtimes (OpenShift's CRI-O reads it).
+            host_path(
+                "crio-hooks",
+                if inputs.facts.runtime == ContainerRuntime::Crio {
+                    "/usr/share/containers/oci/hooks.d"
+                } else {
+                    "/run/containers/oci/hooks.d"
+                },
+                None,
+            ),
+            host_path(HOST_DEV_CHAR_VOLUME, "/dev/char", None),
+            host_path("cdi-root", "/var/run/cdi", Some("DirectoryOrCreate")),
+        ]),
+        ..PodSpec::default()
+    };
+    apply_host_paths(&mut spec, &inputs.host_paths);
+    apply_driver_validation_env(inputs, &mut spec);
+    let mut pod = OperandPod::new(info, spec);
+    add_validator_pull_secrets(inputs, &mut pod);
+    add_pull_secrets(&mut pod.spec, inputs.pull_secrets("spec.toolkit"));
+
+    let settings = inputs.container("spec.toolkit");
+    let resources = settings.resources();
+    for ctr in &mut pod.spec.containers {
+        apply_resources(ctr, resources.as_ref());
+    }
+    let mut volumes = Vec::new();
+    {
+        let ctr = &mut pod.spec.containers[0];
+        if inputs.spec.cdi_enabled() {
+            set_env(ctr, "CDI_ENABLED", "true");
+            set_env(ctr, "NVIDIA_RUNTIME_SET_AS_DEFAULT", "false");
+            set_env(ctr, "NVIDIA_CONTAINER_RUNTIME_MODE", "cdi");
+            set_env(ctr, "CRIO_CONFIG_MODE", "config");
+            if inputs.spec.nri_plugin_enabled() {
+                set_env(ctr, "ENABLE_NRI_PLUGIN", "true");
+            }
+        } else if inputs.facts.runtime == ContainerRuntime::Crio {
+            set_env(ctr, "CRIO_CONFIG_MODE", "hook");
+        }
+        let install_dir = inputs.spec.toolkit.install_dir();
+        if install_dir != DEFAULT_TOOLKIT_INSTALL_DIR {
+            set_env(ctr, "ROOT", install_dir);
+            for mount in ctr.volume_mounts.iter_mut().flatten() {
+                if mount.name == "toolkit-install-dir" {
+                    mount.mount_path = install_dir.to_owned();
+                }
+            }
+        }
+        apply_env(ctr, settings.env());
+        set_env(ctr, "RUNTIME", inputs.facts.runtime.as_str());
+        if inputs.spec.nri_plugin_enabled() {
+            volumes.extend(nri_socket(ctr));
+        } else {
+            if inputs.facts.runtime == ContainerRuntime::Containerd {
+                set_env(
+                    ctr,
+                    "CONTAINERD_RUNTIME_CLASS",
+                    inputs.spec.operator.runtime_class(),
+                );
+            }
+            volumes.extend(runtime_config(ctr, inputs.facts.runtime));
+        }
+    }
+    let install_dir = inputs.spec.toolkit.install_dir();
+    for volume in pod.spec.volumes.iter_mut().flatten() {
+        if volume.name == "toolkit-install-dir"
+            && let Some(source) = volume.host_path.as_mut()
+        {
+            source.path = install_dir.to_owned();
+        }
+    }
+    pod.spec.volumes.get_or_insert_with(Vec::new).extend(volumes);
+    apply_host_network(&mut pod.spec, settings.host_network());
+    Ok(vec![pod])
+}
+
+/// Mounts the NRI socket's directory and points `NRI_SOCKET` into it.
+fn nri_socket(ctr: &mut Container) -> Vec<Volume> {
+    let socket = env_value(ctr, "NRI_SOCKET")
+        .filter(|s| !s.is_empty())
+        .unwrap_or("/var/run/nri/nri.sock")
+        .to_owned();
+    let (dir, file) = split_path(&socket);
+    set_env(ctr, "NRI_SOCKET", &format!("{NRI_SOCKET_DIR}{file}"));
+    ctr.volume_mounts
+        .get_or_insert_with(Vec::new)
+        .push(mount("nri-socket", NRI_SOCKET_DIR));
+    vec![host_path("nri-socket", dir, Some("DirectoryOrCreate"))]
+}
+
+/// Mounts the runtime's config, drop-in and socket directories and points the installer at them.
+fn runtime_config(ctr: &mut Container, runtime: ContainerRuntime) -> Vec<Volume> {
+    let name = runtime.as_str();
+    let first = |ctr: &Container, keys: &[&str], default: &str| -> String {
+        keys.iter()
+            .find_map(|key| env_value(ctr, key).filter(|v| !v.is_empty()))
+            .unwrap_or(default)
+            .to_owned()
+    };
+    let (config_var, config, drop_in) = match runtime {
+        ContainerRuntime::Containerd => (
+            "CONTAINERD_CONFIG",
+            first(
+                ctr,
+                &["CONTAINERD_CONFIG", "RUNTIME_CONFIG"],
+                "/etc/containerd/config.toml",
+            ),
+            Some(first(
+                ctr,
+                &["RUNTIME_DROP_IN_CONFIG"],
+                "/etc/containerd/conf.d/99-nvidia.toml",
+            )),
+        ),
+        ContainerRuntime::Crio => (
+            "CRIO_CONFIG",
+            first(ctr, &["CRIO_CONFIG", "RUNTIME_CONFIG"], "/etc/crio/config.toml"),
+            Some(first(
+                ctr,
+                &["RUNTIME_DROP_IN_CONFIG"],
+                "/etc/crio/crio.conf.d/99-nvidia.conf",
+            )),
+        ),
+        ContainerRuntime::Docker => (
+            "DOCKER_CONFIG",
+            first(
+                ctr,
+                &["DOCKER_CONFIG", "RUNTIME_CONFIG"],
+                "/etc/docker/daemon.json",
+            ),
+            None,
+        ),
+    };
+    let mut volumes = Vec::new();
+    let mut mount_dir = |ctr: &mut Container, volume: String, host_dir: &str, target: &str, kind| {
+        ctr.volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(mount(&volume, target));
+        volumes.push(host_path(&volume, host_dir, kind));
+    };
+
+    let (dir, file) = split_path(&config);
+    set_env(ctr, "RUNTIME_CONFIG", &format!("{CONFIG_DIR}{file}"));
+    set_env(ctr, config_var, &format!("{CONFIG_DIR}{file}"));
+    mount_dir(
+        ctr,
+        format!("{name}-config"),
+        dir,
+        CONFIG_DIR,
+        Some("DirectoryOrCreate"),
+    );
+
+    if let Some(drop_in) = drop_in {
+        let (dir, file) = split_path(&drop_in);
+        set_env(ctr, "RUNTIME_DROP_IN_CONFIG", &format!("{DROP_IN_DIR}{file}"));
+        set_env(ctr, "RUNTIME_DROP_IN_CONFIG_HOST_PATH", &drop_in);
+        mount_dir(
+            ctr,
+            format!("{name}-drop-in-config"),
+            dir,
+            DROP_IN_DIR,
+            Some("DirectoryOrCreate"),
+        );
+    }
+
+    // `file=<host path>` config sources are read through the host root mounted at /host.
+    if let Some(sources) = env_value(ctr, "RUNTIME_CONFIG_SOURCE").filter(|s| !s.is_empty()) {
+        let rewritten: Vec<String> = sources
+            .split(',')
+            .map(|source| match source.split_once('=') {
+                Some(("file", path)) => format!("file=/host/{}", path.trim_start_matches('/')),
+                _ => source.to_owned(),
+            })
+            .collect();
+        set_env(ctr, "RUNTIME_CONFIG_SOURCE", &rewritten.join(","));
+    }
+
+    // CRI-O is restarted through systemd, so the toolkit needs no socket for it.
+    let socket = match runtime {
+        ContainerRuntime::Containerd => Some((
+            "CONTAINERD_SOCKET",
+            first(ctr, &["CONTAINERD_SOCKET"], "/run/containerd/containerd.sock"),
+        )),
+        ContainerRuntime::Docker => Some((
+            "DOCKER_SOCKET",
+            first(ctr, &["DOCKER_SOCKET"], "/var/run/docker.sock"),
+        )),
+        ContainerRuntime::Crio => None,
+    };
+    if let Some((socket_var, socket)) = socket {
+        let (dir, file) = split_path(&socket);
+        set_env(ctr, "RUNTIME_SOCKET", &format!("{SOCKET_DIR}{file}"));
+        set_env(ctr, socket_var, &format!("{SOCKET_DIR}{file}"));
+        mount_dir(ctr, format!("{name}-socket"), dir, SOCKET_DIR, None);
+    }
+    volumes
+}
+
+/// Directory and file name of a host path (`/etc/containerd/config.toml` → `/etc/containerd`, `config.toml`).
+fn split_path(path: &str) -> (&str, &str) {
+    match path.rsplit_once('/') {
+        Some(("", file)) => ("/", file),
+        Some((dir, file)) => (dir, file),
+        None => (".", path),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_paths_split_into_directory_and_file() {
+        assert_eq!(
+            split_path("/etc/containerd/config.toml"),
+            ("/etc/containerd", "config.toml")
+        );
+        assert_eq!(split_path("/nri.sock"), ("/", "nri.sock"));
+    }
+}
