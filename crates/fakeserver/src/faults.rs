@@ -1,0 +1,353 @@
+//! Faults injected on purpose, deterministically from a seed: errors at a rate per verb and resource (500,
+//! 429 with `Retry-After`, 409), added latency, and watch streams that end after N events. Forced
+//! compaction is [`FakeServer::compact`](crate::FakeServer::compact).
+//!
+//! Each rule keeps its own count of the requests it matched, and whether the n-th one fails is a hash of
+//! (seed, rule, n): the same client doing the same thing meets the same faults, whatever else runs.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{PoisonError, RwLock};
+use std::time::Duration;
+
+use crate::accounting::Verb;
+use crate::error::{ApiError, GroupResource};
+use crate::random::mix;
+
+/// The error an injected fault answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InjectedError {
+    /// 500 InternalError.
+    Internal,
+    /// 429 TooManyRequests with `Retry-After`.
+    TooManyRequests {
+        /// The `Retry-After` seconds.
+        retry_after_seconds: u64,
+    },
+    /// 409 Conflict, as if the object had been modified.
+    Conflict,
+}
+
+impl InjectedError {
+    /// The HTTP code.
+    pub fn code(self) -> u16 {
+        match self {
+            Self::Internal => 500,
+            Self::TooManyRequests { .. } => 429,
+            Self::Conflict => 409,
+        }
+    }
+
+    pub(crate) fn to_api_error(self, resource: GroupResource, name: &str) -> ApiError {
+        match self {
+            Self::Internal => ApiError::Internal("Internal error occurred: injected fault".into()),
+            Self::TooManyRequests { retry_after_seconds } => ApiError::TooManyRequests {
+                message: "Too many requests, please try again later. (injected fault)".into(),
+                retry_after_seconds: Some(retry_after_seconds),
+                causes: Vec::new(),
+            },
+            Self::Conflict => ApiError::Conflict {
+                resource,
+                name: name.to_owned(),
+                detail: "the object has been modified; please apply your changes to the latest version and try again \
+                         (injected fault)"
+                    .into(),
+            },
+        }
+    }
+}
+
+/// What a matching rule does.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Effect {
+    /// Answer this error instead of serving the request.
+    Error(InjectedError),
+    /// Serve the request after this delay.
+    Latency(Duration),
+}
+
+/// One fault: which requests it hits, how often, and what it does.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FaultRule {
+    /// Only this verb (any when `None`).
+    pub verb: Option<Verb>,
+    /// Only this plural resource (any when `None`).
+    pub resource: Option<String>,
+    /// The share of matching requests hit, 0.0 to 1.0.
+    pub rate: f64,
+    /// What happens to a hit request.
+    pub effect: Effect,
+}
+
+impl FaultRule {
+    fn matches(&self, verb: Verb, resource: &str) -> bool {
+        self.verb.is_none_or(|v| v == verb) && self.resource.as_deref().is_none_or(|r| r == resource)
+    }
+}
+
+/// A fault rule that could not be parsed from its command-line form.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid fault {text:?}: {problem}; expected e.g. \"verb=patch,resource=nodes,rate=0.1,code=429,retry-after=2\" or \"verb=list,latency-ms=50\""
+)]
+pub struct FaultParseError {
+    text: String,
+    problem: String,
+}
+
+impl FromStr for FaultRule {
+    type Err = FaultParseError;
+
+    /// `verb=V,resource=R,rate=F,code=500|429|409[,retry-after=S]` or `...,latency-ms=MS`.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let fail = |problem: String| FaultParseError {
+            text: text.to_owned(),
+            problem,
+        };
+        let (mut verb, mut resource, mut rate, mut code, mut retry, mut latency) =
+            (None, None, 1.0, None, 1, None);
+        for part in text.split(',').filter(|p| !p.is_empty()) {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| fail(format!("{part:?} is not key=value")))?;
+            match key.trim() {
+                "verb" => {
+                    verb = Some(Verb::parse(value).ok_or_else(|| fail(format!("unknown verb {value:?}")))?)
+                }
+                "resource" => resource = Some(value.to_owned()),
+                "rate" => {
+                    rate = value
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|r| (0.0..=1.0).contains(r))
+                        .ok_or_else(|| fail(format!("rate {value:?} is not a number from 0 to 1")))?;
+                }
+                "code" => {
+                    code = Some(
+                        value
+                            .parse::<u16>()
+                            .map_err(|_| fail(format!("code {value:?} is not a number")))?,
+                    )
+                }
+                "retry-after" => {
+                    retry = value
+                        .parse()
+                        .map_err(|_| fail(format!("retry-after {value:?} is not whole seconds")))?;
+                }
+                "latency-ms" => {
+                    latency = Some(
+                        value
+                            .parse()
+                            .map_err(|_| fail(format!("latency-ms {value:?} is not a number")))?,
+                    );
+                }
+                other => return Err(fail(format!("unknown key {other:?}"))),
+            }
+        }
+        let effect = match (code, latency) {
+            (Some(500), None) => Effect::Error(InjectedError::Internal),
+            (Some(429), None) => Effect::Error(InjectedError::TooManyRequests {
+                retry_after_seconds: retry,
+            }),
+            (Some(409), None) => Effect::Error(InjectedError::Conflict),
+            (Some(other), None) => return Err(fail(format!("code {other} is not one of 500, 429, 409"))),
+            (None, Some(ms)) => Effect::Latency(Duration::from_millis(ms)),
+            (Some(_), Some(_)) => return Err(fail("give either code or latency-ms, not both".into())),
+            (None, None) => return Err(fail("give code or latency-ms".into())),
+        };
+        Ok(Self {
+            verb,
+            resource,
+            rate,
+            effect,
+        })
+    }
+}
+
+/// A set of faults, built up and handed to [`FakeServer::set_faults`](crate::FakeServer::set_faults).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Faults {
+    seed: u64,
+    rules: Vec<FaultRule>,
+    drop_watches_after: Option<usize>,
+}
+
+impl Faults {
+    /// No faults yet, deciding hits from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self {
+            seed,
+            ..Self::default()
+        }
+    }
+
+    /// Fails a share of the matching requests with `error`.
+    #[must_use]
+    pub fn error(
+        mut self,
+        verb: Option<Verb>,
+        resource: Option<&str>,
+        rate: f64,
+        error: InjectedError,
+    ) -> Self {
+        self.rules.push(FaultRule {
+            verb,
+            resource: resource.map(str::to_owned),
+            rate,
+            effect: Effect::Error(error),
+        });
+        self
+    }
+
+    /// Delays every matching request.
+    #[must_use]
+    pub fn latency(mut self, verb: Option<Verb>, resource: Option<&str>, delay: Duration) -> Self {
+        self.rules.push(FaultRule {
+            verb,
+            resource: resource.map(str::to_owned),
+            rate: 1.0,
+            effect: Effect::Latency(delay),
+        });
+        self
+    }
+
+    /// Adds a rule.
+    #[must_use]
+    pub fn rule(mut self, rule: FaultRule) -> Self {
+        self.rules.push(rule);
+        self
+    }
+
+    /// Ends every watch stream after it has sent `events` object events (bookmarks do not count).
+    #[must_use]
+    pub fn drop_watches_after(mut self, events: usize) -> Self {
+        self.drop_watches_after = Some(events);
+        self
+    }
+}
+
+impl fmt::Display for FaultRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verb = self.verb.map_or("any".to_owned(), |v| v.to_string());
+        write!(
+            f,
+            "{verb} {} at rate {}: {:?}",
+            self.resource.as_deref().unwrap_or("any"),
+            self.rate,
+            self.effect
+        )
+    }
+}
+
+/// What the injector decided for one request.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Decision {
+    pub(crate) latency: Duration,
+    pub(crate) error: Option<InjectedError>,
+}
+
+#[derive(Debug, Default)]
+struct Active {
+    faults: Faults,
+    counters: Vec<AtomicU64>,
+}
+
+/// The faults in force, shared by all requests.
+#[derive(Debug, Default)]
+pub(crate) struct FaultInjector(RwLock<Active>);
+
+impl FaultInjector {
+    pub(crate) fn set(&self, faults: Faults) {
+        let counters = faults.rules.iter().map(|_| AtomicU64::new(0)).collect();
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Active { faults, counters };
+    }
+
+    pub(crate) fn decide(&self, verb: Verb, resource: &str) -> Decision {
+        let active = self.0.read().unwrap_or_else(PoisonError::into_inner);
+        let mut decision = Decision::default();
+        for (index, rule) in active.faults.rules.iter().enumerate() {
+            if !rule.matches(verb, resource) {
+                continue;
+            }
+            let n = active.counters[index].fetch_add(1, Ordering::Relaxed);
+            let roll = mix(active.faults.seed ^ ((index as u64) << 40) ^ n) as f64 / u64::MAX as f64;
+            if roll >= rule.rate {
+                continue;
+            }
+            match rule.effect {
+                Effect::Latency(delay) => decision.latency += delay,
+                Effect::Error(error) => {
+                    decision.error.get_or_insert(error);
+                }
+            }
+        }
+        decision
+    }
+
+    pub(crate) fn drop_watches_after(&self) -> Option<usize> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .faults
+            .drop_watches_after
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hits(faults: Faults, requests: usize) -> Vec<bool> {
+        let injector = FaultInjector::default();
+        injector.set(faults);
+        (0..requests)
+            .map(|_| injector.decide(Verb::Patch, "nodes").error.is_some())
+            .collect()
+    }
+
+    #[test]
+    fn the_same_seed_fails_the_same_requests() {
+        let faults =
+            |seed| Faults::new(seed).error(Some(Verb::Patch), Some("nodes"), 0.3, InjectedError::Internal);
+        let first = hits(faults(1), 1000);
+        assert_eq!(first, hits(faults(1), 1000));
+        assert_ne!(first, hits(faults(2), 1000));
+        let share = first.iter().filter(|h| **h).count();
+        assert!((200..400).contains(&share), "about 30% of 1000, got {share}");
+    }
+
+    #[test]
+    fn rules_hit_only_their_verb_and_resource() {
+        let injector = FaultInjector::default();
+        injector.set(Faults::new(0).error(Some(Verb::Patch), Some("nodes"), 1.0, InjectedError::Conflict));
+        assert_eq!(
+            injector.decide(Verb::Patch, "nodes").error,
+            Some(InjectedError::Conflict)
+        );
+        assert_eq!(injector.decide(Verb::Get, "nodes").error, None);
+        assert_eq!(injector.decide(Verb::Patch, "pods").error, None);
+    }
+
+    #[test]
+    fn rules_parse_from_the_command_line() {
+        let rule: FaultRule = "verb=patch,resource=nodes,rate=0.5,code=429,retry-after=3"
+            .parse()
+            .expect("parses");
+        assert_eq!(
+            rule,
+            FaultRule {
+                verb: Some(Verb::Patch),
+                resource: Some("nodes".into()),
+                rate: 0.5,
+                effect: Effect::Error(InjectedError::TooManyRequests {
+                    retry_after_seconds: 3
+                }),
+            }
+        );
+        let latency: FaultRule = "verb=list,latency-ms=20".parse().expect("parses");
+        assert_eq!(latency.effect, Effect::Latency(Duration::from_millis(20)));
+        assert!("code=418".parse::<FaultRule>().is_err());
+        assert!("rate=2,code=500".parse::<FaultRule>().is_err());
+    }
+}

@@ -1,0 +1,811 @@
+//! The HTTP face of the server, one axum handler: it parses the path into a resource target (core and
+//! grouped, namespaced and cluster-scoped, subresources), the query (tolerating kube's `?&`), headers and
+//! body into store calls, encodes the answers, and turns errors into `metav1.Status` objects. Every request
+//! passes the fault injector and is counted by [`crate::accounting`].
+//!
+//! The same router serves in-process clients (as a `tower::Service`) and sockets.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::header::{ACCEPT, CONTENT_TYPE, HOST, RETRY_AFTER, USER_AGENT};
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::accounting::{RequestKey, RequestLog, Verb, client_label};
+use crate::discovery;
+use crate::encode::{self, Projection};
+use crate::error::{ApiError, success_status};
+use crate::faults::FaultInjector;
+use crate::patch::{PatchType, parse_body};
+use crate::protobuf;
+use crate::registry::ResourceInfo;
+use crate::selector::{FieldSelector, LabelSelector};
+use crate::store::{
+    DeleteOptions, Deleted, FieldValidation, ListQuery, Propagation, Store, VersionMatch, WatchQuery,
+    WriteOptions,
+};
+use crate::watch::{self, WatchSpec};
+
+/// The largest request body accepted, as the real API server's limit.
+const BODY_LIMIT: usize = 3 * 1024 * 1024;
+
+/// Everything the handler shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) store: Store,
+    pub(crate) requests: RequestLog,
+    pub(crate) faults: FaultInjector,
+    pub(crate) bookmark_interval: Duration,
+    pub(crate) watch_timeout: Duration,
+}
+
+/// The router for all paths.
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new().fallback(handle).with_state(shared)
+}
+
+/// Query parameters, in order, empty pairs dropped.
+#[derive(Debug, Default)]
+struct Params(Vec<(String, String)>);
+
+impl Params {
+    fn parse(query: Option<&str>) -> Self {
+        Self(
+            form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect(),
+        )
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn flag(&self, key: &str) -> Result<bool, ApiError> {
+        match self.get(key) {
+            None | Some("" | "false" | "0") => Ok(false),
+            Some("true" | "1") => Ok(true),
+            Some(other) => Err(ApiError::BadRequest(format!(
+                "invalid value {other:?} for {key}: want true or false"
+            ))),
+        }
+    }
+
+    fn number<T: std::str::FromStr>(&self, key: &str) -> Result<Option<T>, ApiError> {
+        match self.get(key) {
+            None | Some("") => Ok(None),
+            Some(text) => text.parse().map(Some).map_err(|_| {
+                ApiError::BadRequest(format!("invalid value {text:?} for {key}: want a number"))
+            }),
+        }
+    }
+}
+
+/// What a path names.
+#[derive(Debug)]
+enum Route {
+    Version,
+    CoreVersions,
+    Groups,
+    Group(String),
+    Resources { group: String, version: String },
+    OpenApiRoot,
+    OpenApi(String),
+    Metrics,
+    Health,
+    Compact,
+    Resource(Target),
+    Unknown,
+}
+
+/// A resource path: the resource, and the namespace, name and subresource it names.
+#[derive(Debug)]
+struct Target {
+    info: Arc<ResourceInfo>,
+    namespace: Option<String>,
+    name: Option<String>,
+    subresource: Option<String>,
+}
+
+fn percent_decode(segment: &str) -> String {
+    if !segment.contains('%') {
+        return segment.to_owned();
+    }
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 3 <= bytes.len()
+            && let Ok(byte) = u8::from_str_radix(&segment[i + 1..i + 3], 16)
+        {
+            out.push(byte);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn route(store: &Store, path: &str) -> Route {
+    let segments: Vec<String> = path
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(percent_decode)
+        .collect();
+    let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+    let (group, version, rest) = match segments.as_slice() {
+        ["version"] => return Route::Version,
+        ["api"] => return Route::CoreVersions,
+        ["apis"] => return Route::Groups,
+        ["apis", group] => return Route::Group((*group).to_owned()),
+        ["openapi", "v3"] => return Route::OpenApiRoot,
+        ["openapi", "v3", rest @ ..] => return Route::OpenApi(rest.join("/")),
+        ["metrics"] => return Route::Metrics,
+        ["healthz" | "livez" | "readyz", ..] => return Route::Health,
+        ["fakeserver", "compact"] => return Route::Compact,
+        ["api", version, rest @ ..] => ("", *version, rest),
+        ["apis", group, version, rest @ ..] => (*group, *version, rest),
+        _ => return Route::Unknown,
+    };
+    let (namespace, plural, name, subresource) = match rest {
+        [] => {
+            return Route::Resources {
+                group: group.to_owned(),
+                version: version.to_owned(),
+            };
+        }
+        ["namespaces", name, sub @ ("status" | "finalize")] if group.is_empty() => {
+            (None, "namespaces", Some(*name), Some(*sub))
+        }
+        ["namespaces", namespace, plural] => (Some(*namespace), *plural, None, None),
+        ["namespaces", namespace, plural, name] => (Some(*namespace), *plural, Some(*name), None),
+        ["namespaces", namespace, plural, name, sub] => (Some(*namespace), *plural, Some(*name), Some(*sub)),
+        [plural] => (None, *plural, None, None),
+        [plural, name] => (None, *plural, Some(*name), None),
+        [plural, name, sub] => (None, *plural, Some(*name), Some(*sub)),
+        _ => return Route::Unknown,
+    };
+    let Some(info) = store.resolve(group, version, plural) else {
+        return Route::Unknown;
+    };
+    // A namespaced object needs its namespace; a cluster-scoped one must not have one.
+    if (info.namespaced && name.is_some() && namespace.is_none()) || (!info.namespaced && namespace.is_some())
+    {
+        return Route::Unknown;
+    }
+    Route::Resource(Target {
+        info,
+        namespace: namespace.map(str::to_owned),
+        name: name.map(str::to_owned),
+        subresource: subresource.map(str::to_owned),
+    })
+}
+
+fn header(headers: &HeaderMap, name: http::header::HeaderName) -> Option<&str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn verb_of(method: &Method, target: &Target, params: &Params, headers: &HeaderMap) -> Verb {
+    let watching = params.flag("watch").unwrap_or(false);
+    match *method {
+        Method::GET if watching => Verb::Watch,
+        Method::GET if target.name.is_none() => Verb::List,
+        Method::POST => Verb::Create,
+        Method::PUT => Verb::Update,
+        Method::PATCH => match PatchType::from_content_type(header(headers, CONTENT_TYPE)) {
+            Ok(PatchType::Apply) => Verb::Apply,
+            _ => Verb::Patch,
+        },
+        Method::DELETE if target.name.is_none() => Verb::DeleteCollection,
+        Method::DELETE => Verb::Delete,
+        _ => Verb::Get,
+    }
+}
+
+async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let params = Params::parse(parts.uri.query());
+    let client = client_label(header(&parts.headers, USER_AGENT));
+    let route = route(&shared.store, parts.uri.path());
+    let mut key = RequestKey {
+        verb: Verb::Get,
+        group: String::new(),
+        version: String::new(),
+        resource: String::new(),
+        subresource: String::new(),
+        scope: String::new(),
+        code: 0,
+        client,
+    };
+    let response = match route {
+        Route::Resource(target) => {
+            key.verb = verb_of(&parts.method, &target, &params, &parts.headers);
+            key.group.clone_from(&target.info.group);
+            key.version.clone_from(&target.info.version);
+            key.resource.clone_from(&target.info.plural);
+            key.subresource = target.subresource.clone().unwrap_or_default();
+            key.scope = match (&target.name, &target.namespace) {
+                (Some(_), _) => "resource",
+                (None, Some(_)) => "namespace",
+                (None, None) => "cluster",
+            }
+            .to_owned();
+            let decision = shared.faults.decide(key.verb, &target.info.plural);
+            if !decision.latency.is_zero() {
+                tokio::time::sleep(decision.latency).await;
+            }
+            match decision.error {
+                Some(error) => {
+                    let name = target.name.as_deref().unwrap_or_default();
+                    error_response(&error.to_api_error(target.info.group_resource(), name))
+                }
+                None => {
+                    let request = ResourceRequest {
+                        shared: &shared,
+                        target,
+                        params,
+                        headers: &parts.headers,
+                        key: &key,
+                    };
+                    match serve_resource(request, &parts.method, body).await {
+                        Ok(response) => response,
+                        Err(error) => error_response(&error),
+                    }
+                }
+            }
+        }
+        other => {
+            key.verb = if parts.method == Method::POST {
+                Verb::Create
+            } else {
+                Verb::Get
+            };
+            serve_other(&shared, other, &parts.method, &parts.headers)
+        }
+    };
+    key.code = response.status().as_u16();
+    shared.requests.record(key);
+    response
+}
+
+fn serve_other(shared: &Shared, route: Route, method: &Method, headers: &HeaderMap) -> Response {
+    let get = |value: Option<Value>| match value {
+        Some(value) if *method == Method::GET => json_response(StatusCode::OK, &value, &[]),
+        Some(_) => error_response(&ApiError::MethodNotAllowed),
+        None => error_response(&ApiError::NoSuchPath),
+    };
+    match route {
+        Route::Version => get(Some(discovery::version())),
+        Route::CoreVersions => get(Some(discovery::core_versions(
+            header(headers, HOST).unwrap_or("127.0.0.1"),
+        ))),
+        Route::Groups => get(Some(discovery::groups(&shared.store.registry()))),
+        Route::Group(group) => get(discovery::group(&shared.store.registry(), &group)),
+        Route::Resources { group, version } => get(discovery::resource_list(
+            &shared.store.registry(),
+            &group,
+            &version,
+        )),
+        Route::OpenApiRoot => get(Some(discovery::openapi_root(&shared.store.registry()))),
+        Route::OpenApi(path) => get(discovery::openapi_group_version(&shared.store.registry(), &path)),
+        Route::Metrics => {
+            let mut text = shared.requests.snapshot().to_prometheus();
+            text.push_str("# HELP apiserver_storage_objects Number of stored objects at the time of last check split by kind.\n");
+            text.push_str("# TYPE apiserver_storage_objects gauge\n");
+            for (key, count) in shared.store.counts() {
+                let resource = if key.group.is_empty() {
+                    key.plural
+                } else {
+                    format!("{}.{}", key.plural, key.group)
+                };
+                text.push_str(&format!(
+                    "apiserver_storage_objects{{resource=\"{resource}\"}} {count}\n"
+                ));
+            }
+            ([(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+        }
+        Route::Health => ([(CONTENT_TYPE, "text/plain; charset=utf-8")], "ok").into_response(),
+        Route::Compact if *method == Method::POST => {
+            shared.store.compact();
+            json_response(StatusCode::OK, &success_status(None), &[])
+        }
+        Route::Compact => error_response(&ApiError::MethodNotAllowed),
+        Route::Resource(_) | Route::Unknown => error_response(&ApiError::NoSuchPath),
+    }
+}
+
+struct ResourceRequest<'a> {
+    shared: &'a Shared,
+    target: Target,
+    params: Params,
+    headers: &'a HeaderMap,
+    key: &'a RequestKey,
+}
+
+impl ResourceRequest<'_> {
+    fn info(&self) -> &Arc<ResourceInfo> {
+        &self.target.info
+    }
+
+    fn namespace(&self) -> &str {
+        self.target.namespace.as_deref().unwrap_or_default()
+    }
+
+    fn name(&self) -> &str {
+        self.target.name.as_deref().unwrap_or_default()
+    }
+
+    fn projection(&self) -> Projection {
+        Projection::from_accept(header(self.headers, ACCEPT))
+    }
+
+    /// The `fieldManager`, else (except for apply, which must name one) the user agent's product.
+    fn manager(&self, apply: bool) -> String {
+        match self.params.get("fieldManager") {
+            Some(manager) if !manager.is_empty() => manager.to_owned(),
+            _ if apply => String::new(),
+            _ => self.key.client.split('/').next().unwrap_or("unknown").to_owned(),
+        }
+    }
+
+    fn write_options(&self, status: bool, apply: bool) -> Result<WriteOptions, ApiError> {
+        let dry_run = match self.params.get("dryRun") {
+            None | Some("") => false,
+            Some("All") => true,
+            Some(other) => {
+                return Err(ApiError::BadRequest(format!(
+                    "Invalid dry run value: {other:?}: supported values: \"All\""
+                )));
+            }
+        };
+        let validation = match self.params.get("fieldValidation") {
+            None | Some("") | Some("Warn") => FieldValidation::Warn,
+            Some("Ignore") => FieldValidation::Ignore,
+            Some("Strict") => FieldValidation::Strict,
+            Some(other) => {
+                return Err(ApiError::BadRequest(format!(
+                    "fieldValidation: Unsupported value: {other:?}: supported values: \"Ignore\", \"Strict\", \"Warn\""
+                )));
+            }
+        };
+        let force = self.params.flag("force")?;
+        if force && !apply {
+            let kind = crate::error::GroupKind {
+                group: "meta.k8s.io".into(),
+                kind: "PatchOptions".into(),
+            };
+            return Err(ApiError::invalid_causes(
+                kind,
+                "",
+                vec![crate::validation::forbidden(
+                    "force",
+                    "may not be specified for non-apply patch",
+                )],
+            ));
+        }
+        let manager = self.manager(apply);
+        if manager.len() > 128 {
+            return Err(ApiError::BadRequest(
+                "fieldManager: Too long: may not be more than 128 bytes".into(),
+            ));
+        }
+        Ok(WriteOptions {
+            manager,
+            dry_run,
+            validation,
+            status,
+            force,
+            keep_identity: false,
+        })
+    }
+
+    fn list_query(&self) -> Result<ListQuery, ApiError> {
+        Ok(ListQuery {
+            labels: self.labels()?,
+            fields: self.fields()?,
+            limit: self.params.number("limit")?,
+            continue_token: self
+                .params
+                .get("continue")
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned),
+            resource_version: self.params.get("resourceVersion").map(str::to_owned),
+            version_match: self.version_match()?,
+        })
+    }
+
+    fn labels(&self) -> Result<LabelSelector, ApiError> {
+        LabelSelector::parse(self.params.get("labelSelector").unwrap_or_default())
+            .map_err(|e| ApiError::BadRequest(e.to_string()))
+    }
+
+    fn fields(&self) -> Result<FieldSelector, ApiError> {
+        let fields = FieldSelector::parse(self.params.get("fieldSelector").unwrap_or_default())
+            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        if let Some(unsupported) = fields.fields().find(|f| self.info().field_label(f).is_none()) {
+            return Err(ApiError::BadRequest(format!(
+                "field label not supported: {unsupported}"
+            )));
+        }
+        Ok(fields)
+    }
+
+    fn version_match(&self) -> Result<Option<VersionMatch>, ApiError> {
+        match self.params.get("resourceVersionMatch") {
+            None | Some("") => Ok(None),
+            Some("NotOlderThan") => Ok(Some(VersionMatch::NotOlderThan)),
+            Some("Exact") => Ok(Some(VersionMatch::Exact)),
+            Some(other) => Err(ApiError::BadRequest(format!(
+                "resourceVersionMatch: Unsupported value: {other:?}: supported values: \"Exact\", \"NotOlderThan\""
+            ))),
+        }
+    }
+
+    fn object_response(
+        &self,
+        code: StatusCode,
+        stored: &crate::object::Stored,
+        warnings: &[String],
+    ) -> Response {
+        let body = encode::object(self.info(), stored, self.projection());
+        bytes_response(code, body, warnings)
+    }
+}
+
+fn media_type(headers: &HeaderMap) -> &str {
+    header(headers, CONTENT_TYPE)
+        .and_then(|c| c.split(';').next())
+        .unwrap_or_default()
+        .trim()
+}
+
+async fn read_body(body: Body, headers: &HeaderMap) -> Result<Value, ApiError> {
+    let bytes = axum::body::to_bytes(body, BODY_LIMIT)
+        .await
+        .map_err(|_| ApiError::TooLarge(BODY_LIMIT))?;
+    if bytes.is_empty() {
+        return Ok(Value::Null);
+    }
+    if media_type(headers) == protobuf::MEDIA_TYPE {
+        return protobuf::decode(&bytes);
+    }
+    parse_body(&bytes)
+}
+
+fn check_body_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    match media_type(headers) {
+        "" | "application/json" | "application/yaml" | "*/*" | protobuf::MEDIA_TYPE => Ok(()),
+        _ => Err(ApiError::UnsupportedMediaType {
+            accepted: format!("application/json, application/yaml, {}", protobuf::MEDIA_TYPE),
+        }),
+    }
+}
+
+fn check_accept(headers: &HeaderMap) -> Result<(), ApiError> {
+    match header(headers, ACCEPT) {
+        None => Ok(()),
+        Some(accept)
+            if accept.contains("json")
+                || accept.contains("yaml")
+                || accept.contains("*/*")
+                || accept.is_empty() =>
+        {
+            Ok(())
+        }
+        Some(_) => Err(ApiError::NotAcceptable),
+    }
+}
+
+async fn serve_resource(
+    request: ResourceRequest<'_>,
+    method: &Method,
+    body: Body,
+) -> Result<Response, ApiError> {
+    check_accept(request.headers)?;
+    let target = &request.target;
+    let subresource = target.subresource.as_deref();
+    let info = request.info().clone();
+    let watching = request.params.flag("watch")?;
+    match (method.clone(), target.name.is_some(), subresource) {
+        (Method::GET, _, None | Some("status")) if watching => watch(&request),
+        (Method::GET, false, None) => list(&request),
+        (Method::GET, true, None | Some("status")) => {
+            let stored = request
+                .shared
+                .store
+                .get(&info, request.namespace(), request.name())?;
+            Ok(request.object_response(StatusCode::OK, &stored, &[]))
+        }
+        (Method::POST, false, None) => {
+            check_body_type(request.headers)?;
+            if info.namespaced && target.namespace.is_none() {
+                return Err(ApiError::NoSuchPath);
+            }
+            let body = read_body(body, request.headers).await?;
+            let opts = request.write_options(false, false)?;
+            let written = request
+                .shared
+                .store
+                .create(&info, target.namespace.as_deref(), body, &opts)?;
+            Ok(request.object_response(StatusCode::CREATED, &written.object, &written.warnings))
+        }
+        (Method::POST, true, Some("eviction")) if info.is("", "Pod") => {
+            let eviction = read_body(body, request.headers).await?;
+            let named = eviction
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or(request.name());
+            if named != request.name() {
+                return Err(ApiError::BadRequest(
+                    "name in URL does not match name in Eviction object".into(),
+                ));
+            }
+            request
+                .shared
+                .store
+                .evict(request.namespace(), request.name(), &eviction)?;
+            Ok(json_response(StatusCode::CREATED, &success_status(None), &[]))
+        }
+        (Method::POST, true, Some("binding")) if info.is("", "Pod") => {
+            let binding = read_body(body, request.headers).await?;
+            request.shared.store.bind(
+                request.namespace(),
+                request.name(),
+                &binding,
+                &request.manager(false),
+            )?;
+            Ok(json_response(StatusCode::CREATED, &success_status(None), &[]))
+        }
+        (Method::PUT, true, None | Some("status")) => {
+            check_body_type(request.headers)?;
+            if subresource == Some("status") && !info.status_subresource {
+                return Err(ApiError::NoSuchPath);
+            }
+            let body = read_body(body, request.headers).await?;
+            let opts = request.write_options(subresource == Some("status"), false)?;
+            let written =
+                request
+                    .shared
+                    .store
+                    .update(&info, request.namespace(), request.name(), body, &opts)?;
+            Ok(request.object_response(StatusCode::OK, &written.object, &written.warnings))
+        }
+        (Method::PUT, true, Some("finalize")) if info.is("", "Namespace") => {
+            let body = read_body(body, request.headers).await?;
+            let stored =
+                request
+                    .shared
+                    .store
+                    .finalize_namespace(request.name(), &body, &request.manager(false))?;
+            Ok(request.object_response(StatusCode::OK, &stored, &[]))
+        }
+        (Method::PATCH, true, None | Some("status")) => {
+            if subresource == Some("status") && !info.status_subresource {
+                return Err(ApiError::NoSuchPath);
+            }
+            let kind = PatchType::from_content_type(header(request.headers, CONTENT_TYPE))?;
+            let patch = read_body(body, request.headers).await?;
+            let opts = request.write_options(subresource == Some("status"), kind == PatchType::Apply)?;
+            let written = request.shared.store.patch(
+                &info,
+                request.namespace(),
+                request.name(),
+                kind,
+                &patch,
+                &opts,
+            )?;
+            let code = if written.created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            Ok(request.object_response(code, &written.object, &written.warnings))
+        }
+        (Method::DELETE, true, None) => {
+            let body = read_body(body, request.headers).await?;
+            let opts = delete_options(&request, &body)?;
+            match request
+                .shared
+                .store
+                .delete(&info, request.namespace(), request.name(), &opts)?
+            {
+                Deleted::Pending(stored) => Ok(request.object_response(StatusCode::OK, &stored, &[])),
+                Deleted::Gone(stored)
+                    if info.custom.is_some() || info.is("", "Pod") || info.is("", "Service") =>
+                {
+                    Ok(request.object_response(StatusCode::OK, &stored, &[]))
+                }
+                Deleted::Gone(stored) => {
+                    let mut details =
+                        json!({"name": stored.meta.name, "kind": info.plural, "uid": stored.meta.uid});
+                    if !info.group.is_empty() {
+                        details["group"] = json!(info.group);
+                    }
+                    Ok(json_response(StatusCode::OK, &success_status(Some(details)), &[]))
+                }
+            }
+        }
+        (Method::DELETE, false, None) => {
+            let body = read_body(body, request.headers).await?;
+            let opts = delete_options(&request, &body)?;
+            let query = request.list_query()?;
+            let deleted =
+                request
+                    .shared
+                    .store
+                    .delete_collection(&info, target.namespace.as_deref(), &query, &opts)?;
+            let rv = request.shared.store.resource_version();
+            let body = encode::list(&info, &deleted, rv, None, None, request.projection());
+            Ok(bytes_response(StatusCode::OK, body, &[]))
+        }
+        (_, _, Some(sub)) if !matches!(sub, "status" | "eviction" | "binding" | "finalize") => {
+            Err(ApiError::NoSuchPath)
+        }
+        _ => Err(ApiError::MethodNotAllowed),
+    }
+}
+
+fn delete_options(request: &ResourceRequest<'_>, body: &Value) -> Result<DeleteOptions, ApiError> {
+    let text = |key: &str| {
+        body.get(key)
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .or_else(|| request.params.get(key).map(str::to_owned))
+    };
+    let propagation = match text("propagationPolicy").as_deref() {
+        None | Some("") => {
+            let orphan = body.get("orphanDependents").and_then(Value::as_bool).or(
+                match request.params.get("orphanDependents") {
+                    Some("true") => Some(true),
+                    Some("false") => Some(false),
+                    _ => None,
+                },
+            );
+            match orphan {
+                Some(true) => Some(Propagation::Orphan),
+                Some(false) => Some(Propagation::Background),
+                None => None,
+            }
+        }
+        Some("Orphan") => Some(Propagation::Orphan),
+        Some("Background") => Some(Propagation::Background),
+        Some("Foreground") => Some(Propagation::Foreground),
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "propagationPolicy: Unsupported value: {other:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
+            )));
+        }
+    };
+    let grace = match body.get("gracePeriodSeconds").and_then(Value::as_i64) {
+        Some(grace) => Some(grace),
+        None => request.params.number("gracePeriodSeconds")?,
+    };
+    let dry_run = body
+        .get("dryRun")
+        .and_then(Value::as_array)
+        .is_some_and(|d| d.iter().any(|v| v == "All"))
+        || request.params.get("dryRun") == Some("All");
+    Ok(DeleteOptions {
+        propagation,
+        grace_period_seconds: grace,
+        uid: body
+            .pointer("/preconditions/uid")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        resource_version: body
+            .pointer("/preconditions/resourceVersion")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        dry_run,
+    })
+}
+
+fn list(request: &ResourceRequest<'_>) -> Result<Response, ApiError> {
+    let query = request.list_query()?;
+    let result = request
+        .shared
+        .store
+        .list(request.info(), request.target.namespace.as_deref(), &query)?;
+    let body = encode::list(
+        request.info(),
+        &result.items,
+        result.resource_version,
+        result.continue_token.as_deref(),
+        result.remaining,
+        request.projection(),
+    );
+    Ok(bytes_response(StatusCode::OK, body, &[]))
+}
+
+fn watch(request: &ResourceRequest<'_>) -> Result<Response, ApiError> {
+    let mut fields = request.fields()?;
+    if let Some(name) = request.target.name.as_deref() {
+        // The legacy single-object watch: `.../pods/a?watch=true`.
+        fields = FieldSelector::equals("metadata.name", name);
+    }
+    let query = WatchQuery {
+        labels: request.labels()?,
+        fields: fields.clone(),
+        resource_version: request.params.get("resourceVersion").map(str::to_owned),
+        version_match: request.version_match()?,
+        send_initial_events: match request.params.get("sendInitialEvents") {
+            None | Some("") => None,
+            Some(_) => Some(request.params.flag("sendInitialEvents")?),
+        },
+        bookmarks: request.params.flag("allowWatchBookmarks")?,
+    };
+    let info = request.info().clone();
+    let start = request
+        .shared
+        .store
+        .watch(&info, request.target.namespace.as_deref(), &query)?;
+    let timeout = request
+        .params
+        .number::<u64>("timeoutSeconds")?
+        .map_or(request.shared.watch_timeout, Duration::from_secs);
+    let spec = WatchSpec {
+        info,
+        namespace: request.target.namespace.clone(),
+        labels: query.labels,
+        fields,
+        bookmarks: query.bookmarks,
+        bookmark_interval: request.shared.bookmark_interval,
+        timeout,
+        drop_after: request.shared.faults.drop_watches_after(),
+        projection: request.projection(),
+        committed: request.shared.store.committed(),
+    };
+    let body = Body::from_stream(watch::stream(start, spec));
+    let mut response = Response::new(body);
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    Ok(response)
+}
+
+fn with_warnings(mut response: Response, warnings: &[String]) -> Response {
+    for warning in warnings {
+        let text = format!("299 - {}", Value::from(warning.as_str()));
+        if let Ok(value) = HeaderValue::from_str(&text) {
+            response.headers_mut().append("warning", value);
+        }
+    }
+    response
+}
+
+fn bytes_response(code: StatusCode, body: Bytes, warnings: &[String]) -> Response {
+    let response = (code, [(CONTENT_TYPE, "application/json")], body).into_response();
+    with_warnings(response, warnings)
+}
+
+fn json_response(code: StatusCode, value: &Value, warnings: &[String]) -> Response {
+    bytes_response(
+        code,
+        Bytes::from(serde_json::to_vec(value).unwrap_or_default()),
+        warnings,
+    )
+}
+
+fn error_response(error: &ApiError) -> Response {
+    let code = StatusCode::from_u16(error.code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = json_response(code, &error.status(), &[]);
+    if let Some(seconds) = error.retry_after() {
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    response
+}

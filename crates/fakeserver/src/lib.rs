@@ -1,0 +1,308 @@
+//! An in-memory Kubernetes API server that speaks the real HTTP/JSON protocol, so that `kube::Client`,
+//! kube-runtime's `watcher`/`Controller` and `kubectl` use it unchanged. It is the ground the operator's
+//! tests, benchmarks and demo stand on; where it is more lenient than a real API server, the operator would
+//! pass here and fail in clusters, so fidelity is the point.
+//!
+//! Two ways in:
+//! - in-process: [`FakeServer::client`] is a `kube::Client` over the router as a `tower::Service`, no
+//!   sockets;
+//! - on a socket: [`FakeServer::serve`] listens on `127.0.0.1` and writes a kubeconfig for it
+//!   (`gpu-sim serve` does this from the command line).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use gpuop_fakeserver::{FakeServer, Verb};
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::api::{Api, PostParams};
+//!
+//! let server = FakeServer::new();
+//! let configmaps: Api<ConfigMap> = Api::default_namespaced(server.client_as("my-test"));
+//! let mut cm = ConfigMap::default();
+//! cm.metadata.name = Some("a".into());
+//! configmaps.create(&PostParams::default(), &cm).await?;
+//! assert_eq!(server.requests().count(Verb::Create, "configmaps"), 1);
+//! assert_eq!(server.requests().writes_by("my-test"), 1);
+//! # Ok(()) }
+//! ```
+//!
+//! What it implements, and where it approximates, is listed in `docs/fakeserver.md`. In short: the
+//! built-in resources this project needs plus any CRD, every verb with the real resource-version rules,
+//! watches with bookmarks and the in-stream 410, JSON/merge/strategic patches and server-side apply with
+//! managed fields and conflicts, status subresources, finalizers, owner-reference garbage collection,
+//! namespace cleanup, discovery and enough OpenAPI for `kubectl apply`, request accounting and faults.
+//!
+//! Module map: `store` holds objects, their history and the read verbs, `write` what each write does, `gc` the controllers that delete
+//! things, `ssa` and `fieldset` server-side apply, `patch` and `strategic` the other patches,
+//! `typed`, `defaults` and `validation` what the server does to an object before storing it,
+//! `watch` and `encode` what goes on the wire, `http` the router, `discovery` the discovery
+//! documents, `accounting` and `faults` the test hooks.
+
+pub mod accounting;
+mod clock;
+mod defaults;
+mod discovery;
+mod encode;
+mod error;
+pub mod faults;
+mod fieldset;
+mod gc;
+mod http;
+mod load;
+mod object;
+mod patch;
+mod pods;
+mod protobuf;
+mod random;
+mod registry;
+mod selector;
+mod serve;
+mod shape;
+mod ssa;
+mod store;
+mod strategic;
+mod typed;
+mod validation;
+mod watch;
+mod write;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::http::HeaderValue;
+use serde_json::Value;
+
+pub use accounting::{RequestCounts, RequestKey, Verb};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{ApiError, Cause, GroupKind, GroupResource};
+pub use faults::{Faults, InjectedError};
+pub use load::LoadError;
+pub use serve::{ConnectError, Running, kubeconfig_yaml};
+pub use store::PodTermination;
+
+use crate::accounting::RequestLog;
+use crate::faults::FaultInjector;
+use crate::http::Shared;
+use crate::store::{Store, StoreOptions, WriteOptions};
+
+/// Settings of a [`FakeServer`], with the defaults of a real API server where one exists.
+#[derive(Debug)]
+#[must_use]
+pub struct Builder {
+    clock: Arc<dyn Clock>,
+    seed: u64,
+    history: usize,
+    channel: usize,
+    snapshots: usize,
+    bookmark_interval: Duration,
+    watch_timeout: Duration,
+    pod_termination: PodTermination,
+    faults: Faults,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Self {
+            clock: Arc::new(SystemClock),
+            seed: 0,
+            history: 10_000,
+            channel: 16_384,
+            snapshots: 64,
+            bookmark_interval: Duration::from_secs(60),
+            watch_timeout: Duration::from_secs(30 * 60),
+            pod_termination: PodTermination::Immediate,
+            faults: Faults::default(),
+        }
+    }
+}
+
+impl Builder {
+    /// The clock for `creationTimestamp`, `deletionTimestamp` and managed-field times.
+    pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The seed for uids and generated names (default 0).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// How many changes each resource remembers for watches from an older version (default 10,000).
+    /// Watching from before the oldest remembered change answers the in-stream 410.
+    pub fn history(mut self, changes_per_resource: usize) -> Self {
+        self.history = changes_per_resource.max(1);
+        self
+    }
+
+    /// How far a watcher may fall behind before its stream is closed (default 16,384 changes).
+    pub fn watch_buffer(mut self, changes: usize) -> Self {
+        self.channel = changes.max(1);
+        self
+    }
+
+    /// How often watches that allow bookmarks get one (default 60 s, like the API server).
+    pub fn bookmark_interval(mut self, interval: Duration) -> Self {
+        self.bookmark_interval = interval;
+        self
+    }
+
+    /// How long a watch without `timeoutSeconds` lasts (default 30 min).
+    pub fn watch_timeout(mut self, timeout: Duration) -> Self {
+        self.watch_timeout = timeout;
+        self
+    }
+
+    /// How deleting a pod bound to a node behaves (default [`PodTermination::Immediate`]).
+    pub fn pod_termination(mut self, termination: PodTermination) -> Self {
+        self.pod_termination = termination;
+        self
+    }
+
+    /// Faults in force from the start.
+    pub fn faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// The server, holding the system namespaces and priority classes every cluster has.
+    pub fn build(self) -> FakeServer {
+        let options = StoreOptions {
+            history: self.history,
+            channel: self.channel,
+            snapshots: self.snapshots,
+            seed: self.seed,
+            pod_termination: self.pod_termination,
+        };
+        let faults = FaultInjector::default();
+        faults.set(self.faults);
+        FakeServer {
+            shared: Arc::new(Shared {
+                store: Store::new(options, self.clock),
+                requests: RequestLog::default(),
+                faults,
+                bookmark_interval: self.bookmark_interval,
+                watch_timeout: self.watch_timeout,
+            }),
+        }
+    }
+}
+
+/// An in-memory API server. Clones share the same cluster.
+#[derive(Clone, Debug)]
+pub struct FakeServer {
+    shared: Arc<Shared>,
+}
+
+impl Default for FakeServer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FakeServer {
+    /// A server with default settings.
+    pub fn new() -> Self {
+        Builder::default().build()
+    }
+
+    /// Settings for a server.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// The HTTP router, usable as a `tower::Service` or served with `axum::serve`.
+    pub fn router(&self) -> axum::Router {
+        http::router(self.shared.clone())
+    }
+
+    /// An in-process client (no `User-Agent`; its requests count as client `unknown`).
+    pub fn client(&self) -> kube::Client {
+        kube::Client::new(self.router(), "default")
+    }
+
+    /// An in-process client whose requests carry `User-Agent: <agent>`, so they can be counted per client
+    /// and their writes get `<agent>` (up to a `/`) as field manager.
+    pub fn client_as(&self, agent: &str) -> kube::Client {
+        let value =
+            HeaderValue::from_str(agent).unwrap_or_else(|_| HeaderValue::from_static("invalid-agent"));
+        let service = tower::ServiceBuilder::new()
+            .map_request(move |mut request: ::http::Request<kube::client::Body>| {
+                request
+                    .headers_mut()
+                    .insert(::http::header::USER_AGENT, value.clone());
+                request
+            })
+            .service(self.router());
+        kube::Client::new(service, "default")
+    }
+
+    /// Serves the router on `addr` (use port 0 for a free one).
+    pub async fn serve(&self, addr: SocketAddr) -> std::io::Result<Running> {
+        Running::start(self.router(), addr).await
+    }
+
+    /// Creates an object, found by its `apiVersion` and `kind`, keeping a `uid` and `creationTimestamp` it
+    /// brings (so fixtures can refer to each other by owner references). Returns the stored object.
+    pub fn insert(&self, object: Value) -> Result<Value, ApiError> {
+        let opts = WriteOptions {
+            manager: "gpu-sim-load".into(),
+            keep_identity: true,
+            ..WriteOptions::default()
+        };
+        Ok(self.shared.store.create_object(object, &opts)?.object.value())
+    }
+
+    /// Creates every object in a YAML (multi-document) or JSON text; returns how many.
+    pub fn load_yaml(&self, text: &str) -> Result<usize, LoadError> {
+        let objects = load::documents(text, "input")?
+            .into_iter()
+            .map(|o| ("input".to_owned(), o))
+            .collect();
+        load::create_all(&self.shared.store, objects)
+    }
+
+    /// Creates every object in the directory's `*.yaml`, `*.yml` and `*.json` files; returns how many.
+    pub fn load_dir(&self, dir: &Path) -> Result<usize, LoadError> {
+        load::create_all(&self.shared.store, load::read_dir(dir)?)
+    }
+
+    /// The stored object of this `apiVersion` and `kind`, for assertions (namespace "" if cluster-scoped).
+    pub fn get(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> Option<Value> {
+        let info = self.shared.store.registry().find_kind(api_version, kind)?;
+        self.shared
+            .store
+            .get(&info, namespace, name)
+            .ok()
+            .map(|stored| encode::object(&info, &stored, encode::Projection::Full))
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+    }
+
+    /// A snapshot of the request counters.
+    pub fn requests(&self) -> RequestCounts {
+        self.shared.requests.snapshot()
+    }
+
+    /// Zeroes the request counters.
+    pub fn reset_requests(&self) {
+        self.shared.requests.reset();
+    }
+
+    /// Replaces the faults in force (`Faults::default()` for none).
+    pub fn set_faults(&self, faults: Faults) {
+        self.shared.faults.set(faults);
+    }
+
+    /// Expires every resource version older than now: watches from them get the in-stream 410, continue
+    /// tokens 410, exact-version lists 410.
+    pub fn compact(&self) {
+        self.shared.store.compact();
+    }
+
+    /// The current resource version.
+    pub fn resource_version(&self) -> u64 {
+        self.shared.store.resource_version()
+    }
+}

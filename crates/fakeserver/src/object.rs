@@ -1,0 +1,159 @@
+//! A stored object: its JSON bytes, served as they are by GET, LIST and watch without re-serialising, and the
+//! few facts that selectors, garbage collection and finalizers need, read once at write time.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use crate::registry::ResourceInfo;
+use crate::selector::Labels;
+
+/// An owner reference, as garbage collection needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Owner {
+    pub(crate) uid: String,
+    pub(crate) api_version: String,
+    pub(crate) kind: String,
+    pub(crate) name: String,
+    pub(crate) block_owner_deletion: bool,
+}
+
+/// What is read out of an object at write time.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Meta {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) uid: String,
+    pub(crate) resource_version: u64,
+    pub(crate) api_version: String,
+    pub(crate) labels: Vec<(String, String)>,
+    /// Field-selector values that differ from the field's zero value.
+    pub(crate) fields: Vec<(String, String)>,
+    pub(crate) owners: Vec<Owner>,
+    pub(crate) finalizers: Vec<String>,
+    pub(crate) deleting: bool,
+}
+
+/// An object as stored.
+#[derive(Debug)]
+pub(crate) struct Stored {
+    pub(crate) json: Bytes,
+    pub(crate) meta: Meta,
+}
+
+impl Stored {
+    /// Serialises `object` (of resource `info`) and indexes it.
+    pub(crate) fn new(object: &Value, info: &ResourceInfo) -> Arc<Self> {
+        let json = Bytes::from(serde_json::to_vec(object).unwrap_or_default());
+        Arc::new(Self {
+            json,
+            meta: Meta::read(object, info),
+        })
+    }
+
+    /// The object as JSON.
+    pub(crate) fn value(&self) -> Value {
+        serde_json::from_slice(&self.json).unwrap_or(Value::Null)
+    }
+
+    /// The value of a field label, or its zero value.
+    pub(crate) fn field<'a>(&'a self, info: &'a ResourceInfo, label: &str) -> Option<&'a str> {
+        match label {
+            "metadata.name" => Some(&self.meta.name),
+            "metadata.namespace" => Some(&self.meta.namespace),
+            _ => self
+                .meta
+                .fields
+                .iter()
+                .find(|(l, _)| l == label)
+                .map(|(_, v)| v.as_str())
+                .or_else(|| info.field_label(label).map(|f| f.absent)),
+        }
+    }
+}
+
+impl Labels for Stored {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.meta.labels.label(key)
+    }
+}
+
+impl Meta {
+    pub(crate) fn read(object: &Value, info: &ResourceInfo) -> Self {
+        let metadata = object.get("metadata");
+        let text = |key: &str| {
+            metadata
+                .and_then(|m| m.get(key))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let labels = metadata
+            .and_then(|m| m.get("labels"))
+            .and_then(Value::as_object)
+            .map(|labels| {
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let fields = info
+            .field_labels
+            .iter()
+            .filter(|f| !f.label.starts_with("metadata."))
+            .map(|f| (f.label.clone(), f.value_of(object)))
+            .filter(|(label, value)| info.field_label(label).is_none_or(|f| f.absent != value))
+            .collect();
+        let owners = metadata
+            .and_then(|m| m.get("ownerReferences"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|owner| {
+                let text = |key: &str| {
+                    owner
+                        .get(key)
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned()
+                };
+                Owner {
+                    uid: text("uid"),
+                    api_version: text("apiVersion"),
+                    kind: text("kind"),
+                    name: text("name"),
+                    block_owner_deletion: owner.get("blockOwnerDeletion").and_then(Value::as_bool)
+                        == Some(true),
+                }
+            })
+            .collect();
+        let finalizers = metadata
+            .and_then(|m| m.get("finalizers"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect();
+        Self {
+            namespace: text("namespace"),
+            name: text("name"),
+            uid: text("uid"),
+            resource_version: text("resourceVersion").parse().unwrap_or(0),
+            api_version: object
+                .get("apiVersion")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            labels,
+            fields,
+            owners,
+            finalizers,
+            deleting: metadata
+                .and_then(|m| m.get("deletionTimestamp"))
+                .is_some_and(|t| !t.is_null()),
+        }
+    }
+}

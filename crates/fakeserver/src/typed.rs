@@ -1,0 +1,179 @@
+//! Built-in objects pass through their k8s-openapi types on every write, as the API server decodes into Go
+//! structs: a value of the wrong type is refused with 400 naming the field, unknown fields fall away (and are
+//! reported, for `fieldValidation`), times are truncated to seconds. Custom resources get the same treatment
+//! for their `metadata` only; their bodies follow the CRD schema.
+
+use k8s_openapi::api::{apps, coordination, core, events, node, policy, rbac, scheduling};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::registry::ResourceInfo;
+
+/// An object after decoding and encoding, and the fields that did not survive.
+#[derive(Debug)]
+pub(crate) struct Normalized {
+    pub(crate) object: Value,
+    pub(crate) unknown: Vec<String>,
+}
+
+fn roundtrip<T: DeserializeOwned + Serialize>(
+    info: &ResourceInfo,
+    object: &Value,
+) -> Result<Value, ApiError> {
+    let typed: T = serde_path_to_error::deserialize(object).map_err(|error| {
+        let path = error.path().to_string();
+        let at = if path == "." {
+            String::new()
+        } else {
+            format!("{path}: ")
+        };
+        ApiError::BadRequest(format!(
+            "{kind} in version \"{version}\" cannot be handled as a {kind}: {at}{}",
+            error.inner(),
+            kind = info.kind,
+            version = info.version,
+        ))
+    })?;
+    serde_json::to_value(&typed).map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+/// Decodes and re-encodes `object` through its built-in type (or, for custom resources, its metadata).
+pub(crate) fn normalize(info: &ResourceInfo, object: &Value) -> Result<Normalized, ApiError> {
+    let normalized = if info.custom.is_some() {
+        let mut normalized = object.clone();
+        if let Some(metadata) = object.get("metadata") {
+            normalized["metadata"] = roundtrip::<ObjectMeta>(info, metadata)?;
+        }
+        normalized
+    } else {
+        match (info.group.as_str(), info.kind.as_str()) {
+            ("", "Namespace") => roundtrip::<core::v1::Namespace>(info, object)?,
+            ("", "Node") => roundtrip::<core::v1::Node>(info, object)?,
+            ("", "Pod") => roundtrip::<core::v1::Pod>(info, object)?,
+            ("", "ConfigMap") => roundtrip::<core::v1::ConfigMap>(info, object)?,
+            ("", "Secret") => roundtrip::<core::v1::Secret>(info, object)?,
+            ("", "Service") => roundtrip::<core::v1::Service>(info, object)?,
+            ("", "ServiceAccount") => roundtrip::<core::v1::ServiceAccount>(info, object)?,
+            ("", "Event") => roundtrip::<core::v1::Event>(info, object)?,
+            ("apps", "DaemonSet") => roundtrip::<apps::v1::DaemonSet>(info, object)?,
+            ("apps", "Deployment") => roundtrip::<apps::v1::Deployment>(info, object)?,
+            ("apps", "ControllerRevision") => roundtrip::<apps::v1::ControllerRevision>(info, object)?,
+            ("events.k8s.io", "Event") => roundtrip::<events::v1::Event>(info, object)?,
+            ("rbac.authorization.k8s.io", "Role") => roundtrip::<rbac::v1::Role>(info, object)?,
+            ("rbac.authorization.k8s.io", "RoleBinding") => roundtrip::<rbac::v1::RoleBinding>(info, object)?,
+            ("rbac.authorization.k8s.io", "ClusterRole") => roundtrip::<rbac::v1::ClusterRole>(info, object)?,
+            ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
+                roundtrip::<rbac::v1::ClusterRoleBinding>(info, object)?
+            }
+            ("policy", "PodDisruptionBudget") => roundtrip::<policy::v1::PodDisruptionBudget>(info, object)?,
+            ("scheduling.k8s.io", "PriorityClass") => {
+                roundtrip::<scheduling::v1::PriorityClass>(info, object)?
+            }
+            ("coordination.k8s.io", "Lease") => roundtrip::<coordination::v1::Lease>(info, object)?,
+            ("node.k8s.io", "RuntimeClass") => roundtrip::<node::v1::RuntimeClass>(info, object)?,
+            ("apiextensions.k8s.io", "CustomResourceDefinition") => {
+                roundtrip::<apiextensions::v1::CustomResourceDefinition>(info, object)?
+            }
+            _ => object.clone(),
+        }
+    };
+    let mut normalized = normalized;
+    drop_empty_metadata(&mut normalized);
+    let mut unknown = Vec::new();
+    dropped(object, &normalized, "", &mut unknown);
+    Ok(Normalized {
+        object: normalized,
+        unknown,
+    })
+}
+
+fn is_empty(value: &Value) -> bool {
+    match value {
+        Value::Array(items) => items.is_empty(),
+        Value::Object(map) => map.is_empty(),
+        Value::String(text) => text.is_empty(),
+        Value::Null => true,
+        _ => false,
+    }
+}
+
+/// Every `ObjectMeta` field is `omitempty` in Go: empty labels, finalizers, owner references and the like
+/// are not stored.
+pub(crate) fn drop_empty_metadata(object: &mut Value) {
+    if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        metadata.retain(|_, value| !is_empty(value));
+    }
+}
+
+/// Collects the paths present (and not null) in `before` but gone from `after`.
+fn dropped(before: &Value, after: &Value, path: &str, out: &mut Vec<String>) {
+    match (before, after) {
+        (Value::Object(before), Value::Object(after)) => {
+            for (key, value) in before {
+                let child = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                match after.get(key) {
+                    Some(kept) => dropped(value, kept, &child, out),
+                    None if !is_empty(value) => out.push(child),
+                    None => {}
+                }
+            }
+        }
+        (Value::Array(before), Value::Array(after)) => {
+            for (index, (value, kept)) in before.iter().zip(after).enumerate() {
+                dropped(value, kept, &format!("{path}[{index}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Registry;
+    use serde_json::json;
+
+    #[test]
+    fn wrong_types_are_refused_naming_the_field() {
+        let registry = Registry::builtin();
+        let info = registry.find("apps", "v1", "deployments").expect("deployments");
+        let error = normalize(
+            &info,
+            &json!({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": "two"}}),
+        )
+        .expect_err("refused");
+        assert_eq!(error.code(), 400);
+        let message = error.to_string();
+        assert!(
+            message.starts_with(
+                r#"Deployment in version "v1" cannot be handled as a Deployment: spec.replicas: invalid type"#
+            ),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_dropped_and_reported() {
+        let registry = Registry::builtin();
+        let info = registry.find("", "v1", "configmaps").expect("configmaps");
+        let normalized = normalize(
+            &info,
+            &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "bogus": 1},
+                    "data": {"k": "v"}, "spec": {"x": 1}}),
+        )
+        .expect("decodes");
+        assert_eq!(normalized.unknown, ["metadata.bogus", "spec"]);
+        assert_eq!(
+            normalized.object,
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}, "data": {"k": "v"}})
+        );
+    }
+}

@@ -1,0 +1,601 @@
+//! What the API server refuses with 422 before storing an object: metadata rules every object obeys (names,
+//! labels, annotations, finalizers, owner references) and, for the built-in kinds this project writes, the
+//! rules an operator is most likely to break in a real cluster (selectors that must match templates,
+//! immutable fields, containers that must have names and images).
+//!
+//! Custom resources are checked against their CRD schema by `gpuop_api::schema`, called from the store.
+
+use serde_json::Value;
+
+use crate::error::Cause;
+use crate::registry::ResourceInfo;
+use crate::selector::LabelSelector;
+
+const QUALIFIED_NAME: &str = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start \
+and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is \
+'([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+const LABEL_VALUE: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' \
+or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex \
+used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
+const DNS_SUBDOMAIN: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' \
+or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is \
+'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+const DNS_LABEL: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and \
+must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is \
+'[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+
+/// `Invalid value: <value>: <detail>` at `field`.
+pub(crate) fn invalid(field: &str, value: &Value, detail: impl Into<String>) -> Cause {
+    Cause {
+        reason: "FieldValueInvalid".into(),
+        message: format!("Invalid value: {}: {}", value, detail.into()),
+        field: field.into(),
+    }
+}
+
+/// `Required value[: detail]` at `field`.
+pub(crate) fn required(field: &str, detail: &str) -> Cause {
+    let message = if detail.is_empty() {
+        "Required value".to_owned()
+    } else {
+        format!("Required value: {detail}")
+    };
+    Cause {
+        reason: "FieldValueRequired".into(),
+        message,
+        field: field.into(),
+    }
+}
+
+/// `Forbidden: detail` at `field`.
+pub(crate) fn forbidden(field: &str, detail: &str) -> Cause {
+    Cause {
+        reason: "FieldValueForbidden".into(),
+        message: format!("Forbidden: {detail}"),
+        field: field.into(),
+    }
+}
+
+fn duplicate(field: &str, value: &Value) -> Cause {
+    Cause {
+        reason: "FieldValueDuplicate".into(),
+        message: format!("Duplicate value: {value}"),
+        field: field.into(),
+    }
+}
+
+pub(crate) fn unsupported(field: &str, value: &Value, supported: &[&str]) -> Cause {
+    let supported: Vec<String> = supported.iter().map(|s| format!("{s:?}")).collect();
+    Cause {
+        reason: "FieldValueNotSupported".into(),
+        message: format!(
+            "Unsupported value: {value}: supported values: {}",
+            supported.join(", ")
+        ),
+        field: field.into(),
+    }
+}
+
+fn immutable(field: &str, value: &Value) -> Cause {
+    invalid(field, value, "field is immutable")
+}
+
+fn is_alphanumeric(c: char) -> bool {
+    c.is_ascii_alphanumeric()
+}
+
+/// Why `name` is not a qualified name (`[prefix/]name`, as label and annotation keys are), if it is not.
+pub(crate) fn qualified_name_problem(key: &str) -> Option<String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix {
+        if prefix.is_empty() {
+            return Some("prefix part must be non-empty".into());
+        }
+        if let Some(problem) = dns_subdomain_problem(prefix) {
+            return Some(format!("prefix part {problem}"));
+        }
+    }
+    if name.is_empty() {
+        return Some("name part must be non-empty".into());
+    }
+    if name.len() > 63 {
+        return Some("name part must be no more than 63 characters".into());
+    }
+    if !simple_name(name) {
+        return Some(QUALIFIED_NAME.into());
+    }
+    None
+}
+
+fn simple_name(name: &str) -> bool {
+    name.starts_with(is_alphanumeric)
+        && name.ends_with(is_alphanumeric)
+        && name
+            .chars()
+            .all(|c| is_alphanumeric(c) || matches!(c, '-' | '_' | '.'))
+}
+
+/// Why `value` is not a valid label value, if it is not.
+pub(crate) fn label_value_problem(value: &str) -> Option<String> {
+    if value.len() > 63 {
+        return Some("must be no more than 63 characters".into());
+    }
+    if !value.is_empty() && !simple_name(value) {
+        return Some(LABEL_VALUE.into());
+    }
+    None
+}
+
+/// Why `name` is not a DNS-1123 subdomain, if it is not.
+pub(crate) fn dns_subdomain_problem(name: &str) -> Option<String> {
+    if name.len() > 253 {
+        return Some("must be no more than 253 characters".into());
+    }
+    let ok = !name.is_empty()
+        && name.split('.').all(|part| {
+            part.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && part.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && part
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        });
+    if ok { None } else { Some(DNS_SUBDOMAIN.into()) }
+}
+
+/// Why `name` is not a DNS-1123 label, if it is not.
+pub(crate) fn dns_label_problem(name: &str) -> Option<String> {
+    if name.len() > 63 {
+        return Some("must be no more than 63 characters".into());
+    }
+    if name.contains('.') || dns_subdomain_problem(name).is_some() {
+        return Some(DNS_LABEL.into());
+    }
+    None
+}
+
+fn path_segment_problem(name: &str) -> Option<String> {
+    match name {
+        "." | ".." => Some(format!("may not be '{name}'")),
+        _ if name.contains('/') => Some("may not contain '/'".into()),
+        _ if name.contains('%') => Some("may not contain '%'".into()),
+        _ => None,
+    }
+}
+
+/// How a resource's object names are checked.
+fn name_problem(info: &ResourceInfo, name: &str) -> Option<String> {
+    match (info.group.as_str(), info.plural.as_str()) {
+        ("", "namespaces" | "services") => dns_label_problem(name),
+        ("rbac.authorization.k8s.io", _) => path_segment_problem(name),
+        ("", "nodes") => dns_subdomain_problem(name),
+        _ if info.custom.is_some() => path_segment_problem(name),
+        _ => dns_subdomain_problem(name),
+    }
+}
+
+/// Checks the metadata every object has. `generate_name` tells whether a name was generated.
+pub(crate) fn metadata(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let meta = object.get("metadata").cloned().unwrap_or_default();
+    let name = meta.get("name").and_then(Value::as_str).unwrap_or_default();
+    if name.is_empty() {
+        causes.push(required("metadata.name", "name or generateName is required"));
+    } else if let Some(problem) = name_problem(info, name) {
+        causes.push(invalid("metadata.name", &Value::from(name), problem));
+    }
+    if let Some(labels) = meta.get("labels").and_then(Value::as_object) {
+        for (key, value) in labels {
+            if let Some(problem) = qualified_name_problem(key) {
+                causes.push(invalid("metadata.labels", &Value::from(key.as_str()), problem));
+            }
+            match value.as_str() {
+                Some(text) => {
+                    if let Some(problem) = label_value_problem(text) {
+                        causes.push(invalid("metadata.labels", value, problem));
+                    }
+                }
+                None => causes.push(invalid("metadata.labels", value, "label values must be strings")),
+            }
+        }
+    }
+    if let Some(annotations) = meta.get("annotations").and_then(Value::as_object) {
+        let mut total = 0;
+        for (key, value) in annotations {
+            if let Some(problem) = qualified_name_problem(&key.to_lowercase()) {
+                causes.push(invalid(
+                    "metadata.annotations",
+                    &Value::from(key.as_str()),
+                    problem,
+                ));
+            }
+            total += key.len() + value.as_str().map_or(0, str::len);
+        }
+        if total > 256 * 1024 {
+            causes.push(Cause {
+                reason: "FieldValueTooLong".into(),
+                message: format!("Too long: may not be more than {} bytes", 256 * 1024),
+                field: "metadata.annotations".into(),
+            });
+        }
+    }
+    for (index, finalizer) in meta
+        .get("finalizers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let text = finalizer.as_str().unwrap_or_default();
+        if let Some(problem) = qualified_name_problem(text) {
+            causes.push(invalid(
+                &format!("metadata.finalizers[{index}]"),
+                finalizer,
+                problem,
+            ));
+        }
+    }
+    let mut controllers = 0;
+    for (index, owner) in meta
+        .get("ownerReferences")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let at = format!("metadata.ownerReferences[{index}]");
+        for key in ["apiVersion", "kind", "name", "uid"] {
+            if owner.get(key).and_then(Value::as_str).is_none_or(str::is_empty) {
+                let detail = if key == "uid" { "uid must not be empty" } else { "" };
+                let field = format!("{at}.{key}");
+                causes.push(if detail.is_empty() {
+                    required(&field, "")
+                } else {
+                    invalid(&field, &Value::from(""), detail)
+                });
+            }
+        }
+        if owner.get("controller").and_then(Value::as_bool) == Some(true) {
+            controllers += 1;
+        }
+    }
+    if controllers > 1 {
+        causes.push(invalid(
+            "metadata.ownerReferences",
+            meta.get("ownerReferences").unwrap_or(&Value::Null),
+            "Only one reference can have Controller set to true",
+        ));
+    }
+    causes
+}
+
+/// Checks a built-in kind's own rules; `old` is the stored object on update.
+pub(crate) fn builtin(info: &ResourceInfo, object: &Value, old: Option<&Value>) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    match (info.group.as_str(), info.kind.as_str()) {
+        ("", "Pod") => {
+            pod_spec(object.get("spec"), "spec", &mut causes);
+            if let Some(old) = old {
+                pod_immutables(object, old, &mut causes);
+            }
+        }
+        ("apps", "DaemonSet" | "Deployment") => workload(object, old, &mut causes),
+        ("", "ConfigMap" | "Secret") => {
+            for section in ["data", "binaryData", "stringData"] {
+                for key in object
+                    .get(section)
+                    .and_then(Value::as_object)
+                    .into_iter()
+                    .flat_map(|m| m.keys())
+                {
+                    let ok = !key.is_empty()
+                        && key
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c));
+                    if !ok {
+                        causes.push(invalid(
+                            &format!("{section}[{key}]"),
+                            &Value::from(key.as_str()),
+                            "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. \
+                             'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')",
+                        ));
+                    }
+                }
+            }
+        }
+        ("rbac.authorization.k8s.io", "RoleBinding" | "ClusterRoleBinding") => {
+            let role_ref = object.get("roleRef");
+            for key in ["kind", "name"] {
+                if role_ref
+                    .and_then(|r| r.get(key))
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    causes.push(required(&format!("roleRef.{key}"), ""));
+                }
+            }
+            if let Some(old) = old
+                && old.get("roleRef") != role_ref
+            {
+                causes.push(invalid(
+                    "roleRef",
+                    role_ref.unwrap_or(&Value::Null),
+                    "cannot change roleRef",
+                ));
+            }
+        }
+        ("node.k8s.io", "RuntimeClass") => {
+            let handler = object.get("handler").and_then(Value::as_str).unwrap_or_default();
+            if handler.is_empty() {
+                causes.push(required("handler", ""));
+            } else if let Some(problem) = dns_label_problem(handler) {
+                causes.push(invalid("handler", &Value::from(handler), problem));
+            }
+            if let Some(old) = old
+                && old.get("handler") != object.get("handler")
+            {
+                causes.push(immutable(
+                    "handler",
+                    object.get("handler").unwrap_or(&Value::Null),
+                ));
+            }
+        }
+        ("scheduling.k8s.io", "PriorityClass") => {
+            if !object.get("value").is_some_and(Value::is_i64) {
+                causes.push(required("value", ""));
+            }
+            if let Some(old) = old
+                && old.get("value") != object.get("value")
+            {
+                causes.push(forbidden("value", "may not be changed in an update."));
+            }
+        }
+        ("apiextensions.k8s.io", "CustomResourceDefinition") => {
+            crate::registry::validate_crd(object, old, &mut causes)
+        }
+        _ => {}
+    }
+    causes
+}
+
+fn workload(object: &Value, old: Option<&Value>, causes: &mut Vec<Cause>) {
+    let spec = object.get("spec");
+    let selector = spec.and_then(|s| s.get("selector"));
+    match selector {
+        None | Some(Value::Null) => causes.push(required("spec.selector", "")),
+        Some(selector) => match LabelSelector::from_object(Some(selector)) {
+            Ok(parsed) if parsed.is_empty() => {
+                causes.push(invalid(
+                    "spec.selector",
+                    selector,
+                    "empty selector is invalid for deployment",
+                ));
+            }
+            Ok(parsed) => {
+                let labels = spec
+                    .and_then(|s| s.pointer("/template/metadata/labels"))
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default();
+                if !parsed.matches(&labels) {
+                    causes.push(invalid(
+                        "spec.template.metadata.labels",
+                        &Value::Object(labels),
+                        "`selector` does not match template `labels`",
+                    ));
+                }
+            }
+            Err(error) => causes.push(invalid("spec.selector", selector, error.to_string())),
+        },
+    }
+    let template = spec.and_then(|s| s.get("template")).and_then(|t| t.get("spec"));
+    pod_spec(template, "spec.template.spec", causes);
+    if let Some(policy) = template
+        .and_then(|t| t.get("restartPolicy"))
+        .and_then(Value::as_str)
+        && policy != "Always"
+    {
+        causes.push(unsupported(
+            "spec.template.spec.restartPolicy",
+            &Value::from(policy),
+            &["Always"],
+        ));
+    }
+    if let Some(old) = old {
+        let old_selector = old.pointer("/spec/selector");
+        if old_selector != selector {
+            causes.push(immutable("spec.selector", selector.unwrap_or(&Value::Null)));
+        }
+    }
+}
+
+fn pod_spec(spec: Option<&Value>, at: &str, causes: &mut Vec<Cause>) {
+    let containers = spec.and_then(|s| s.get("containers")).and_then(Value::as_array);
+    if containers.is_none_or(Vec::is_empty) {
+        causes.push(required(&format!("{at}.containers"), ""));
+    }
+    let mut names: Vec<&str> = Vec::new();
+    for list in ["initContainers", "containers"] {
+        for (index, container) in spec
+            .and_then(|s| s.get(list))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let field = format!("{at}.{list}[{index}]");
+            match container.get("name").and_then(Value::as_str) {
+                None | Some("") => causes.push(required(&format!("{field}.name"), "")),
+                Some(name) => {
+                    if let Some(problem) = dns_label_problem(name) {
+                        causes.push(invalid(&format!("{field}.name"), &Value::from(name), problem));
+                    }
+                    if names.contains(&name) {
+                        causes.push(duplicate(&format!("{field}.name"), &Value::from(name)));
+                    }
+                    names.push(name);
+                }
+            }
+            if container
+                .get("image")
+                .and_then(Value::as_str)
+                .is_none_or(|i| i.trim().is_empty())
+            {
+                causes.push(required(&format!("{field}.image"), ""));
+            }
+        }
+    }
+    let volumes: Vec<&str> = spec
+        .and_then(|s| s.get("volumes"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.get("name").and_then(Value::as_str))
+        .collect();
+    for list in ["initContainers", "containers"] {
+        for (index, container) in spec
+            .and_then(|s| s.get(list))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            for (m, mount) in container
+                .get("volumeMounts")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let name = mount.get("name").and_then(Value::as_str).unwrap_or_default();
+                if !volumes.contains(&name) {
+                    causes.push(Cause {
+                        reason: "FieldValueNotFound".into(),
+                        message: format!("Not found: {name:?}"),
+                        field: format!("{at}.{list}[{index}].volumeMounts[{m}].name"),
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn pod_immutables(object: &Value, old: &Value, causes: &mut Vec<Cause>) {
+    let (Some(new_spec), Some(old_spec)) = (object.get("spec"), old.get("spec")) else {
+        return;
+    };
+    // Only images, activeDeadlineSeconds, tolerations (additions) and scheduling gates may change.
+    let strip = |spec: &Value| {
+        let mut spec = spec.clone();
+        if let Some(map) = spec.as_object_mut() {
+            map.remove("activeDeadlineSeconds");
+            map.remove("tolerations");
+            map.remove("schedulingGates");
+            for list in ["containers", "initContainers"] {
+                for container in map
+                    .get_mut(list)
+                    .and_then(Value::as_array_mut)
+                    .into_iter()
+                    .flatten()
+                {
+                    container.as_object_mut().map(|c| c.remove("image"));
+                }
+            }
+        }
+        spec
+    };
+    if strip(new_spec) != strip(old_spec) {
+        causes.push(forbidden(
+            "spec",
+            "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,\
+             `spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),\
+             `spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Registry;
+    use serde_json::json;
+
+    fn messages(causes: &[Cause]) -> Vec<String> {
+        causes
+            .iter()
+            .map(|c| format!("{}: {}", c.field, c.message))
+            .collect()
+    }
+
+    #[test]
+    fn names_and_labels_follow_the_api_rules() {
+        assert_eq!(qualified_name_problem("nvidia.com/gpu.present"), None);
+        assert!(qualified_name_problem("Nvidia.com/gpu").is_some());
+        assert!(qualified_name_problem("a/b/c").is_some());
+        assert_eq!(label_value_problem(""), None);
+        assert!(label_value_problem(&"a".repeat(64)).is_some());
+        assert!(dns_label_problem("a.b").is_some());
+        assert_eq!(dns_subdomain_problem("a.b-c"), None);
+    }
+
+    #[test]
+    fn metadata_problems_name_their_field() {
+        let registry = Registry::builtin();
+        let pods = registry.find("", "v1", "pods").expect("pods");
+        let object = json!({"metadata": {"name": "Bad_Name", "labels": {"ok": "x", "bad": "-x"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "n"}]}});
+        let found = messages(&metadata(&pods, &object));
+        assert_eq!(found.len(), 3, "{found:#?}");
+        assert!(
+            found[0]
+                .starts_with(r#"metadata.name: Invalid value: "Bad_Name": a lowercase RFC 1123 subdomain"#)
+        );
+        assert!(found[1].starts_with(r#"metadata.labels: Invalid value: "-x": a valid label"#));
+        assert_eq!(
+            found[2],
+            r#"metadata.ownerReferences[0].uid: Invalid value: "": uid must not be empty"#
+        );
+    }
+
+    #[test]
+    fn a_daemonset_selector_must_match_its_template_and_never_change() {
+        let registry = Registry::builtin();
+        let daemonsets = registry.find("apps", "v1", "daemonsets").expect("daemonsets");
+        let ds = |selector: &str, label: &str| {
+            json!({"spec": {"selector": {"matchLabels": {"app": selector}},
+                "template": {"metadata": {"labels": {"app": label}},
+                             "spec": {"containers": [{"name": "c", "image": "i"}]}}}})
+        };
+        assert!(builtin(&daemonsets, &ds("a", "a"), None).is_empty());
+        assert_eq!(
+            messages(&builtin(&daemonsets, &ds("a", "b"), None)),
+            [
+                r#"spec.template.metadata.labels: Invalid value: {"app":"b"}: `selector` does not match template `labels`"#
+            ]
+        );
+        assert_eq!(
+            messages(&builtin(&daemonsets, &ds("b", "b"), Some(&ds("a", "a")))),
+            [r#"spec.selector: Invalid value: {"matchLabels":{"app":"b"}}: field is immutable"#]
+        );
+    }
+
+    #[test]
+    fn containers_need_names_and_images() {
+        let registry = Registry::builtin();
+        let pods = registry.find("", "v1", "pods").expect("pods");
+        let pod = json!({"spec": {"containers": [{"name": "a", "image": "i"}, {"name": "a"}]}});
+        assert_eq!(
+            messages(&builtin(&pods, &pod, None)),
+            [
+                r#"spec.containers[1].name: Duplicate value: "a""#,
+                "spec.containers[1].image: Required value"
+            ]
+        );
+        assert_eq!(
+            messages(&builtin(&pods, &json!({"spec": {}}), None)),
+            ["spec.containers: Required value"]
+        );
+    }
+}

@@ -1,0 +1,829 @@
+//! What a write does to an object: the pipeline every create, update, patch, apply and delete goes
+//! through (server-owned metadata, subresource rules, decoding, defaults, validation, generation, managed
+//! fields), the preconditions it checks, and when a delete stores a deletion timestamp instead of removing.
+//!
+//! These are methods of the store's [`State`]; [`crate::store`] holds the objects and publishes changes.
+
+use std::sync::Arc;
+
+use gpuop_api::field::FieldErrorKind;
+use gpuop_api::schema;
+use serde_json::{Value, json};
+
+use crate::clock::format_time;
+use crate::defaults;
+use crate::error::{ApiError, Cause, GroupKind, GroupResource};
+use crate::gc::Work;
+use crate::object::Stored;
+use crate::patch::{self, PatchType};
+use crate::pods;
+use crate::registry::ResourceInfo;
+use crate::ssa::{self, Applier, Scope, Updater};
+use crate::store::{
+    DeleteOptions, Deleted, FieldValidation, PodTermination, Propagation, State, WriteOptions, Written,
+    finalizers, metadata_mut, not_found, shape_of, text,
+};
+use crate::typed;
+use crate::validation;
+
+const CRD_CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
+const PROTECTED_NAMESPACES: [&str; 3] = ["default", "kube-system", "kube-public"];
+
+/// Whether anything outside metadata (and status, when it is a subresource) differs.
+fn spec_changed(old: &Value, new: &Value, status_subresource: bool) -> bool {
+    let strip = |value: &Value| {
+        let mut map = value.as_object().cloned().unwrap_or_default();
+        for key in ["metadata", "apiVersion", "kind"] {
+            map.remove(key);
+        }
+        if status_subresource {
+            map.remove("status");
+        }
+        map
+    };
+    strip(old) != strip(new)
+}
+
+/// Whether an object may go now: no finalizers left (and, for namespaces, no `spec.finalizers`).
+fn releasable(value: &Value) -> bool {
+    finalizers(value).is_empty()
+        && value
+            .pointer("/spec/finalizers")
+            .and_then(Value::as_array)
+            .is_none_or(|f| f.is_empty())
+}
+
+fn apply_conflict(info: &ResourceInfo, name: &str, conflicts: &[ssa::Conflict]) -> ApiError {
+    let mut by_manager: Vec<(String, String, Vec<String>)> = Vec::new();
+    for conflict in conflicts {
+        let field = crate::fieldset::display(&conflict.path);
+        match by_manager
+            .iter_mut()
+            .find(|(m, v, _)| *m == conflict.manager && *v == conflict.api_version)
+        {
+            Some((_, _, fields)) => fields.push(field),
+            None => by_manager.push((
+                conflict.manager.clone(),
+                conflict.api_version.clone(),
+                vec![field],
+            )),
+        }
+    }
+    let count = conflicts.len();
+    let message = if count == 1 {
+        let (manager, version, fields) = &by_manager[0];
+        format!(
+            "Apply failed with 1 conflict: conflict with \"{manager}\" using {version}: {}",
+            fields[0]
+        )
+    } else {
+        let groups: Vec<String> = by_manager
+            .iter()
+            .map(|(manager, version, fields)| {
+                let lines: Vec<String> = fields.iter().map(|f| format!("- {f}")).collect();
+                format!(
+                    "conflicts with \"{manager}\" using {version}:\n{}",
+                    lines.join("\n")
+                )
+            })
+            .collect();
+        format!("Apply failed with {count} conflicts: {}", groups.join("\n"))
+    };
+    let causes = conflicts
+        .iter()
+        .map(|c| Cause {
+            reason: "FieldManagerConflict".into(),
+            message: format!("conflict with \"{}\" using {}", c.manager, c.api_version),
+            field: crate::fieldset::display(&c.path),
+        })
+        .collect();
+    ApiError::ApplyConflict {
+        resource: info.group_resource(),
+        name: name.to_owned(),
+        message,
+        causes,
+    }
+}
+
+impl State {
+    /// Writes a change the server makes itself (garbage collector, binding, namespace controller): no
+    /// validation, but managed fields are recorded, and an object without finalizers left that is being
+    /// deleted goes.
+    pub(crate) fn system_update(
+        &mut self,
+        info: &ResourceInfo,
+        old: &Arc<Stored>,
+        mut value: Value,
+        manager: &str,
+        scope: Scope,
+    ) -> Arc<Stored> {
+        typed::drop_empty_metadata(&mut value);
+        let old_value = old.value();
+        if value == old_value {
+            return old.clone();
+        }
+        let now = self.now();
+        let api_version = info.api_version();
+        let updater = Updater {
+            manager,
+            scope,
+            shape: shape_of(info),
+            api_version: &api_version,
+            now: &now,
+        };
+        ssa::record_update(Some(&old_value), &mut value, &updater);
+        if old.meta.deleting && releasable(&value) {
+            self.remove(info, value, old)
+        } else {
+            self.commit(info, value, Some(old.clone()))
+        }
+    }
+
+    fn generate_name(&mut self, info: &ResourceInfo, namespace: &str, prefix: &str) -> String {
+        loop {
+            let name = format!("{prefix}{}", self.random.name_suffix());
+            if self.lookup(info, namespace, &name).is_none() {
+                return name;
+            }
+        }
+    }
+
+    pub(crate) fn create(
+        &mut self,
+        info: &Arc<ResourceInfo>,
+        namespace: Option<&str>,
+        mut body: Value,
+        opts: &WriteOptions,
+        applied: bool,
+    ) -> Result<Written, ApiError> {
+        if !body.is_object() {
+            return Err(ApiError::BadRequest(format!(
+                "the body of a {} must be a JSON object",
+                info.kind
+            )));
+        }
+        let mut name = text(&body, "/metadata/name").to_owned();
+        let namespace = if info.namespaced {
+            let namespace = namespace.unwrap_or("default");
+            let sent = text(&body, "/metadata/namespace");
+            if !sent.is_empty() && sent != namespace {
+                return Err(ApiError::BadRequest(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                        .into(),
+                ));
+            }
+            let namespaces = self.registry.find("", "v1", "namespaces").expect("built in");
+            let Some(owner) = self.lookup(&namespaces, "", namespace) else {
+                return Err(ApiError::NotFound {
+                    resource: GroupResource::new("", "namespaces"),
+                    name: namespace.into(),
+                });
+            };
+            if owner.meta.deleting {
+                let shown = if name.is_empty() {
+                    text(&body, "/metadata/generateName").to_owned()
+                } else {
+                    name.clone()
+                };
+                return Err(ApiError::Forbidden {
+                    resource: info.group_resource(),
+                    name: shown.clone(),
+                    message: format!(
+                        "{} \"{shown}\" is forbidden: unable to create new content in namespace {namespace} because it is being terminated",
+                        info.group_resource()
+                    ),
+                });
+            }
+            metadata_mut(&mut body).insert("namespace".into(), Value::from(namespace));
+            namespace.to_owned()
+        } else {
+            metadata_mut(&mut body).remove("namespace");
+            String::new()
+        };
+        if let Some(custom) = &info.custom {
+            let definition = self
+                .registry
+                .find("apiextensions.k8s.io", "v1", "customresourcedefinitions");
+            if definition
+                .and_then(|d| self.lookup(&d, "", &custom.crd_name))
+                .is_some_and(|d| d.meta.deleting)
+            {
+                return Err(ApiError::MethodNotAllowed);
+            }
+        }
+        if name.is_empty() {
+            let prefix = text(&body, "/metadata/generateName").to_owned();
+            if !prefix.is_empty() {
+                name = self.generate_name(info, &namespace, &prefix);
+                metadata_mut(&mut body).insert("name".into(), Value::from(name.as_str()));
+            }
+        }
+        if !name.is_empty() && self.lookup(info, &namespace, &name).is_some() {
+            return Err(ApiError::AlreadyExists {
+                resource: info.group_resource(),
+                name,
+            });
+        }
+        let (mut value, warnings) = self.prepare(info, None, body, opts, applied)?;
+        if info.is("", "Pod") {
+            let class_name = text(&value, "/spec/priorityClassName").to_owned();
+            let classes = self
+                .registry
+                .find("scheduling.k8s.io", "v1", "priorityclasses")
+                .expect("built in");
+            let class = (!class_name.is_empty())
+                .then(|| self.lookup(&classes, "", &class_name))
+                .flatten();
+            pods::admit(&mut value, class.map(|c| c.value()).as_ref())?;
+        }
+        if info.is("", "Service") {
+            self.allocate_cluster_ip(&mut value);
+        }
+        if info.is("apiextensions.k8s.io", "CustomResourceDefinition") {
+            let now = self.now();
+            value["status"] = crate::registry::crd_status(&value, &now);
+            let finalizers = metadata_mut(&mut value)
+                .entry("finalizers")
+                .or_insert_with(|| json!([]));
+            if let Some(list) = finalizers.as_array_mut()
+                && !list.iter().any(|f| f == CRD_CLEANUP_FINALIZER)
+            {
+                list.push(json!(CRD_CLEANUP_FINALIZER));
+            }
+        }
+        if opts.dry_run {
+            return Ok(Written {
+                object: Stored::new(&value, info),
+                created: true,
+                warnings,
+            });
+        }
+        let stored = self.commit(info, value.clone(), None);
+        if info.is("apiextensions.k8s.io", "CustomResourceDefinition") {
+            self.registry.register_crd(&value);
+        }
+        if info.is("", "Namespace") {
+            let account = json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                                 "metadata": {"name": "default", "namespace": name}});
+            let accounts = self.registry.find("", "v1", "serviceaccounts").expect("built in");
+            let system = WriteOptions {
+                manager: "kube-controller-manager".into(),
+                ..WriteOptions::default()
+            };
+            self.create(&accounts, Some(&name), account, &system, false)?;
+        }
+        Ok(Written {
+            object: stored,
+            created: true,
+            warnings,
+        })
+    }
+
+    fn allocate_cluster_ip(&mut self, service: &mut Value) {
+        let kind = text(service, "/spec/type");
+        let current = text(service, "/spec/clusterIP");
+        if kind == "ExternalName" || current == "None" {
+            return;
+        }
+        let ip = if current.is_empty() {
+            self.next_ip += 1;
+            format!("10.96.{}.{}", (self.next_ip >> 8) & 0xFF, self.next_ip & 0xFF)
+        } else {
+            current.to_owned()
+        };
+        service["spec"]["clusterIP"] = json!(ip);
+        service["spec"]["clusterIPs"] = json!([ip]);
+        service["spec"]["ipFamilies"] = json!(["IPv4"]);
+        service["spec"]["ipFamilyPolicy"] = json!("SingleStack");
+    }
+
+    /// Turns a request body into the object to store: server-owned metadata, subresource rules, decoding,
+    /// defaults, validation, generation and managed fields.
+    fn prepare(
+        &mut self,
+        info: &ResourceInfo,
+        old: Option<&Value>,
+        mut new: Value,
+        opts: &WriteOptions,
+        applied: bool,
+    ) -> Result<(Value, Vec<String>), ApiError> {
+        let now = self.now();
+        for (key, expected) in [("apiVersion", info.api_version()), ("kind", info.kind.clone())] {
+            let sent = text(&new, &format!("/{key}"));
+            if !sent.is_empty() && sent != expected {
+                let what = if key == "kind" { "kind" } else { "API version" };
+                return Err(ApiError::BadRequest(format!(
+                    "the {what} in the data ({sent}) does not match the expected {what} ({expected})"
+                )));
+            }
+            new[key] = Value::from(expected);
+        }
+        metadata_mut(&mut new);
+        match old {
+            None => {
+                let meta = metadata_mut(&mut new);
+                if !(opts.keep_identity
+                    && meta
+                        .get("uid")
+                        .is_some_and(|u| u.as_str().is_some_and(|u| !u.is_empty())))
+                {
+                    let uid = self.random.uid();
+                    metadata_mut(&mut new).insert("uid".into(), Value::from(uid));
+                }
+                let meta = metadata_mut(&mut new);
+                if !(opts.keep_identity && meta.get("creationTimestamp").is_some_and(Value::is_string)) {
+                    meta.insert("creationTimestamp".into(), Value::from(now.as_str()));
+                }
+                for key in [
+                    "resourceVersion",
+                    "deletionTimestamp",
+                    "deletionGracePeriodSeconds",
+                    "selfLink",
+                ] {
+                    meta.remove(key);
+                }
+                if info.generation {
+                    meta.insert("generation".into(), json!(1));
+                } else {
+                    meta.remove("generation");
+                }
+                if info.status_subresource && !info.is("", "Node") {
+                    defaults::initial_status(info, &mut new);
+                    if info.custom.is_some()
+                        && let Some(map) = new.as_object_mut()
+                    {
+                        map.remove("status");
+                    }
+                }
+            }
+            Some(old_value) => {
+                if opts.status {
+                    let mut only_status = old_value.clone();
+                    match new.get("status") {
+                        Some(status) => only_status["status"] = status.clone(),
+                        None => {
+                            only_status.as_object_mut().map(|o| o.remove("status"));
+                        }
+                    }
+                    if let Some(fields) = new.pointer("/metadata/managedFields") {
+                        metadata_mut(&mut only_status).insert("managedFields".into(), fields.clone());
+                    }
+                    new = only_status;
+                } else if info.status_subresource {
+                    match old_value.get("status") {
+                        Some(status) => new["status"] = status.clone(),
+                        None => {
+                            new.as_object_mut().map(|o| o.remove("status"));
+                        }
+                    }
+                }
+                let old_meta = old_value.get("metadata").cloned().unwrap_or_default();
+                let meta = metadata_mut(&mut new);
+                for key in [
+                    "uid",
+                    "creationTimestamp",
+                    "deletionTimestamp",
+                    "deletionGracePeriodSeconds",
+                    "generation",
+                    "name",
+                    "namespace",
+                    "resourceVersion",
+                ] {
+                    match old_meta.get(key) {
+                        Some(value) => meta.insert(key.into(), value.clone()),
+                        None => meta.remove(key),
+                    };
+                }
+            }
+        }
+
+        let normalized = typed::normalize(info, &new)?;
+        let mut unknown = normalized.unknown;
+        new = normalized.object;
+        let schema = info.custom.as_ref().and_then(|c| c.schema.as_ref());
+        if let Some(schema) = schema {
+            unknown.extend(schema::prune(schema, &mut new));
+            schema::apply_defaults(schema, &mut new);
+        }
+        defaults::apply(info, &mut new);
+        let warnings = match opts.validation {
+            FieldValidation::Ignore => Vec::new(),
+            FieldValidation::Warn => unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect(),
+            FieldValidation::Strict if unknown.is_empty() => Vec::new(),
+            FieldValidation::Strict => {
+                let fields: Vec<String> = unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect();
+                return Err(ApiError::BadRequest(format!(
+                    "strict decoding error: {}",
+                    fields.join(", ")
+                )));
+            }
+        };
+
+        let old_value = old;
+        let mut causes = validation::metadata(info, &new);
+        causes.extend(validation::builtin(info, &new, old_value));
+        if let Some(schema) = schema {
+            let errors: Vec<_> = schema::validate(schema, &new)
+                .into_iter()
+                .filter(|e| !matches!(e.kind, FieldErrorKind::Unknown { .. }))
+                .collect();
+            causes.extend(errors.iter().map(Cause::from_field_error));
+            // CEL rules (`x-kubernetes-validations`, with `oldSelf` on updates) run on a well-typed object.
+            if errors.is_empty() {
+                let broken = schema::check_rules(schema, &new, old_value);
+                causes.extend(broken.iter().map(Cause::from_field_error));
+            }
+        }
+        if let Some(old_value) = old_value
+            && old_value
+                .pointer("/metadata/deletionTimestamp")
+                .is_some_and(|t| !t.is_null())
+        {
+            let before = finalizers(old_value);
+            let added: Vec<String> = finalizers(&new)
+                .into_iter()
+                .filter(|f| !before.contains(f))
+                .collect();
+            if !added.is_empty() {
+                causes.push(validation::forbidden(
+                    "metadata.finalizers",
+                    &format!("no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"),
+                ));
+            }
+        }
+        if !causes.is_empty() {
+            return Err(ApiError::invalid_causes(
+                info.group_kind(),
+                text(&new, "/metadata/name"),
+                causes,
+            ));
+        }
+
+        if let Some(old_value) = old_value
+            && info.generation
+            && spec_changed(old_value, &new, info.status_subresource)
+        {
+            let generation = old_value
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            metadata_mut(&mut new).insert("generation".into(), json!(generation + 1));
+        }
+        if info.is("apiextensions.k8s.io", "CustomResourceDefinition")
+            && let Some(old_value) = old_value
+            && old_value.get("spec") != new.get("spec")
+        {
+            new["status"] = crate::registry::crd_status(&new, &now);
+        }
+        if !applied {
+            let scope = if opts.status {
+                Scope::Status
+            } else {
+                Scope::Main {
+                    status_subresource: info.status_subresource,
+                }
+            };
+            let api_version = info.api_version();
+            let updater = Updater {
+                manager: &opts.manager,
+                scope,
+                shape: shape_of(info),
+                api_version: &api_version,
+                now: &now,
+            };
+            ssa::record_update(old_value, &mut new, &updater);
+        }
+        Ok((new, warnings))
+    }
+
+    /// Stores an update of `old` to `new`, unless nothing changed; removes the object when it was being
+    /// deleted and its last finalizer went.
+    fn finish_update(
+        &mut self,
+        info: &Arc<ResourceInfo>,
+        old: &Arc<Stored>,
+        old_value: &Value,
+        new: Value,
+        opts: &WriteOptions,
+        warnings: Vec<String>,
+    ) -> Result<Written, ApiError> {
+        if new == *old_value {
+            return Ok(Written {
+                object: old.clone(),
+                created: false,
+                warnings,
+            });
+        }
+        if opts.dry_run {
+            return Ok(Written {
+                object: Stored::new(&new, info),
+                created: false,
+                warnings,
+            });
+        }
+        let object = if old.meta.deleting && releasable(&new) {
+            self.remove(info, new, old)
+        } else {
+            if info.is("apiextensions.k8s.io", "CustomResourceDefinition") && !old.meta.deleting {
+                self.registry.register_crd(&new);
+            }
+            self.commit(info, new, Some(old.clone()))
+        };
+        Ok(Written {
+            object,
+            created: false,
+            warnings,
+        })
+    }
+
+    fn existing(&self, info: &ResourceInfo, namespace: &str, name: &str) -> Result<Arc<Stored>, ApiError> {
+        self.lookup(info, namespace, name)
+            .ok_or_else(|| not_found(info, name))
+    }
+
+    fn check_identity(info: &ResourceInfo, name: &str, old: &Stored, body: &Value) -> Result<(), ApiError> {
+        let sent_name = text(body, "/metadata/name");
+        if !sent_name.is_empty() && sent_name != name {
+            return Err(ApiError::BadRequest(format!(
+                "the name of the object ({sent_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        let sent_namespace = text(body, "/metadata/namespace");
+        if info.namespaced && !sent_namespace.is_empty() && sent_namespace != old.meta.namespace {
+            return Err(ApiError::BadRequest(
+                "the namespace of the provided object does not match the namespace sent on the request"
+                    .into(),
+            ));
+        }
+        let sent_version = text(body, "/metadata/resourceVersion");
+        if !sent_version.is_empty() && sent_version != old.meta.resource_version.to_string() {
+            return Err(ApiError::modified(info.group_resource(), name));
+        }
+        let sent_uid = text(body, "/metadata/uid");
+        if !sent_uid.is_empty() && sent_uid != old.meta.uid {
+            return Err(ApiError::Conflict {
+                resource: info.group_resource(),
+                name: name.to_owned(),
+                detail: format!(
+                    "Precondition failed: UID in precondition: {sent_uid}, UID in object meta: {}",
+                    old.meta.uid
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn update(
+        &mut self,
+        info: &Arc<ResourceInfo>,
+        namespace: &str,
+        name: &str,
+        body: Value,
+        opts: &WriteOptions,
+    ) -> Result<Written, ApiError> {
+        let old = self.existing(info, namespace, name)?;
+        Self::check_identity(info, name, &old, &body)?;
+        let old_value = old.value();
+        let (new, warnings) = self.prepare(info, Some(&old_value), body, opts, false)?;
+        self.finish_update(info, &old, &old_value, new, opts, warnings)
+    }
+
+    pub(crate) fn patch(
+        &mut self,
+        info: &Arc<ResourceInfo>,
+        namespace: &str,
+        name: &str,
+        kind: PatchType,
+        patch: &Value,
+        opts: &WriteOptions,
+    ) -> Result<Written, ApiError> {
+        let old = self.existing(info, namespace, name)?;
+        let old_value = old.value();
+        let mut new = old_value.clone();
+        patch::apply(kind, &mut new, patch, info)?;
+        if text(&new, "/metadata/name") != name {
+            return Err(ApiError::invalid_causes(
+                info.group_kind(),
+                name,
+                vec![validation::invalid(
+                    "metadata.name",
+                    &Value::from(text(&new, "/metadata/name")),
+                    "field is immutable",
+                )],
+            ));
+        }
+        Self::check_identity(info, name, &old, &new)?;
+        let (new, warnings) = self.prepare(info, Some(&old_value), new, opts, false)?;
+        self.finish_update(info, &old, &old_value, new, opts, warnings)
+    }
+
+    pub(crate) fn apply(
+        &mut self,
+        info: &Arc<ResourceInfo>,
+        namespace: &str,
+        name: &str,
+        config: &Value,
+        opts: &WriteOptions,
+    ) -> Result<Written, ApiError> {
+        if opts.manager.is_empty() {
+            let kind = GroupKind {
+                group: "meta.k8s.io".into(),
+                kind: "PatchOptions".into(),
+            };
+            return Err(ApiError::invalid_causes(
+                kind,
+                "",
+                vec![validation::required(
+                    "fieldManager",
+                    "is required for apply patch",
+                )],
+            ));
+        }
+        if !config.is_object() {
+            return Err(ApiError::BadRequest(
+                "an apply patch must be a YAML or JSON object".into(),
+            ));
+        }
+        for key in ["apiVersion", "kind"] {
+            if text(config, &format!("/{key}")).is_empty() {
+                return Err(ApiError::BadRequest(format!(
+                    "invalid object type: {key} must be set in an apply patch (want {} {})",
+                    info.api_version(),
+                    info.kind
+                )));
+            }
+        }
+        if config
+            .pointer("/metadata/managedFields")
+            .is_some_and(|m| !m.is_null())
+        {
+            return Err(ApiError::BadRequest("metadata.managedFields must be nil".into()));
+        }
+        let sent_name = text(config, "/metadata/name");
+        if !sent_name.is_empty() && sent_name != name {
+            return Err(ApiError::BadRequest(format!(
+                "the name of the object ({sent_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        let now = self.now();
+        let api_version = info.api_version();
+        let scope = if opts.status {
+            Scope::Status
+        } else {
+            Scope::Main {
+                status_subresource: info.status_subresource,
+            }
+        };
+        let applier = Applier {
+            manager: &opts.manager,
+            force: opts.force,
+            scope,
+            shape: shape_of(info),
+            api_version: &api_version,
+            now: &now,
+        };
+        match self.lookup(info, namespace, name) {
+            None => {
+                if opts.status {
+                    return Err(not_found(info, name));
+                }
+                let mut skeleton =
+                    json!({"apiVersion": api_version, "kind": info.kind, "metadata": {"name": name}});
+                if info.namespaced {
+                    skeleton["metadata"]["namespace"] = json!(namespace);
+                }
+                let result =
+                    ssa::apply(&skeleton, config, &applier).map_err(|c| apply_conflict(info, name, &c))?;
+                self.create(info, Some(namespace), result, opts, true)
+            }
+            Some(old) => {
+                Self::check_identity(info, name, &old, config)?;
+                let old_value = old.value();
+                let result =
+                    ssa::apply(&old_value, config, &applier).map_err(|c| apply_conflict(info, name, &c))?;
+                let (new, warnings) = self.prepare(info, Some(&old_value), result, opts, true)?;
+                self.finish_update(info, &old, &old_value, new, opts, warnings)
+            }
+        }
+    }
+
+    pub(crate) fn delete(
+        &mut self,
+        info: &Arc<ResourceInfo>,
+        namespace: &str,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> Result<Deleted, ApiError> {
+        let old = self.existing(info, namespace, name)?;
+        if let Some(uid) = opts.uid.as_deref().filter(|u| !u.is_empty())
+            && uid != old.meta.uid
+        {
+            return Err(ApiError::Conflict {
+                resource: info.group_resource(),
+                name: name.to_owned(),
+                detail: format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    old.meta.uid
+                ),
+            });
+        }
+        if let Some(version) = opts.resource_version.as_deref().filter(|v| !v.is_empty())
+            && version != old.meta.resource_version.to_string()
+        {
+            return Err(ApiError::Conflict {
+                resource: info.group_resource(),
+                name: name.to_owned(),
+                detail: format!(
+                    "Precondition failed: ResourceVersion in precondition: {version}, ResourceVersion in object meta: {}",
+                    old.meta.resource_version
+                ),
+            });
+        }
+        if info.is("", "Namespace") && PROTECTED_NAMESPACES.contains(&name) {
+            return Err(ApiError::Forbidden {
+                resource: info.group_resource(),
+                name: name.to_owned(),
+                message: format!("namespaces \"{name}\" is forbidden: this namespace may not be deleted"),
+            });
+        }
+
+        let mut value = old.value();
+        let mut wanted = finalizers(&value);
+        match opts.propagation {
+            Some(Propagation::Orphan) if !wanted.iter().any(|f| f == "orphan") => {
+                wanted.push("orphan".into())
+            }
+            Some(Propagation::Foreground) if !wanted.iter().any(|f| f == "foregroundDeletion") => {
+                wanted.push("foregroundDeletion".into());
+            }
+            _ => {}
+        }
+        let kubelet_grace = (info.is("", "Pod")
+            && self.options.pod_termination == PodTermination::Kubelet
+            && !text(&value, "/spec/nodeName").is_empty())
+        .then(|| {
+            opts.grace_period_seconds
+                .or_else(|| {
+                    value
+                        .pointer("/spec/terminationGracePeriodSeconds")
+                        .and_then(Value::as_i64)
+                })
+                .unwrap_or(30)
+        })
+        .filter(|grace| *grace > 0);
+        let is_namespace = info.is("", "Namespace");
+        let pending = !wanted.is_empty() || kubelet_grace.is_some() || (is_namespace && !releasable(&value));
+        if !pending {
+            if opts.dry_run {
+                return Ok(Deleted::Gone(old));
+            }
+            return Ok(Deleted::Gone(self.remove(info, value, &old)));
+        }
+        let meta = metadata_mut(&mut value);
+        if !old.meta.deleting {
+            let grace = kubelet_grace.unwrap_or(0);
+            let at = self
+                .clock
+                .now()
+                .checked_add(jiff::SignedDuration::from_secs(grace))
+                .unwrap_or(self.clock.now());
+            meta.insert("deletionTimestamp".into(), Value::from(format_time(at)));
+            meta.insert("deletionGracePeriodSeconds".into(), json!(grace));
+            if let Some(generation) = meta.get("generation").and_then(Value::as_i64) {
+                meta.insert("generation".into(), json!(generation + 1));
+            }
+        }
+        if !wanted.is_empty() {
+            meta.insert("finalizers".into(), json!(wanted));
+        }
+        if is_namespace {
+            value["status"]["phase"] = json!("Terminating");
+        }
+        if opts.dry_run {
+            return Ok(Deleted::Pending(Stored::new(&value, info)));
+        }
+        let stored = if value == old.value() {
+            old
+        } else {
+            self.commit(info, value, Some(old))
+        };
+        let uid = stored.meta.uid.clone();
+        if stored.meta.finalizers.iter().any(|f| f == "orphan") {
+            self.gc.push_back(Work::Orphan { uid: uid.clone() });
+        }
+        if stored.meta.finalizers.iter().any(|f| f == "foregroundDeletion") {
+            self.gc.push_back(Work::Foreground { uid });
+        }
+        if is_namespace {
+            self.gc.push_back(Work::Namespace {
+                name: name.to_owned(),
+            });
+        }
+        if info.is("apiextensions.k8s.io", "CustomResourceDefinition") {
+            self.gc.push_back(Work::Definition {
+                name: name.to_owned(),
+            });
+        }
+        Ok(Deleted::Pending(stored))
+    }
+}

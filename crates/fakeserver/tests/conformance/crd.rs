@@ -1,0 +1,272 @@
+//! CRDs: registration in discovery at once, validation of custom resources against the schema with every
+//! field named, pruning and defaults, the status subresource, selectable fields, and cleanup on delete.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+    PostParams,
+};
+use kube::discovery::Discovery;
+use serde_json::json;
+
+use super::support::{clusterpolicy_crd, failure, server};
+
+async fn with_crd(server: &gpuop_fakeserver::FakeServer) -> Api<DynamicObject> {
+    let crds: Api<CustomResourceDefinition> = Api::all(server.client());
+    let crd: CustomResourceDefinition = serde_json::from_value(clusterpolicy_crd()).expect("crd");
+    let created = crds
+        .create(&PostParams::default(), &crd)
+        .await
+        .expect("registered");
+    let established = created.status.and_then(|s| s.conditions).unwrap_or_default();
+    assert!(
+        established
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+    );
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy"),
+        "clusterpolicies",
+    );
+    Api::all_with(server.client(), &resource)
+}
+
+fn policy(name: &str, spec: serde_json::Value) -> DynamicObject {
+    let mut object =
+        json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": name}});
+    object["spec"] = spec;
+    serde_json::from_value(object).expect("dynamic object")
+}
+
+#[tokio::test]
+async fn a_crd_is_discovered_and_served_at_once() {
+    let server = server();
+    let policies = with_crd(&server).await;
+    let discovery = Discovery::new(server.client()).run().await.expect("discovery");
+    let group = discovery.get("nvidia.com").expect("group discovered");
+    let (resource, capabilities) = group.recommended_kind("ClusterPolicy").expect("kind discovered");
+    assert_eq!(resource.plural, "clusterpolicies");
+    assert_eq!(capabilities.scope, kube::discovery::Scope::Cluster);
+    assert!(
+        capabilities
+            .subresources
+            .iter()
+            .any(|(r, _)| r.plural == "status")
+    );
+
+    let created = policies
+        .create(
+            &PostParams::default(),
+            &policy("cluster-policy", json!({"driver": {}})),
+        )
+        .await
+        .expect("created");
+    assert_eq!(created.metadata.generation, Some(1));
+}
+
+#[tokio::test]
+async fn invalid_custom_resources_name_every_field() {
+    let server = server();
+    let policies = with_crd(&server).await;
+    let bad = policy(
+        "x",
+        json!({"driver": {"version": "v1!", "replicas": 0, "enabled": "yes"}, "mig": {"strategy": "double"}}),
+    );
+    let invalid = failure(policies.create(&PostParams::default(), &bad).await);
+    assert!(invalid.is_invalid());
+    let mut fields: Vec<String> = invalid
+        .details
+        .as_ref()
+        .expect("details")
+        .causes
+        .iter()
+        .map(|c| c.field.clone())
+        .collect();
+    fields.sort();
+    assert_eq!(
+        fields,
+        [
+            "spec.driver.enabled",
+            "spec.driver.replicas",
+            "spec.driver.version",
+            "spec.mig.strategy"
+        ]
+    );
+    assert!(
+        invalid
+            .message
+            .starts_with(r#"ClusterPolicy.nvidia.com "x" is invalid: ["#),
+        "{}",
+        invalid.message
+    );
+    assert!(
+        invalid.message.contains(
+            r#"spec.mig.strategy: Unsupported value: "double": supported values: "none", "single", "mixed""#
+        ),
+        "{}",
+        invalid.message
+    );
+
+    let missing = failure(
+        policies
+            .create(&PostParams::default(), &policy("y", json!({})))
+            .await,
+    );
+    assert_eq!(
+        missing.message,
+        r#"ClusterPolicy.nvidia.com "y" is invalid: spec.driver: Required value"#
+    );
+}
+
+#[tokio::test]
+async fn cel_rules_are_enforced_with_old_self_on_updates() {
+    let server = server();
+    let policies = with_crd(&server).await;
+    let too_many = failure(
+        policies
+            .create(
+                &PostParams::default(),
+                &policy("p", json!({"driver": {"replicas": 9}})),
+            )
+            .await,
+    );
+    assert_eq!(
+        too_many.message,
+        r#"ClusterPolicy.nvidia.com "p" is invalid: spec.driver: Invalid value: "object": at most 8 replicas"#
+    );
+    policies
+        .create(
+            &PostParams::default(),
+            &policy("p", json!({"driver": {}, "mig": {"strategy": "single"}})),
+        )
+        .await
+        .expect("valid");
+    let change = Patch::Merge(json!({"spec": {"mig": {"strategy": "mixed"}}}));
+    let refused = failure(policies.patch("p", &PatchParams::default(), &change).await);
+    assert!(
+        refused
+            .message
+            .contains("spec.mig.strategy: Invalid value: \"string\": the MIG strategy cannot change"),
+        "{}",
+        refused.message
+    );
+}
+
+#[tokio::test]
+async fn unknown_fields_are_pruned_unless_preserved_and_defaults_filled() {
+    let server = server();
+    let policies = with_crd(&server).await;
+    // Defaults fill absent fields of objects that are present (`mig`), as structural defaulting does.
+    let sent = policy(
+        "p",
+        json!({"driver": {"enabled": true, "bogus": 1}, "free": {"anything": [1]}, "mig": {}, "typo": true}),
+    );
+    let stored = policies
+        .create(&PostParams::default(), &sent)
+        .await
+        .expect("created");
+    assert_eq!(
+        stored.data["spec"],
+        json!({"driver": {"enabled": true}, "free": {"anything": [1]}, "mig": {"strategy": "single"}})
+    );
+    let strict = PatchParams::apply("gpu-operator").validation_strict();
+    let refused = failure(
+        policies
+            .patch(
+                "q",
+                &strict,
+                &Patch::Apply(policy("q", json!({"driver": {}, "typo": 1}))),
+            )
+            .await,
+    );
+    assert_eq!(refused.code, 400);
+    assert!(
+        refused.message.contains(r#"unknown field "spec.typo""#),
+        "{}",
+        refused.message
+    );
+}
+
+#[tokio::test]
+async fn the_status_subresource_separates_spec_and_status() {
+    let server = server();
+    let policies = with_crd(&server).await;
+    let mut sent = policy("p", json!({"driver": {}}));
+    sent.data["status"] = json!({"state": "ready"});
+    let created = policies
+        .create(&PostParams::default(), &sent)
+        .await
+        .expect("created");
+    assert_eq!(created.data.get("status"), None, "status is dropped on create");
+    let status = policies
+        .patch_status(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"state": "notReady"}, "spec": {"driver": {"enabled": false}}})),
+        )
+        .await
+        .expect("status patched");
+    assert_eq!(status.data["status"]["state"], "notReady");
+    assert_eq!(
+        status.data["spec"]["driver"],
+        json!({}),
+        "spec ignored on /status"
+    );
+    assert_eq!(status.metadata.generation, Some(1));
+    let spec = policies
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"driver": {"enabled": false}}})),
+        )
+        .await
+        .expect("spec patched");
+    assert_eq!(spec.metadata.generation, Some(2));
+    let strategic = failure(
+        policies
+            .patch(
+                "p",
+                &PatchParams::default(),
+                &Patch::Strategic(json!({"spec": {}})),
+            )
+            .await,
+    );
+    assert_eq!(strategic.code, 415, "no strategic merge on custom resources");
+}
+
+#[tokio::test]
+async fn selectable_fields_and_crd_deletion() {
+    let server = server();
+    let policies = with_crd(&server).await;
+    for (name, strategy) in [("a", "single"), ("b", "mixed")] {
+        policies
+            .create(
+                &PostParams::default(),
+                &policy(name, json!({"driver": {}, "mig": {"strategy": strategy}})),
+            )
+            .await
+            .expect("created");
+    }
+    let mixed = policies
+        .list(&ListParams::default().fields("spec.mig.strategy=mixed"))
+        .await
+        .expect("listed");
+    assert_eq!(
+        mixed
+            .items
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap_or_default())
+            .collect::<Vec<_>>(),
+        ["b"]
+    );
+
+    let crds: Api<CustomResourceDefinition> = Api::all(server.client());
+    crds.delete("clusterpolicies.nvidia.com", &DeleteParams::default())
+        .await
+        .expect("deleted");
+    assert!(failure(crds.get("clusterpolicies.nvidia.com").await).is_not_found());
+    assert!(
+        failure(policies.list(&ListParams::default()).await).is_not_found(),
+        "the resource is gone"
+    );
+}

@@ -1,0 +1,113 @@
+//! Fixtures (builders for the objects the tests use) and a bounded wait.
+
+use std::future::Future;
+use std::time::Duration;
+
+use gpuop_fakeserver::{FakeServer, ManualClock};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::ObjectMeta;
+use serde_json::json;
+
+/// A server with a stopped clock, so timestamps are predictable.
+pub fn server() -> FakeServer {
+    FakeServer::builder().clock(ManualClock::default()).build()
+}
+
+/// Fails the test if `future` does not finish in 10 s: a guard against hangs, not a timing assertion.
+pub async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), future)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+pub fn configmap(name: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    }
+}
+
+pub fn labelled_configmap(name: &str, labels: &[(&str, &str)]) -> ConfigMap {
+    let mut cm = configmap(name);
+    cm.metadata.labels = Some(labels.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect());
+    cm
+}
+
+pub fn daemonset(name: &str) -> DaemonSet {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "gpu-operator"}},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                         "spec": {"containers": [{"name": "main", "image": format!("nvcr.io/nvidia/{name}:v1")}]}}
+        }
+    }))
+    .expect("a valid DaemonSet")
+}
+
+pub fn pod(name: &str, node: Option<&str>) -> Pod {
+    let mut pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "gpu"}},
+        "spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]}
+    }))
+    .expect("a valid Pod");
+    if let Some(node) = node {
+        pod.spec.as_mut().expect("spec").node_name = Some(node.into());
+    }
+    pod
+}
+
+/// A CRD like NVIDIA's ClusterPolicy, small: enums, minimums, patterns, required fields, a status
+/// subresource and a selectable field.
+pub fn clusterpolicy_crd() -> serde_json::Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "clusterpolicies.nvidia.com"},
+        "spec": {
+            "group": "nvidia.com", "scope": "Cluster",
+            "names": {"plural": "clusterpolicies", "singular": "clusterpolicy", "kind": "ClusterPolicy",
+                      "listKind": "ClusterPolicyList", "shortNames": ["cp"]},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "selectableFields": [{"jsonPath": ".spec.mig.strategy"}],
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {
+                        "spec": {"type": "object", "required": ["driver"], "properties": {
+                            "driver": {"type": "object", "properties": {
+                                "enabled": {"type": "boolean"},
+                                "version": {"type": "string", "pattern": "^[0-9.]+$"},
+                                "replicas": {"type": "integer", "minimum": 1}
+                            }, "x-kubernetes-validations": [
+                                {"rule": "!has(self.replicas) || self.replicas <= 8", "message": "at most 8 replicas"}
+                            ]},
+                            "mig": {"type": "object", "properties": {
+                                "strategy": {"type": "string", "enum": ["none", "single", "mixed"], "default": "single",
+                                             "x-kubernetes-validations": [
+                                                 {"rule": "self == oldSelf", "message": "the MIG strategy cannot change"}
+                                             ]}
+                            }},
+                            "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
+                        }},
+                        "status": {"type": "object", "properties": {"state": {"type": "string"}}}
+                    }
+                }}
+            }]
+        }
+    })
+}
+
+/// The `Status` of a request that must have failed.
+pub fn failure<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> kube::core::Status {
+    match result {
+        Err(kube::Error::Api(status)) => *status,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}

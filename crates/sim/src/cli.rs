@@ -1,0 +1,123 @@
+//! The command line of `gpu-sim`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use gpuop_fakeserver::faults::FaultRule;
+
+/// The simulated GPU cluster.
+#[derive(Debug, Parser)]
+#[command(name = "gpu-sim", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the in-memory Kubernetes API server on 127.0.0.1, with a kubeconfig for it.
+    Serve(ServeArgs),
+    /// Measure.
+    #[command(subcommand)]
+    Bench(Bench),
+}
+
+/// The benchmarks.
+#[derive(Debug, Subcommand)]
+pub enum Bench {
+    /// The fake API server at scale: load, full LISTs, watch fan-out, peak memory.
+    Apiserver(ApiserverBenchArgs),
+}
+
+/// How deleting a pod bound to a node behaves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum PodTermination {
+    /// The pod goes at once.
+    #[default]
+    Immediate,
+    /// The pod waits for a kubelet to delete it again with grace period 0.
+    Kubelet,
+}
+
+/// `gpu-sim serve`.
+#[derive(Debug, Parser)]
+pub struct ServeArgs {
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// Write a kubeconfig for the server here.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig_out: Option<PathBuf>,
+    /// Create every object in this directory's YAML/JSON files first.
+    #[arg(long, value_name = "DIR")]
+    pub load: Option<PathBuf>,
+    /// Seed for uids, generated names and fault decisions.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Inject a fault, e.g. `verb=patch,resource=nodes,rate=0.1,code=429,retry-after=2` or
+    /// `verb=list,latency-ms=50`. Repeatable.
+    #[arg(long = "fault", value_name = "RULE")]
+    pub faults: Vec<FaultRule>,
+    /// End every watch stream after this many events.
+    #[arg(long, value_name = "N")]
+    pub drop_watches_after: Option<usize>,
+    /// Changes remembered per resource for watches from older versions.
+    #[arg(long, default_value_t = 10_000)]
+    pub history: usize,
+    /// Seconds between watch bookmarks.
+    #[arg(long, default_value_t = 60)]
+    pub bookmark_seconds: u64,
+    /// How deleting a pod bound to a node behaves.
+    #[arg(long, value_enum, default_value_t = PodTermination::Immediate)]
+    pub pod_termination: PodTermination,
+}
+
+/// `gpu-sim bench apiserver`.
+#[derive(Debug, Parser)]
+pub struct ApiserverBenchArgs {
+    /// Nodes to load.
+    #[arg(long, default_value_t = 5_000)]
+    pub nodes: usize,
+    /// Pods to load, spread over the nodes.
+    #[arg(long, default_value_t = 50_000)]
+    pub pods: usize,
+    /// Watchers of nodes that a label patch must reach.
+    #[arg(long, default_value_t = 50)]
+    pub watchers: usize,
+    /// How many times each measurement is repeated.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_parses_faults_and_defaults() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from([
+            "gpu-sim",
+            "serve",
+            "--port",
+            "6443",
+            "--fault",
+            "verb=patch,resource=nodes,rate=0.5,code=500",
+            "--pod-termination",
+            "kubelet",
+        ])
+        .expect("parses");
+        let Command::Serve(args) = cli.command else {
+            panic!("serve")
+        };
+        assert_eq!(args.port, 6443);
+        assert_eq!(args.faults.len(), 1);
+        assert_eq!(args.pod_termination, PodTermination::Kubelet);
+        assert_eq!(args.history, 10_000);
+        let bad = Cli::try_parse_from(["gpu-sim", "serve", "--fault", "code=418"]).expect_err("refused");
+        assert!(bad.to_string().contains("is not one of 500, 429, 409"), "{bad}");
+    }
+}
