@@ -1,0 +1,388 @@
+//! Command-line interface of `kubectl-gpu` (`kubectl gpu ...` when it is on the PATH).
+//!
+//! Exit status: 0 when healthy, 1 when there are findings (or the explained pod has a broken link), 2 when
+//! the doctor could not run.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::analysis::analyze;
+use crate::explain::explain;
+use crate::live::{Connection, Live};
+use crate::load::load_paths;
+use crate::report::Report;
+use crate::snapshot::Snapshot;
+use crate::{bench, table};
+
+/// The GPU operator's doctor: is every operand that should run on every node really running, in the right
+/// order, and why can this pod not get its GPU.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kubectl-gpu",
+    bin_name = "kubectl gpu",
+    version,
+    about,
+    arg_required_else_help = true
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Where to read the cluster from.
+#[derive(Debug, Args)]
+pub struct Source {
+    /// Read a snapshot instead of the live cluster: a file or directory of `kubectl get -o json` or `-o yaml`
+    /// output (lists, single objects, multi-document YAML). Repeatable.
+    #[arg(long = "snapshot", value_name = "PATH")]
+    pub snapshots: Vec<PathBuf>,
+    /// Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context (default: the current one).
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+}
+
+/// Output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// A table a person reads.
+    Table,
+    /// The documented JSON schema (see docs/doctor.md).
+    Json,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Audit every node: operands expected and running, their order, and the node contract.
+    ///
+    /// Exit status: 0 when there are no findings, 1 when there are, 2 when the doctor could not run.
+    Doctor {
+        /// Where to read from.
+        #[command(flatten)]
+        source: Source,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+        /// Only this node (shown in detail in the table format).
+        #[arg(long, value_name = "NAME")]
+        node: Option<String>,
+        /// Keep watching the live cluster, re-running every --interval seconds.
+        #[arg(long, conflicts_with = "snapshots")]
+        watch: bool,
+        /// Seconds between runs with --watch.
+        #[arg(long, default_value_t = 5, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+        interval: u64,
+    },
+    /// Explain why a pod is Pending or cannot see its GPU, naming the first broken link.
+    ///
+    /// Exit status: 0 when no broken link is visible, 1 when one is, 2 when the doctor could not run.
+    Explain {
+        /// What to explain: `pod`.
+        #[arg(value_parser = ["pod", "pods", "po"])]
+        kind: String,
+        /// The pod: NAMESPACE/NAME, or NAME with --namespace.
+        target: String,
+        /// Namespace of the pod (default: the context's, or `default` with --snapshot).
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+        /// Where to read from.
+        #[command(flatten)]
+        source: Source,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Save what the doctor reads from the live cluster (and the pods that ask for GPUs) to a file that
+    /// `--snapshot` reads back.
+    Snapshot {
+        /// The file to write (`-` for standard output).
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: PathBuf,
+        /// Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
+        #[arg(long, value_name = "FILE")]
+        kubeconfig: Option<PathBuf>,
+        /// Kubeconfig context (default: the current one).
+        #[arg(long, value_name = "NAME")]
+        context: Option<String>,
+    },
+    /// Measure the analysis on a generated snapshot (see BENCHMARKS.md).
+    #[command(hide = true)]
+    Bench {
+        /// Nodes in the generated snapshot.
+        #[arg(long, default_value_t = 10_000)]
+        nodes: usize,
+        /// Analysis runs to time.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Directory for the snapshot file (default: the system's temporary directory).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Measure this snapshot file only (the benchmark's second process).
+        #[arg(long, value_name = "FILE")]
+        load: Option<PathBuf>,
+        /// Keep the generated snapshot file.
+        #[arg(long)]
+        keep: bool,
+    },
+}
+
+/// Parses the command line and runs the subcommand.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli.command) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("kubectl gpu: error: {}", explain_error(&error));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The error and its causes, each said once: some libraries repeat their cause in their own message.
+fn explain_error(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let cause = cause.to_string();
+        if text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
+}
+
+fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Doctor {
+            source,
+            output,
+            node,
+            watch,
+            interval,
+        } => {
+            if watch {
+                return runtime()?.block_on(watch_doctor(&source, output, node.as_deref(), interval));
+            }
+            let snapshot = read(&source, false)?;
+            let report = doctor_report(&snapshot, node.as_deref())?;
+            print(&render(&report, output, node.is_some())?)?;
+            Ok(verdict(report.has_findings()))
+        }
+        Command::Explain {
+            target,
+            namespace,
+            source,
+            output,
+            ..
+        } => {
+            let (namespace, name) = match target.split_once('/') {
+                Some((namespace, name)) => (Some(namespace.to_owned()), name.to_owned()),
+                None => (namespace, target.clone()),
+            };
+            let snapshot = if source.snapshots.is_empty() {
+                runtime()?.block_on(async {
+                    let live = Live::connect(&connection(&source)).await?;
+                    let namespace = namespace
+                        .clone()
+                        .unwrap_or_else(|| live.default_namespace().to_owned());
+                    let mut snapshot = live.snapshot(true).await?;
+                    if snapshot.pod(&namespace, &name).is_none()
+                        && let Some(pod) = live.pod(&namespace, &name).await?
+                    {
+                        snapshot.pods.push(pod);
+                    }
+                    anyhow::Ok((namespace, snapshot))
+                })?
+            } else {
+                (
+                    namespace.unwrap_or_else(|| "default".to_owned()),
+                    read_files(&source.snapshots)?,
+                )
+            };
+            let (namespace, snapshot) = snapshot;
+            let explanation = explain(&snapshot, &namespace, &name)?;
+            let text = match output {
+                Output::Table => table::explanation(&explanation),
+                Output::Json => serde_json::to_string_pretty(&explanation)? + "\n",
+            };
+            print(&text)?;
+            Ok(verdict(explanation.verdict.link.is_some()))
+        }
+        Command::Snapshot {
+            output,
+            kubeconfig,
+            context,
+        } => {
+            let connection = Connection { kubeconfig, context };
+            let snapshot = runtime()?.block_on(async {
+                let live = Live::connect(&connection).await?;
+                anyhow::Ok(live.snapshot(true).await?)
+            })?;
+            write_snapshot(&snapshot, &output)?;
+            eprintln!(
+                "kubectl gpu: saved {} nodes, {} DaemonSets, {} pods, {} RuntimeClasses, {} ClusterPolicies to {}",
+                snapshot.nodes.len(),
+                snapshot.daemon_sets.len(),
+                snapshot.pods.len(),
+                snapshot.runtime_classes.len(),
+                snapshot.cluster_policies.len(),
+                output.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench {
+            nodes,
+            runs,
+            dir,
+            load,
+            keep,
+        } => {
+            let text = match load {
+                Some(path) => bench::measure(&path, runs)?.lines(),
+                None => bench::run(nodes, runs, &dir.unwrap_or_else(std::env::temp_dir), keep)?.to_string(),
+            };
+            print(&text)?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn verdict(problems: bool) -> ExitCode {
+    if problems {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn connection(source: &Source) -> Connection {
+    Connection {
+        kubeconfig: source.kubeconfig.clone(),
+        context: source.context.clone(),
+    }
+}
+
+fn read(source: &Source, gpu_pods: bool) -> anyhow::Result<Snapshot> {
+    if !source.snapshots.is_empty() {
+        return read_files(&source.snapshots);
+    }
+    runtime()?.block_on(async {
+        let live = Live::connect(&connection(source)).await?;
+        anyhow::Ok(live.snapshot(gpu_pods).await?)
+    })
+}
+
+/// Reads snapshot files; one without a single node is not what the person meant to give.
+fn read_files(paths: &[PathBuf]) -> anyhow::Result<Snapshot> {
+    let snapshot = load_paths(paths)?;
+    if snapshot.nodes.is_empty() {
+        let paths: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        bail!(
+            "no Node in {}: a snapshot needs the nodes (kubectl get nodes -o json), or use kubectl gpu snapshot",
+            paths.join(", ")
+        );
+    }
+    Ok(snapshot)
+}
+
+fn doctor_report(snapshot: &Snapshot, node: Option<&str>) -> anyhow::Result<Report> {
+    let mut report = analyze(snapshot);
+    if let Some(node) = node
+        && !report.retain_node(node)
+    {
+        bail!(
+            "node {node} is not in the cluster ({} nodes)",
+            snapshot.nodes.len()
+        );
+    }
+    Ok(report)
+}
+
+fn render(report: &Report, output: Output, detailed: bool) -> anyhow::Result<String> {
+    Ok(match output {
+        Output::Json => serde_json::to_string_pretty(report)? + "\n",
+        Output::Table if detailed => report.nodes.iter().map(table::node).collect(),
+        Output::Table => table::doctor(report),
+    })
+}
+
+async fn watch_doctor(
+    source: &Source,
+    output: Output,
+    node: Option<&str>,
+    interval: u64,
+) -> anyhow::Result<ExitCode> {
+    let live = Live::connect(&connection(source)).await?;
+    let mut code = ExitCode::SUCCESS;
+    loop {
+        let text = match live.snapshot(false).await {
+            Ok(snapshot) => match doctor_report(&snapshot, node) {
+                Ok(report) => {
+                    code = verdict(report.has_findings());
+                    match output {
+                        Output::Json => serde_json::to_string(&report)? + "\n",
+                        Output::Table => render(&report, output, node.is_some())?,
+                    }
+                }
+                Err(error) => format!("kubectl gpu: {}\n", explain_error(&error)),
+            },
+            // A failed round is shown and retried; the watch goes on.
+            Err(error) => format!("kubectl gpu: error: {}\n", explain_error(&error.into())),
+        };
+        if output == Output::Table {
+            // Clear the screen and redraw from the top.
+            print(&format!(
+                "\x1b[2J\x1b[H{} (every {interval}s, Ctrl-C to stop)\n\n{text}",
+                jiff::Timestamp::now().strftime("%Y-%m-%d %H:%M:%S UTC")
+            ))?;
+        } else {
+            print(&text)?;
+        }
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(code),
+            () = tokio::time::sleep(Duration::from_secs(interval)) => {}
+        }
+    }
+}
+
+fn print(text: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        // A closed pipe (`| head`) is not an error worth reporting.
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.context("cannot write to standard output"),
+    }
+}
+
+fn write_snapshot(snapshot: &Snapshot, path: &Path) -> anyhow::Result<()> {
+    if path == Path::new("-") {
+        let mut stdout = std::io::stdout().lock();
+        snapshot.write_json(&mut stdout)?;
+        return Ok(());
+    }
+    let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut writer = std::io::BufWriter::new(file);
+    snapshot
+        .write_json(&mut writer)
+        .and_then(|()| writer.flush())
+        .with_context(|| format!("cannot write {}", path.display()))
+}

@@ -1,0 +1,26 @@
+//! `kubectl gpu`: the GPU operator's doctor. It answers, from outside the operator, whether every operand
+//! that should run on every node really runs, whether any node's order is broken (a device plugin up while
+//! the container toolkit is not), and why a pod cannot get its GPU.
+//!
+//! The analysis is pure: a [`snapshot::Snapshot`] in, a [`report::Report`] out ([`analysis::analyze`]),
+//! or an [`explain::Explanation`] for one pod. Snapshots come from files of `kubectl get -o json|yaml`
+//! output ([`load`]) or from a live cluster ([`live`]). The `kubectl-gpu` binary is a thin wrapper around
+//! [`cli`].
+
+pub mod analysis;
+pub mod bench;
+pub mod cli;
+mod contract;
+pub mod explain;
+pub mod fixture;
+pub mod live;
+pub mod load;
+pub mod pod_state;
+pub mod report;
+pub mod resources;
+pub mod snapshot;
+pub mod table;
+
+pub use analysis::analyze;
+pub use report::Report;
+pub use snapshot::Snapshot;

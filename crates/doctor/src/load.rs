@@ -1,0 +1,554 @@
+//! Reading snapshots from files and directories of `kubectl get ... -o json` or `-o yaml` output: `v1 List`s
+//! (also `NodeList`, `PodList`, ...), single objects, several JSON values one after another, and
+//! multi-document YAML. Kinds the doctor does not read are ignored; so are fields it does not read.
+//!
+//! JSON is read as a stream, one list item at a time, so a snapshot of a large cluster costs little more
+//! memory than what the doctor keeps of it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use gpuop_api::ClusterPolicy;
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::Value;
+
+use crate::snapshot::{KINDS, PodFacts, SNAPSHOT_FIELD, Snapshot, trim_daemon_set, trim_node, trim_pod};
+
+/// Where an object was read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Location {
+    /// The file (or `-` for standard input, or a name given by the caller).
+    pub origin: String,
+    /// 1-based number of the document (JSON value or YAML document) in the file.
+    pub document: usize,
+    /// 0-based index in the `items` of a list.
+    pub item: Option<usize>,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: document {}", self.origin, self.document)?;
+        if let Some(item) = self.item {
+            write!(f, ", item {item}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a snapshot could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A file or directory could not be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file is not valid JSON or YAML.
+    #[error("{origin}: not valid {format}: {message}")]
+    Syntax {
+        /// The file.
+        origin: String,
+        /// `JSON` or `YAML`.
+        format: &'static str,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// An object of a kind the doctor reads has a field it cannot use.
+    #[error("{0}")]
+    Object(Box<BadObject>),
+    /// A path given on the command line holds no JSON or YAML file.
+    #[error("{path}: no .json, .yaml or .yml file in it")]
+    Empty {
+        /// The directory.
+        path: PathBuf,
+    },
+}
+
+/// An object with a field the doctor cannot use.
+#[derive(Debug, thiserror::Error)]
+#[error("{at} ({kind} {name}): field {field}: {message}")]
+pub struct BadObject {
+    /// Where.
+    pub at: Location,
+    /// Its kind.
+    pub kind: String,
+    /// Its `namespace/name`, or `(unnamed)`.
+    pub name: String,
+    /// The path of the field, e.g. `spec.taints[0].effect`.
+    pub field: String,
+    /// What is wrong and what would be accepted.
+    pub message: String,
+}
+
+/// Accumulates objects from any number of inputs into one snapshot.
+#[derive(Debug, Default)]
+pub struct Loader {
+    snapshot: Snapshot,
+    read: BTreeMap<String, usize>,
+    ignored: BTreeMap<String, usize>,
+    /// The first error met inside the JSON stream (serde can carry only a message).
+    failed: Option<LoadError>,
+}
+
+/// Reads every path (files, or directories searched recursively for `.json`, `.yaml` and `.yml`).
+pub fn load_paths(paths: &[PathBuf]) -> Result<Snapshot, LoadError> {
+    let mut loader = Loader::default();
+    for path in paths {
+        loader.add_path(path)?;
+    }
+    Ok(loader.finish())
+}
+
+impl Loader {
+    /// Reads a file, or every JSON and YAML file under a directory.
+    pub fn add_path(&mut self, path: &Path) -> Result<(), LoadError> {
+        let read_error = |source| LoadError::Read {
+            path: path.to_owned(),
+            source,
+        };
+        let metadata = std::fs::metadata(path).map_err(read_error)?;
+        if !metadata.is_dir() {
+            let file = File::open(path).map_err(read_error)?;
+            return self.add_reader(
+                BufReader::with_capacity(1 << 20, file),
+                &path.display().to_string(),
+            );
+        }
+        let mut files = Vec::new();
+        collect_files(path, &mut files).map_err(read_error)?;
+        if files.is_empty() {
+            return Err(LoadError::Empty {
+                path: path.to_owned(),
+            });
+        }
+        for file in files {
+            self.add_path(&file)?;
+        }
+        Ok(())
+    }
+
+    /// Reads JSON or YAML from a reader; `origin` names it in errors.
+    pub fn add_reader(&mut self, mut reader: impl BufRead, origin: &str) -> Result<(), LoadError> {
+        let read_error = |source| LoadError::Read {
+            path: PathBuf::from(origin),
+            source,
+        };
+        let first = loop {
+            let buffer = reader.fill_buf().map_err(read_error)?;
+            if buffer.is_empty() {
+                return Ok(());
+            }
+            match buffer.iter().position(|b| !b.is_ascii_whitespace()) {
+                Some(position) => break buffer[position],
+                None => {
+                    let length = buffer.len();
+                    reader.consume(length);
+                }
+            }
+        };
+        if first == b'{' || first == b'[' {
+            self.add_json(reader, origin)
+        } else {
+            let mut text = String::new();
+            reader.read_to_string(&mut text).map_err(read_error)?;
+            self.add_yaml(&text, origin)
+        }
+    }
+
+    /// Reads text (JSON or YAML).
+    pub fn add_text(&mut self, text: &str, origin: &str) -> Result<(), LoadError> {
+        self.add_reader(text.as_bytes(), origin)
+    }
+
+    fn add_json(&mut self, reader: impl Read, origin: &str) -> Result<(), LoadError> {
+        let mut deserializer = serde_json::Deserializer::from_reader(reader);
+        let mut document = 0;
+        while deserializer.end().is_err() {
+            document += 1;
+            let at = Location {
+                origin: origin.to_owned(),
+                document,
+                item: None,
+            };
+            let outcome = DocumentSeed { loader: self, at }.deserialize(&mut deserializer);
+            if let Some(error) = self.failed.take() {
+                return Err(error);
+            }
+            outcome.map_err(|error| LoadError::Syntax {
+                origin: origin.to_owned(),
+                format: "JSON",
+                message: error.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+
+    fn add_yaml(&mut self, text: &str, origin: &str) -> Result<(), LoadError> {
+        // These are the user's own files, often whole clusters: no budget on their size.
+        let mut options = serde_saphyr::Options::default();
+        options.budget = None;
+        let documents: Vec<Value> =
+            serde_saphyr::from_multiple_with_options(text, options).map_err(|error| LoadError::Syntax {
+                origin: origin.to_owned(),
+                format: "YAML",
+                message: error.to_string(),
+            })?;
+        for (index, value) in documents.into_iter().enumerate() {
+            let at = Location {
+                origin: origin.to_owned(),
+                document: index + 1,
+                item: None,
+            };
+            self.add_value(value, &at)?;
+        }
+        Ok(())
+    }
+
+    /// Adds one object (or a list of them).
+    pub fn add_value(&mut self, value: Value, at: &Location) -> Result<(), LoadError> {
+        let kind = value
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        if kind == "List" || (kind.ends_with("List") && value.get("items").is_some()) {
+            let Value::Object(mut map) = value else {
+                return Ok(());
+            };
+            self.note_listed(map.get(SNAPSHOT_FIELD));
+            let items = match map.remove("items") {
+                Some(Value::Array(items)) => items,
+                _ => Vec::new(),
+            };
+            for (index, item) in items.into_iter().enumerate() {
+                let at = Location {
+                    item: Some(index),
+                    ..at.clone()
+                };
+                self.add_value(item, &at)?;
+            }
+            return Ok(());
+        }
+        if !KINDS.contains(&kind.as_str()) {
+            let kind = if kind.is_empty() {
+                "(no kind)".to_owned()
+            } else {
+                kind
+            };
+            *self.ignored.entry(kind).or_default() += 1;
+            return Ok(());
+        }
+        let name = object_name(&value);
+        let typed = |value: Value| ObjectError {
+            at: at.clone(),
+            kind: kind.clone(),
+            name: name.clone(),
+            value,
+        };
+        match kind.as_str() {
+            "Node" => {
+                let mut node = typed(value).parse()?;
+                trim_node(&mut node);
+                self.snapshot.nodes.push(node);
+            }
+            "Pod" => {
+                let mut pod: PodFacts = typed(value).parse()?;
+                trim_pod(&mut pod);
+                self.snapshot.pods.push(pod);
+            }
+            "DaemonSet" => {
+                let mut daemon_set = typed(value).parse()?;
+                trim_daemon_set(&mut daemon_set);
+                self.snapshot.daemon_sets.push(daemon_set);
+            }
+            "RuntimeClass" => self.snapshot.runtime_classes.push(typed(value).parse()?),
+            _ => {
+                // The doctor reads the spec; a status written by another operator version must not stop it.
+                let mut value = value;
+                if let Some(map) = value.as_object_mut() {
+                    map.remove("status");
+                }
+                let policy: ClusterPolicy = typed(value).parse()?;
+                self.snapshot.cluster_policies.push(policy);
+            }
+        }
+        *self.read.entry(kind).or_default() += 1;
+        Ok(())
+    }
+
+    fn note_listed(&mut self, field: Option<&Value>) {
+        let kinds = field
+            .and_then(|f| f.get("listed"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str);
+        self.snapshot.listed.extend(kinds.map(str::to_owned));
+    }
+
+    /// The snapshot read so far, with a note on what was ignored.
+    pub fn finish(mut self) -> Snapshot {
+        self.snapshot.dedup_pods();
+        if !self.ignored.is_empty() {
+            let ignored: Vec<String> = self
+                .ignored
+                .iter()
+                .map(|(kind, count)| format!("{kind} x{count}"))
+                .collect();
+            self.snapshot
+                .notes
+                .push(format!("ignored objects of other kinds: {}", ignored.join(", ")));
+        }
+        self.snapshot
+    }
+}
+
+/// An object on its way to its type, with what names it in an error.
+struct ObjectError {
+    at: Location,
+    kind: String,
+    name: String,
+    value: Value,
+}
+
+impl ObjectError {
+    fn parse<T: serde::de::DeserializeOwned>(self) -> Result<T, LoadError> {
+        serde_path_to_error::deserialize(self.value).map_err(|error| {
+            LoadError::Object(Box::new(BadObject {
+                at: self.at,
+                kind: self.kind,
+                name: self.name,
+                field: match error.path().to_string() {
+                    path if path == "." => "(the object)".to_owned(),
+                    path => path,
+                },
+                message: error.into_inner().to_string(),
+            }))
+        })
+    }
+}
+
+fn object_name(value: &Value) -> String {
+    let meta = value.get("metadata");
+    let name = meta.and_then(|m| m.get("name")).and_then(Value::as_str);
+    let namespace = meta.and_then(|m| m.get("namespace")).and_then(Value::as_str);
+    match (namespace, name) {
+        (Some(namespace), Some(name)) => format!("{namespace}/{name}"),
+        (None, Some(name)) => name.to_owned(),
+        _ => "(unnamed)".to_owned(),
+    }
+}
+
+fn collect_files(directory: &Path, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(directory)?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    entries.sort();
+    for path in entries {
+        let hidden = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with('.'));
+        if hidden {
+            continue;
+        }
+        if path.is_dir() {
+            collect_files(&path, files)?;
+        } else if matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("json" | "yaml" | "yml")
+        ) {
+            files.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// Reads one JSON document: a list's items one at a time, anything else whole.
+struct DocumentSeed<'l> {
+    loader: &'l mut Loader,
+    at: Location,
+}
+
+impl<'de> DeserializeSeed<'de> for DocumentSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DocumentSeed<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a Kubernetes object or list")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut fields = serde_json::Map::new();
+        let mut listed = false;
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "items" {
+                listed = true;
+                map.next_value_seed(ItemsSeed {
+                    loader: &mut *self.loader,
+                    at: &self.at,
+                })?;
+            } else {
+                let value: Value = map.next_value()?;
+                fields.insert(key, value);
+            }
+        }
+        if listed {
+            self.loader.note_listed(fields.get(SNAPSHOT_FIELD));
+            return Ok(());
+        }
+        self.loader
+            .add_value(Value::Object(fields), &self.at)
+            .map_err(|error| self.loader.fail(error))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+        ItemsSeed {
+            loader: self.loader,
+            at: &self.at,
+        }
+        .visit_seq(seq)
+    }
+}
+
+struct ItemsSeed<'l, 'a> {
+    loader: &'l mut Loader,
+    at: &'a Location,
+}
+
+impl<'de> DeserializeSeed<'de> for ItemsSeed<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ItemsSeed<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of Kubernetes objects")
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut index = 0;
+        while let Some(value) = seq.next_element::<Value>()? {
+            let at = Location {
+                item: Some(index),
+                ..self.at.clone()
+            };
+            self.loader
+                .add_value(value, &at)
+                .map_err(|error| self.loader.fail(error))?;
+            index += 1;
+        }
+        Ok(())
+    }
+}
+
+impl Loader {
+    /// Keeps the error for the caller and gives serde a message to stop with.
+    fn fail<E: serde::de::Error>(&mut self, error: LoadError) -> E {
+        let message = error.to_string();
+        self.failed = Some(error);
+        E::custom(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<Snapshot, LoadError> {
+        let mut loader = Loader::default();
+        loader.add_text(text, "test")?;
+        Ok(loader.finish())
+    }
+
+    #[test]
+    fn reads_lists_single_objects_and_concatenated_json() {
+        let text = r#"
+            {"apiVersion": "v1", "items": [
+                {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a"}},
+                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
+            ], "kind": "List", "metadata": {"resourceVersion": ""}}
+            {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
+             "handler": "nvidia", "unknownField": 1}
+            [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "n"}}]
+        "#;
+        let snapshot = load(text).unwrap();
+        assert_eq!(snapshot.nodes.len(), 1);
+        assert_eq!(snapshot.runtime_classes.len(), 1);
+        assert_eq!(snapshot.pods.len(), 1);
+        assert_eq!(snapshot.notes, ["ignored objects of other kinds: ConfigMap x1"]);
+    }
+
+    #[test]
+    fn reads_multi_document_yaml() {
+        let text = "apiVersion: v1\nkind: Node\nmetadata:\n  name: a\n  labels:\n    nvidia.com/gpu.present: 'true'\n\
+                    ---\napiVersion: v1\nkind: NodeList\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata: {name: b}\n\
+                    ---\napiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata: {name: cluster-policy}\n\
+                    spec:\n  operator: {}\n  daemonsets: {}\n  driver: {}\n  toolkit: {}\n  devicePlugin: {}\n\
+                    \x20 dcgmExporter: {}\n  dcgm: {}\n  nodeStatusExporter: {}\n  gfd: {}\n\
+                    status: {state: something-new}\n";
+        let snapshot = load(text).unwrap();
+        assert_eq!(snapshot.nodes.len(), 2);
+        assert_eq!(
+            snapshot.cluster_policies.len(),
+            1,
+            "an unknown status does not stop the doctor"
+        );
+    }
+
+    #[test]
+    fn a_bad_field_names_the_file_object_and_field() {
+        let text = r#"{"kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a"}},
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "b"},
+             "spec": {"taints": [{"key": "k", "effect": 5}]}}]}"#;
+        let error = load(text).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "test: document 1, item 1 (Node b): field spec.taints[0].effect: invalid type: integer `5`, expected a string"
+        );
+        let error = load("{\"kind\": \"Node\", ").unwrap_err().to_string();
+        assert!(
+            error.starts_with("test: not valid JSON: EOF while parsing"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_snapshot_says_which_kinds_it_lists_whole() {
+        let mut snapshot = Snapshot::default();
+        snapshot.listed.insert("RuntimeClass".to_owned());
+        let mut text = Vec::new();
+        snapshot.write_json(&mut text).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        let read = load(&text).unwrap();
+        assert!(
+            read.knows_all("RuntimeClass"),
+            "an empty but listed kind is known to be empty"
+        );
+        assert!(!read.knows_all("ClusterPolicy"));
+    }
+}

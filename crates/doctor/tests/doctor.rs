@@ -1,0 +1,1548 @@
+//! The doctor, from the outside: planted faults and what it reports about them, the property that more nodes
+//! never change or hide anything, `explain pod`, and the `kubectl-gpu` binary on snapshot files.
+//!
+//! Not here yet: the doctor against `gpu-sim up` scenarios (the simulator does not exist yet).
+
+use gpuop_api::Operand;
+use gpuop_doctor::analyze;
+use gpuop_doctor::fixture::{ClusterBuilder, NodeFixture};
+use gpuop_doctor::report::{CheckStatus, Finding, FindingKind, Link, NodeReport, Report};
+use gpuop_doctor::snapshot::{PodFacts, Snapshot};
+use k8s_openapi::api::core::v1::Node;
+
+/// A converged cluster: two A100 nodes (one MIG-capable), an H100 node and a CPU node.
+fn cluster() -> Snapshot {
+    ClusterBuilder::new()
+        .with_node(Node::gpu("a100-01").mig_capable())
+        .with_node(Node::gpu("a100-02"))
+        .with_node(Node::gpu("h100-01").with_gpus("NVIDIA-H100-80GB-HBM3", 8))
+        .with_node(Node::cpu("cpu-01"))
+        .build()
+}
+
+fn node<'r>(report: &'r Report, name: &str) -> &'r NodeReport {
+    report
+        .nodes
+        .iter()
+        .find(|n| n.name == name)
+        .unwrap_or_else(|| panic!("no node {name} in the report"))
+}
+
+/// The findings on a node, as (kind, operand id) pairs.
+fn kinds(report: &Report, name: &str) -> Vec<(FindingKind, Option<&'static str>)> {
+    node(report, name)
+        .findings
+        .iter()
+        .map(|f| (f.kind, f.operand.map(Operand::id)))
+        .collect()
+}
+
+fn finding<'r>(report: &'r Report, name: &str, kind: FindingKind, operand: Operand) -> &'r Finding {
+    node(report, name)
+        .findings
+        .iter()
+        .find(|f| f.kind == kind && f.operand == Some(operand))
+        .unwrap_or_else(|| {
+            panic!(
+                "no {kind:?} finding for {operand} on {name}: {:#?}",
+                node(report, name).findings
+            )
+        })
+}
+
+/// Every node other than `except` has no finding.
+fn others_clean(report: &Report, except: &str) {
+    for node in &report.nodes {
+        if node.name != except {
+            assert!(node.findings.is_empty(), "{}: {:#?}", node.name, node.findings);
+        }
+    }
+}
+
+mod faults {
+    use super::*;
+    use gpuop_api::labels::{GPU_PRESENT, MIG_CONFIG, MIG_CONFIG_STATE, RESOURCE_GPU, UPGRADE_STATE};
+    use gpuop_api::placement::daemon_pod_fits;
+
+    #[test]
+    fn a_converged_cluster_is_healthy() {
+        let report = analyze(&cluster());
+        assert!(!report.has_findings(), "{report:#?}");
+        assert_eq!(report.summary.nodes, 4);
+        assert_eq!(report.summary.gpu_nodes, 3);
+        let a100 = node(&report, "a100-01");
+        assert_eq!(a100.first_broken_link, None);
+        assert!(
+            a100.checks.iter().all(|c| c.status == CheckStatus::Pass),
+            "{:#?}",
+            a100.checks
+        );
+    }
+
+    #[test]
+    fn a_missing_pod_is_missing_on_its_node_only() {
+        let mut snapshot = cluster();
+        snapshot.remove_pod_of(Operand::DcgmExporter, "a100-02").unwrap();
+        let report = analyze(&snapshot);
+        assert_eq!(
+            kinds(&report, "a100-02"),
+            [(FindingKind::Missing, Some("dcgm-exporter"))]
+        );
+        let missing = finding(&report, "a100-02", FindingKind::Missing, Operand::DcgmExporter);
+        assert_eq!(missing.link, Link::Health);
+        assert!(
+            missing
+                .message
+                .contains("DaemonSet gpu-operator/nvidia-dcgm-exporter selects the node"),
+            "{}",
+            missing.message
+        );
+        assert_eq!(node(&report, "a100-02").first_broken_link, Some(Link::Health));
+        others_clean(&report, "a100-02");
+    }
+
+    #[test]
+    fn a_pod_where_its_daemon_set_does_not_place_it_is_unexpected() {
+        // The device plugin was switched off on the node, but its pod is still there.
+        let mut snapshot = cluster();
+        let node_mut = snapshot.node_mut("a100-02").unwrap();
+        *node_mut = node_mut
+            .clone()
+            .with_label(Operand::DevicePlugin.info().deploy_label, "false");
+        let report = analyze(&snapshot);
+        let unexpected = finding(&report, "a100-02", FindingKind::Unexpected, Operand::DevicePlugin);
+        assert!(
+            unexpected
+                .message
+                .contains("node selector wants nvidia.com/gpu.deploy.device-plugin=true"),
+            "{}",
+            unexpected.message
+        );
+        others_clean(&report, "a100-02");
+    }
+
+    #[test]
+    fn an_operand_on_a_node_without_a_gpu_is_unexpected_even_when_labels_select_it() {
+        // Someone labelled the CPU node by hand; the DaemonSet placed its pod there.
+        let mut snapshot = cluster();
+        let label = Operand::DevicePlugin.info().deploy_label;
+        let cpu = snapshot.node_mut("cpu-01").unwrap();
+        *cpu = cpu
+            .clone()
+            .with_label(label, "true")
+            .with_label(GPU_PRESENT, "true");
+        snapshot.place_pod_of(Operand::DevicePlugin, "cpu-01");
+        let report = analyze(&snapshot);
+        let unexpected = finding(&report, "cpu-01", FindingKind::Unexpected, Operand::DevicePlugin);
+        assert!(
+            unexpected.message.contains("without an NVIDIA GPU"),
+            "{}",
+            unexpected.message
+        );
+        assert!(
+            unexpected.message.contains("set by hand?"),
+            "{}",
+            unexpected.message
+        );
+        assert!(
+            node(&report, "cpu-01")
+                .findings
+                .iter()
+                .any(|f| f.kind == FindingKind::Contract
+                    && f.message.contains("NFD found no NVIDIA PCI device")),
+            "the hand-set gpu.present is called out"
+        );
+        others_clean(&report, "cpu-01");
+    }
+
+    #[test]
+    fn an_untolerated_taint_hides_a_node_from_the_daemon_set_count_but_not_from_the_doctor() {
+        let snapshot = ClusterBuilder::new()
+            .with_node(Node::gpu("a100-01"))
+            .with_node(Node::gpu("a100-02").with_taint("dedicated", Some("training"), "NoSchedule"))
+            .build();
+        // What the DaemonSet controller counts: one node, all ready, so its status looks healthy.
+        let daemon_set = snapshot.daemon_set_of(Operand::DevicePlugin).unwrap();
+        let status = daemon_set.status.as_ref().unwrap();
+        assert_eq!(status.desired_number_scheduled, 1);
+        assert_eq!(status.number_ready, 1);
+        let report = analyze(&snapshot);
+        let excluded = finding(&report, "a100-02", FindingKind::Excluded, Operand::DevicePlugin);
+        assert!(
+            excluded
+                .message
+                .contains("its taint dedicated=training:NoSchedule is not tolerated"),
+            "{}",
+            excluded.message
+        );
+        assert!(
+            excluded.message.contains("desiredNumberScheduled"),
+            "{}",
+            excluded.message
+        );
+        // Every operand is kept off, the driver first.
+        assert_eq!(node(&report, "a100-02").first_broken_link, Some(Link::Driver));
+        let excluded_operands: Vec<_> = kinds(&report, "a100-02")
+            .into_iter()
+            .filter(|(kind, _)| *kind == FindingKind::Excluded)
+            .map(|(_, operand)| operand.unwrap())
+            .collect();
+        assert!(excluded_operands.contains(&"driver") && excluded_operands.contains(&"container-toolkit"));
+        // Its GPUs are still advertised from before: pods would land there with no runtime.
+        assert!(
+            kinds(&report, "a100-02").contains(&(FindingKind::GpuWithoutRuntime, Some("container-toolkit")))
+        );
+        others_clean(&report, "a100-02");
+    }
+
+    #[test]
+    fn a_tolerated_taint_and_a_cordon_do_not_keep_operands_off() {
+        let snapshot = ClusterBuilder::new()
+            .with_node(Node::gpu("a100-01").with_taint(RESOURCE_GPU, Some("present"), "NoSchedule"))
+            .with_node(
+                Node::gpu("a100-02")
+                    .cordoned()
+                    .with_label(UPGRADE_STATE, "drain-required"),
+            )
+            .build();
+        let report = analyze(&snapshot);
+        assert!(!report.has_findings(), "{report:#?}");
+        assert!(
+            node(&report, "a100-02")
+                .notes
+                .iter()
+                .any(|n| n.contains("cordoned for a driver upgrade"))
+        );
+        // A cordon without an upgrade is a finding: GPU pods cannot go there.
+        let mut snapshot = snapshot;
+        let cordoned = snapshot.node_mut("a100-02").unwrap();
+        *cordoned = cordoned.clone().without_label(UPGRADE_STATE);
+        let report = analyze(&snapshot);
+        assert_eq!(kinds(&report, "a100-02"), [(FindingKind::Contract, None)]);
+        assert_eq!(node(&report, "a100-02").first_broken_link, Some(Link::Scheduling));
+    }
+
+    #[test]
+    fn a_device_plugin_running_without_a_ready_toolkit_is_an_order_violation_and_gpus_without_runtime() {
+        let mut snapshot = cluster();
+        snapshot
+            .pod_of_mut(Operand::ContainerToolkit, "h100-01")
+            .unwrap()
+            .crash_loop(12);
+        let report = analyze(&snapshot);
+        let h100 = node(&report, "h100-01");
+        assert_eq!(h100.first_broken_link, Some(Link::Toolkit));
+        let not_ready = finding(
+            &report,
+            "h100-01",
+            FindingKind::NotReady,
+            Operand::ContainerToolkit,
+        );
+        assert!(
+            not_ready.message.contains("CrashLoopBackOff"),
+            "{}",
+            not_ready.message
+        );
+        assert!(
+            not_ready.message.contains("restarted 12 times"),
+            "{}",
+            not_ready.message
+        );
+        let order = finding(&report, "h100-01", FindingKind::Order, Operand::DevicePlugin);
+        assert_eq!(
+            order.message,
+            "device-plugin runs while what it requires is not ready: container-toolkit is CrashLoopBackOff"
+        );
+        assert_eq!(order.link, Link::Toolkit);
+        let danger = finding(
+            &report,
+            "h100-01",
+            FindingKind::GpuWithoutRuntime,
+            Operand::ContainerToolkit,
+        );
+        assert!(danger.message.contains("nvidia.com/gpu=8"), "{}", danger.message);
+        assert!(
+            danger.message.contains("silently get no GPU"),
+            "{}",
+            danger.message
+        );
+        // The validator also needs the device plugin: only operands that passed their gate count.
+        let runtime = h100.checks.iter().find(|c| c.check.name() == "runtime").unwrap();
+        assert_eq!(runtime.status, CheckStatus::Fail);
+        others_clean(&report, "h100-01");
+    }
+
+    #[test]
+    fn operands_waiting_in_their_init_containers_are_not_order_violations() {
+        // A node coming up: the driver is ready, everything after it still waits in its first init container
+        // (the toolkit for driver-ready, the device plugin and the others for toolkit-ready). The order holds.
+        let mut snapshot = cluster();
+        for operand in Operand::all().filter(|o| *o != Operand::Driver) {
+            if let Some(pod) = snapshot.pod_of_mut(operand, "a100-02") {
+                let first = pod.spec.init_containers[0].name.clone();
+                pod.stuck_in_init(&first, None);
+            }
+        }
+        let mut node_mut = snapshot.node_mut("a100-02").unwrap().clone();
+        node_mut = node_mut.with_resource(RESOURCE_GPU, None, None);
+        *snapshot.node_mut("a100-02").unwrap() = node_mut;
+        let report = analyze(&snapshot);
+        let found = kinds(&report, "a100-02");
+        assert!(
+            !found.iter().any(|(kind, _)| *kind == FindingKind::Order),
+            "{found:?}"
+        );
+        assert!(
+            !found
+                .iter()
+                .any(|(kind, _)| *kind == FindingKind::GpuWithoutRuntime),
+            "{found:?}"
+        );
+        // The device plugin waits for toolkit-ready, so its stuck pod points at the toolkit link.
+        let plugin = finding(&report, "a100-02", FindingKind::NotReady, Operand::DevicePlugin);
+        assert_eq!(plugin.link, Link::Toolkit);
+        assert!(
+            plugin.message.contains("waits for toolkit-ready"),
+            "{}",
+            plugin.message
+        );
+        // And the toolkit waits for the driver.
+        assert_eq!(node(&report, "a100-02").first_broken_link, Some(Link::Driver));
+    }
+
+    #[test]
+    fn gpus_advertised_without_the_toolkit_are_the_dangerous_case() {
+        let mut snapshot = cluster();
+        snapshot
+            .remove_pod_of(Operand::ContainerToolkit, "a100-01")
+            .unwrap();
+        let report = analyze(&snapshot);
+        let found = kinds(&report, "a100-01");
+        assert!(
+            found.contains(&(FindingKind::Missing, Some("container-toolkit"))),
+            "{found:?}"
+        );
+        let danger = finding(
+            &report,
+            "a100-01",
+            FindingKind::GpuWithoutRuntime,
+            Operand::ContainerToolkit,
+        );
+        assert!(
+            danger.message.contains("the container toolkit is missing"),
+            "{}",
+            danger.message
+        );
+        others_clean(&report, "a100-01");
+    }
+
+    #[test]
+    fn a_toolkit_installed_on_the_host_is_said_honestly_not_invented_as_a_fault() {
+        let mut snapshot = cluster();
+        let label = Operand::ContainerToolkit.info().deploy_label;
+        let toolkit = snapshot
+            .remove_pod_of(Operand::ContainerToolkit, "a100-02")
+            .unwrap();
+        drop(toolkit);
+        let preinstalled = snapshot.node_mut("a100-02").unwrap();
+        *preinstalled = preinstalled.clone().with_label(label, "false");
+        let report = analyze(&snapshot);
+        assert!(
+            node(&report, "a100-02").findings.is_empty(),
+            "{:#?}",
+            node(&report, "a100-02").findings
+        );
+        let runtime = node(&report, "a100-02")
+            .checks
+            .iter()
+            .find(|c| c.check.name() == "runtime")
+            .unwrap();
+        assert_eq!(
+            runtime.status,
+            CheckStatus::Pass,
+            "the validator's toolkit validation passed"
+        );
+        assert!(
+            runtime.message.contains("toolkit validation passed"),
+            "{}",
+            runtime.message
+        );
+        // Without a validator, the doctor cannot know and says so.
+        snapshot
+            .remove_pod_of(Operand::OperatorValidator, "a100-02")
+            .unwrap();
+        let report = analyze(&snapshot);
+        let runtime = node(&report, "a100-02")
+            .checks
+            .iter()
+            .find(|c| c.check.name() == "runtime")
+            .unwrap();
+        assert_eq!(runtime.status, CheckStatus::Unknown);
+        assert!(
+            node(&report, "a100-02")
+                .notes
+                .iter()
+                .any(|n| n.contains("not deployed by the operator"))
+        );
+        assert!(
+            !kinds(&report, "a100-02").contains(&(FindingKind::GpuWithoutRuntime, Some("container-toolkit"))),
+            "no invented finding"
+        );
+    }
+
+    #[test]
+    fn a_crash_looping_validator_names_the_validation_that_fails() {
+        let mut snapshot = cluster();
+        snapshot
+            .pod_of_mut(Operand::OperatorValidator, "a100-01")
+            .unwrap()
+            .stuck_in_init("cuda-validation", Some(6));
+        let report = analyze(&snapshot);
+        let validator = finding(
+            &report,
+            "a100-01",
+            FindingKind::NotReady,
+            Operand::OperatorValidator,
+        );
+        assert!(
+            validator.message.contains("Init:CrashLoopBackOff"),
+            "{}",
+            validator.message
+        );
+        assert!(
+            validator.message.contains("init container cuda-validation"),
+            "{}",
+            validator.message
+        );
+        assert_eq!(validator.link, Link::Cuda);
+        assert_eq!(validator.check.name(), "positive-placement");
+        others_clean(&report, "a100-01");
+
+        // Stuck on toolkit validation, the broken link is the toolkit's.
+        let mut snapshot = cluster();
+        snapshot
+            .pod_of_mut(Operand::OperatorValidator, "a100-01")
+            .unwrap()
+            .stuck_in_init("toolkit-validation", Some(3));
+        let report = analyze(&snapshot);
+        let validator = finding(
+            &report,
+            "a100-01",
+            FindingKind::NotReady,
+            Operand::OperatorValidator,
+        );
+        assert_eq!(validator.link, Link::Toolkit);
+    }
+
+    #[test]
+    fn a_failed_mig_layout_is_reported_on_its_node() {
+        let mut snapshot = cluster();
+        let a100 = snapshot.node_mut("a100-01").unwrap();
+        *a100 = a100
+            .clone()
+            .with_label(MIG_CONFIG, "all-1g.5gb")
+            .with_label(MIG_CONFIG_STATE, "failed");
+        let report = analyze(&snapshot);
+        let failed = finding(&report, "a100-01", FindingKind::Contract, Operand::MigManager);
+        assert!(
+            failed.message.contains("nvidia.com/mig.config.state=failed"),
+            "{}",
+            failed.message
+        );
+        assert!(failed.message.contains("all-1g.5gb"), "{}", failed.message);
+        assert_eq!(failed.check.name(), "resource");
+        assert_eq!(failed.link, Link::DevicePlugin);
+        others_clean(&report, "a100-01");
+    }
+
+    #[test]
+    fn unhealthy_gpus_and_capacity_that_disagrees_with_the_count_are_resource_and_health_findings() {
+        let mut snapshot = cluster();
+        let a100 = snapshot.node_mut("a100-02").unwrap();
+        *a100 = a100.clone().with_resource(RESOURCE_GPU, Some(8), Some(6));
+        let h100 = snapshot.node_mut("h100-01").unwrap();
+        *h100 = h100.clone().with_resource(RESOURCE_GPU, Some(4), Some(4));
+        let report = analyze(&snapshot);
+        let unhealthy = &node(&report, "a100-02").findings[0];
+        assert_eq!(unhealthy.link, Link::Health);
+        assert_eq!(
+            unhealthy.message,
+            "2 of 8 nvidia.com/gpu are not allocatable: the device plugin reports them unhealthy"
+        );
+        let short = &node(&report, "h100-01").findings[0];
+        assert_eq!(short.link, Link::DevicePlugin);
+        assert!(short.message.contains("nvidia.com/gpu=4"), "{}", short.message);
+        assert!(
+            short.message.contains("8 GPUs x 1 replicas = 8"),
+            "{}",
+            short.message
+        );
+    }
+
+    #[test]
+    fn the_runtime_class_must_exist() {
+        let snapshot = ClusterBuilder::new()
+            .with_node(Node::gpu("a100-01"))
+            .without_runtime_class()
+            .build();
+        let report = analyze(&snapshot);
+        let missing = node(&report, "a100-01")
+            .findings
+            .iter()
+            .find(|f| f.kind == FindingKind::Contract && f.message.starts_with("RuntimeClass nvidia"))
+            .expect("a finding about the RuntimeClass");
+        assert_eq!(missing.link, Link::Toolkit);
+    }
+
+    #[test]
+    fn deploy_switches_that_the_operator_would_not_leave_are_findings() {
+        let mut snapshot = cluster();
+        let dp = Operand::DevicePlugin.info().deploy_label;
+        let gfd = Operand::GpuFeatureDiscovery.info().deploy_label;
+        snapshot.remove_pod_of(Operand::DevicePlugin, "a100-02");
+        snapshot.remove_pod_of(Operand::GpuFeatureDiscovery, "a100-02");
+        let a100 = snapshot.node_mut("a100-02").unwrap();
+        *a100 = a100
+            .clone()
+            .with_label(dp, "paused-for-driver-upgrade")
+            .with_label(gfd, "True");
+        let report = analyze(&snapshot);
+        let messages: Vec<&str> = node(&report, "a100-02")
+            .findings
+            .iter()
+            .map(|f| f.message.as_str())
+            .collect();
+        assert!(
+            messages
+                .iter()
+                .any(|m| m.contains("no driver upgrade is in progress")),
+            "a pause left behind: {messages:#?}"
+        );
+        assert!(
+            messages
+                .iter()
+                .any(|m| m
+                    .contains("nvidia.com/gpu.deploy.gpu-feature-discovery=True is neither true nor false")),
+            "{messages:#?}"
+        );
+    }
+
+    #[test]
+    fn the_helpers_place_pods_with_kubernetes_rules() {
+        // The fixtures and the analysis agree on placement: converging never leaves a finding.
+        let snapshot = cluster();
+        for pod in &snapshot.pods {
+            let node = snapshot.node(pod.target_node().unwrap()).unwrap();
+            let owner = &pod.metadata.owner_references[0].name;
+            let daemon_set = snapshot
+                .daemon_sets
+                .iter()
+                .find(|d| d.metadata.name.as_ref() == Some(owner))
+                .unwrap();
+            let spec = daemon_set.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+            assert!(daemon_pod_fits(node, spec).is_ok(), "{}", pod.key());
+        }
+    }
+
+    #[test]
+    fn a_daemon_set_pod_the_scheduler_cannot_bind_is_pending_on_its_node() {
+        let mut snapshot = cluster();
+        snapshot
+            .pod_of_mut(Operand::DcgmExporter, "a100-01")
+            .unwrap()
+            .unbound(
+                "0/4 nodes are available: 1 Insufficient cpu, 3 node(s) didn't match Pod's node affinity.",
+            );
+        let report = analyze(&snapshot);
+        let pending = finding(&report, "a100-01", FindingKind::NotReady, Operand::DcgmExporter);
+        assert!(
+            pending
+                .message
+                .contains("is Unschedulable: Unschedulable: 0/4 nodes"),
+            "{}",
+            pending.message
+        );
+    }
+
+    #[test]
+    fn a_missing_daemon_set_of_an_enabled_operand_is_missing_on_every_node_it_should_run_on() {
+        let mut snapshot = cluster();
+        snapshot
+            .daemon_sets
+            .retain(|d| d.metadata.name.as_deref() != Some(Operand::GpuFeatureDiscovery.info().daemonset));
+        snapshot.pods.retain(|p: &PodFacts| {
+            p.metadata.owner_references[0].name != Operand::GpuFeatureDiscovery.info().daemonset
+        });
+        let report = analyze(&snapshot);
+        for name in ["a100-01", "a100-02", "h100-01"] {
+            let missing = finding(&report, name, FindingKind::Missing, Operand::GpuFeatureDiscovery);
+            assert!(
+                missing
+                    .message
+                    .contains("but no DaemonSet gpu-feature-discovery exists"),
+                "{}",
+                missing.message
+            );
+        }
+        assert!(node(&report, "cpu-01").findings.is_empty());
+    }
+}
+
+mod property {
+    //! Adding healthy GPU nodes, CPU nodes or unrelated pods never changes the findings of the nodes already
+    //! there, and never hides a fault; a generated fault-free cluster has none.
+
+    use super::*;
+    use gpuop_api::labels::{GPU_TAINT, RESOURCE_GPU};
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Shape {
+        A100 { mig: bool },
+        H100,
+        L4 { gpus: i64 },
+        Tainted,
+        Cpu,
+    }
+
+    fn shape() -> impl Strategy<Value = Shape> {
+        prop_oneof![
+            any::<bool>().prop_map(|mig| Shape::A100 { mig }),
+            Just(Shape::H100),
+            (1_i64..=8).prop_map(|gpus| Shape::L4 { gpus }),
+            Just(Shape::Tainted),
+            Just(Shape::Cpu),
+        ]
+    }
+
+    fn build_node(name: &str, shape: &Shape) -> Node {
+        match shape {
+            Shape::A100 { mig: true } => Node::gpu(name).mig_capable(),
+            Shape::A100 { mig: false } => Node::gpu(name),
+            Shape::H100 => Node::gpu(name).with_gpus("NVIDIA-H100-80GB-HBM3", 8),
+            Shape::L4 { gpus } => Node::gpu(name).with_gpus("NVIDIA-L4", *gpus),
+            // A taint the operands tolerate.
+            Shape::Tainted => Node::gpu(name).with_taint(GPU_TAINT, Some("present"), "NoSchedule"),
+            Shape::Cpu => Node::cpu(name),
+        }
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    enum Fault {
+        MissingPod(usize),
+        CrashLoop(usize),
+        StuckInit(usize),
+        NoToolkit,
+        Unhealthy,
+        MigFailed,
+        Taint,
+    }
+
+    fn fault() -> impl Strategy<Value = Fault> {
+        let operand = 0_usize..8;
+        prop_oneof![
+            operand.clone().prop_map(Fault::MissingPod),
+            operand.clone().prop_map(Fault::CrashLoop),
+            operand.prop_map(Fault::StuckInit),
+            Just(Fault::NoToolkit),
+            Just(Fault::Unhealthy),
+            Just(Fault::MigFailed),
+            Just(Fault::Taint),
+        ]
+    }
+
+    const OPERANDS: [Operand; 8] = [
+        Operand::Driver,
+        Operand::ContainerToolkit,
+        Operand::OperatorValidator,
+        Operand::DevicePlugin,
+        Operand::Dcgm,
+        Operand::DcgmExporter,
+        Operand::GpuFeatureDiscovery,
+        Operand::MigManager,
+    ];
+
+    /// Plants a fault on a GPU node; returns the kind of finding it must cause there.
+    fn plant(snapshot: &mut Snapshot, name: &str, fault: Fault) -> Option<FindingKind> {
+        match fault {
+            Fault::MissingPod(i) => snapshot
+                .remove_pod_of(OPERANDS[i], name)
+                .map(|_| FindingKind::Missing),
+            Fault::CrashLoop(i) => snapshot.pod_of_mut(OPERANDS[i], name).map(|pod| {
+                pod.crash_loop(3);
+                FindingKind::NotReady
+            }),
+            Fault::StuckInit(i) => {
+                let pod = snapshot.pod_of_mut(OPERANDS[i], name)?;
+                let init = pod.spec.init_containers.first()?.name.clone();
+                pod.stuck_in_init(&init, Some(2));
+                Some(FindingKind::NotReady)
+            }
+            Fault::NoToolkit => snapshot
+                .remove_pod_of(Operand::ContainerToolkit, name)
+                .map(|_| FindingKind::GpuWithoutRuntime),
+            Fault::Unhealthy => {
+                let node = snapshot.node_mut(name)?;
+                *node = node
+                    .clone()
+                    .with_resource(RESOURCE_GPU, Some(8), Some(7))
+                    .with_gpus("x", 8);
+                node.status.as_mut()?.allocatable.as_mut()?.insert(
+                    RESOURCE_GPU.to_owned(),
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity("7".into()),
+                );
+                Some(FindingKind::Contract)
+            }
+            Fault::MigFailed => {
+                let node = snapshot.node_mut(name)?;
+                *node = node
+                    .clone()
+                    .with_label(gpuop_api::labels::MIG_CONFIG_STATE, "failed");
+                Some(FindingKind::Contract)
+            }
+            Fault::Taint => {
+                let node = snapshot.node_mut(name)?;
+                *node = node.clone().with_taint("dedicated", Some("x"), "NoSchedule");
+                Some(FindingKind::Excluded)
+            }
+        }
+    }
+
+    fn findings_by_node(report: &Report) -> Vec<(String, Vec<Finding>)> {
+        report
+            .nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.findings.clone()))
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        #[test]
+        fn a_generated_fault_free_cluster_has_no_findings(shapes in proptest::collection::vec(shape(), 1..12)) {
+            let snapshot = ClusterBuilder::new()
+                .with_nodes(shapes.iter().enumerate().map(|(i, s)| build_node(&format!("node-{i:02}"), s)))
+                .build();
+            let report = analyze(&snapshot);
+            prop_assert!(!report.has_findings(), "{:#?}", report.nodes.iter().flat_map(|n| &n.findings).collect::<Vec<_>>());
+        }
+
+        #[test]
+        fn more_nodes_and_unrelated_pods_change_nothing_and_hide_nothing(
+            shapes in proptest::collection::vec(shape(), 1..8),
+            faults in proptest::collection::vec((0_usize..8, fault()), 0..6),
+            joining in proptest::collection::vec(shape(), 0..6),
+            unrelated in proptest::collection::vec((0_usize..16, 0_i64..3, any::<bool>()), 0..10),
+        ) {
+            let mut snapshot = ClusterBuilder::new()
+                .with_nodes(shapes.iter().enumerate().map(|(i, s)| build_node(&format!("node-{i:02}"), s)))
+                .build();
+            let mut planted: Vec<(String, FindingKind)> = Vec::new();
+            for (index, fault) in faults {
+                let index = index % shapes.len();
+                let name = format!("node-{index:02}");
+                // One fault a node: two on one node may explain each other (a taint keeps a pod off).
+                if matches!(shapes[index], Shape::Cpu) || planted.iter().any(|(n, _)| *n == name) {
+                    continue;
+                }
+                if let Some(kind) = plant(&mut snapshot, &name, fault) {
+                    planted.push((name, kind));
+                }
+            }
+            let before = analyze(&snapshot);
+            for (name, kind) in &planted {
+                prop_assert!(
+                    node(&before, name).findings.iter().any(|f| f.kind == *kind),
+                    "{kind:?} planted on {name} is not found: {:#?}", node(&before, name).findings
+                );
+            }
+            let healthy: Vec<String> = before.nodes.iter().filter(|n| n.findings.is_empty()).map(|n| n.name.clone()).collect();
+            for name in &healthy {
+                prop_assert!(!planted.iter().any(|(n, _)| n == name), "a planted fault on {name} found nothing");
+            }
+
+            let existing = snapshot.nodes.len();
+            for (i, shape) in joining.iter().enumerate() {
+                snapshot.join(build_node(&format!("joined-{i:02}"), shape));
+            }
+            for (i, (target, gpus, bound)) in unrelated.iter().enumerate() {
+                let mut pod = PodFacts::workload("team-a", &format!("train-{i}")).requesting(RESOURCE_GPU, *gpus);
+                if *bound {
+                    let node = snapshot.nodes[target % existing].metadata.name.clone().unwrap();
+                    pod = pod.running_on(&node);
+                } else {
+                    pod = pod.unschedulable("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.");
+                }
+                snapshot.pods.push(pod);
+            }
+            let after = analyze(&snapshot);
+            let after_existing: Vec<(String, Vec<Finding>)> = findings_by_node(&after)
+                .into_iter()
+                .filter(|(name, _)| !name.starts_with("joined-"))
+                .collect();
+            prop_assert_eq!(findings_by_node(&before), after_existing);
+            for node in after.nodes.iter().filter(|n| n.name.starts_with("joined-")) {
+                prop_assert!(node.findings.is_empty(), "{}: {:#?}", node.name, node.findings);
+            }
+            prop_assert!(after.findings.is_empty());
+        }
+    }
+}
+
+mod explain {
+    use super::*;
+    use gpuop_api::labels::RESOURCE_GPU;
+    use gpuop_doctor::explain::explain;
+
+    #[test]
+    fn a_pending_gpu_pod_leads_to_the_first_broken_link_on_the_node_that_would_take_it() {
+        // Only a100-02 would fit (selector), and its device plugin waits for a toolkit that crash-loops.
+        let mut snapshot = cluster();
+        snapshot
+            .pod_of_mut(Operand::ContainerToolkit, "a100-02")
+            .unwrap()
+            .crash_loop(5);
+        snapshot
+            .pod_of_mut(Operand::DevicePlugin, "a100-02")
+            .unwrap()
+            .stuck_in_init("toolkit-validation", None);
+        let a100 = snapshot.node_mut("a100-02").unwrap();
+        *a100 = a100
+            .clone()
+            .with_resource(RESOURCE_GPU, Some(0), Some(0))
+            .with_label("pool", "training");
+        snapshot.pods.push(
+            PodFacts::workload("team-a", "train-0")
+                .requesting(RESOURCE_GPU, 1)
+                .selecting("pool", "training")
+                .unschedulable("0/4 nodes are available: 1 Insufficient nvidia.com/gpu, 3 node(s) didn't match Pod's node affinity/selector."),
+        );
+        let explanation = explain(&snapshot, "team-a", "train-0").unwrap();
+        assert_eq!(explanation.verdict.link, Some(Link::Toolkit));
+        assert!(
+            explanation
+                .verdict
+                .sentence
+                .starts_with("No node can run the pod; a100-02 would, but advertises no nvidia.com/gpu"),
+            "{}",
+            explanation.verdict.sentence
+        );
+        assert!(
+            explanation.verdict.sentence.contains("CrashLoopBackOff"),
+            "{}",
+            explanation.verdict.sentence
+        );
+        let h100 = explanation.nodes.iter().find(|n| n.name == "h100-01").unwrap();
+        assert_eq!(
+            h100.reasons,
+            ["node selector wants pool=training, the node lacks the label"]
+        );
+    }
+
+    #[test]
+    fn a_pending_pod_when_every_gpu_is_in_use_is_a_scheduling_matter() {
+        let mut snapshot = ClusterBuilder::new().with_node(Node::gpu("a100-01")).build();
+        snapshot.pods.push(
+            PodFacts::workload("team-a", "big")
+                .requesting(RESOURCE_GPU, 6)
+                .running_on("a100-01"),
+        );
+        snapshot.pods.push(
+            PodFacts::workload("team-a", "late")
+                .requesting(RESOURCE_GPU, 4)
+                .unschedulable("0/1 nodes are available: 1 Insufficient nvidia.com/gpu."),
+        );
+        let explanation = explain(&snapshot, "team-a", "late").unwrap();
+        assert_eq!(explanation.verdict.link, Some(Link::Scheduling));
+        assert!(
+            explanation
+                .verdict
+                .sentence
+                .contains("has 2 of 8 nvidia.com/gpu free, the pod asks for 4"),
+            "{}",
+            explanation.verdict.sentence
+        );
+    }
+
+    #[test]
+    fn a_pod_asking_for_mig_devices_under_the_single_strategy_is_told_why() {
+        let mut snapshot = cluster();
+        snapshot.pods.push(
+            PodFacts::workload("team-a", "mig")
+                .requesting("nvidia.com/mig-1g.5gb", 1)
+                .unschedulable("0/4 nodes are available"),
+        );
+        let explanation = explain(&snapshot, "team-a", "mig").unwrap();
+        assert_eq!(explanation.verdict.link, Some(Link::DevicePlugin));
+        assert!(
+            explanation
+                .verdict
+                .sentence
+                .starts_with("No node advertises nvidia.com/mig-1g.5gb; only the mixed MIG strategy"),
+            "{}",
+            explanation.verdict.sentence
+        );
+    }
+
+    #[test]
+    fn a_running_pod_on_a_node_whose_toolkit_broke_cannot_see_its_gpu() {
+        let mut snapshot = cluster();
+        snapshot.pods.push(
+            PodFacts::workload("team-a", "infer")
+                .requesting(RESOURCE_GPU, 1)
+                .running_on("h100-01"),
+        );
+        let healthy = explain(&snapshot, "team-a", "infer").unwrap();
+        assert_eq!(healthy.verdict.link, None, "{}", healthy.verdict.sentence);
+        snapshot.remove_pod_of(Operand::ContainerToolkit, "h100-01");
+        let broken = explain(&snapshot, "team-a", "infer").unwrap();
+        assert_eq!(broken.verdict.link, Some(Link::Toolkit));
+        assert!(
+            broken
+                .verdict
+                .sentence
+                .starts_with("The pod is on node h100-01, where the chain breaks at toolkit/CDI"),
+            "{}",
+            broken.verdict.sentence
+        );
+    }
+
+    #[test]
+    fn a_pod_that_asks_for_no_gpu_is_told_so() {
+        let mut snapshot = cluster();
+        snapshot.pods.push(
+            PodFacts::workload("team-a", "cpu-only")
+                .requesting("cpu", 1)
+                .running_on("a100-01"),
+        );
+        let explanation = explain(&snapshot, "team-a", "cpu-only").unwrap();
+        assert_eq!(explanation.verdict.link, Some(Link::DevicePlugin));
+        assert!(
+            explanation.verdict.sentence.contains("asks for no GPU resource"),
+            "{}",
+            explanation.verdict.sentence
+        );
+    }
+
+    #[test]
+    fn an_unknown_pod_is_an_error_that_says_what_a_snapshot_holds() {
+        let error = explain(&cluster(), "team-a", "nope").unwrap_err().to_string();
+        assert!(
+            error.starts_with("pod team-a/nope is not in the snapshot"),
+            "{error}"
+        );
+    }
+}
+
+mod cli {
+    //! The `kubectl-gpu` binary on snapshot files: exit codes, the JSON schema, the table.
+
+    use super::*;
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Output};
+
+    fn kubectl_gpu(args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_kubectl-gpu"))
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .output()
+            .expect("kubectl-gpu runs")
+    }
+
+    fn stdout(output: &Output) -> String {
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    fn stderr(output: &Output) -> String {
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    }
+
+    fn write(dir: &Path, name: &str, snapshot: &Snapshot) -> PathBuf {
+        let path = dir.join(name);
+        let mut file = std::fs::File::create(&path).unwrap();
+        snapshot.write_json(&mut file).unwrap();
+        path
+    }
+
+    fn faulty() -> Snapshot {
+        let mut snapshot = cluster();
+        snapshot
+            .pod_of_mut(Operand::ContainerToolkit, "a100-02")
+            .unwrap()
+            .crash_loop(9);
+        snapshot
+    }
+
+    #[test]
+    fn json_follows_the_documented_schema_and_exit_codes_follow_findings() {
+        let dir = tempfile::tempdir().unwrap();
+        let healthy = write(dir.path(), "healthy.json", &cluster());
+        let output = kubectl_gpu(&["doctor", "--snapshot", healthy.to_str().unwrap(), "-o", "json"]);
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(json["schema"], "gpu-doctor/v1");
+        let nodes = json["nodes"].as_array().unwrap();
+        assert_eq!(nodes.len(), 4);
+        for node in nodes {
+            assert!(node["name"].is_string());
+            assert_eq!(
+                node["findings"],
+                serde_json::json!([]),
+                "a healthy node has no findings"
+            );
+            assert_eq!(node["checks"].as_array().unwrap().len(), 7);
+        }
+
+        let broken = write(dir.path(), "broken.json", &faulty());
+        let output = kubectl_gpu(&["doctor", "--snapshot", broken.to_str().unwrap(), "-o", "json"]);
+        assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let node = json["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == "a100-02")
+            .unwrap();
+        assert_eq!(node["firstBrokenLink"], "toolkit");
+        let findings = node["findings"].as_array().unwrap();
+        let kinds: Vec<&str> = findings.iter().map(|f| f["kind"].as_str().unwrap()).collect();
+        for kind in ["not-ready", "order", "gpu-without-runtime"] {
+            assert!(kinds.contains(&kind), "{kinds:?}");
+        }
+        for finding in findings {
+            assert!(finding["message"].as_str().is_some_and(|m| !m.is_empty()));
+            assert!(
+                finding["operand"].is_string(),
+                "each of these concerns an operand: {finding}"
+            );
+        }
+        assert_eq!(json["summary"]["nodesWithFindings"], 1);
+    }
+
+    #[test]
+    fn the_table_shows_operands_in_chain_order_and_the_first_broken_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let broken = write(dir.path(), "broken.json", &faulty());
+        let output = kubectl_gpu(&["doctor", "--snapshot", broken.to_str().unwrap()]);
+        assert_eq!(output.status.code(), Some(1));
+        let text = stdout(&output);
+        let header = text.lines().next().unwrap();
+        assert_eq!(
+            header.split_whitespace().collect::<Vec<_>>(),
+            [
+                "NODE", "GPUS", "DRIVER", "CT", "OV", "DP", "DCGM", "DE", "GFD", "MM", "FIRST", "BROKEN",
+                "LINK"
+            ]
+        );
+        let row = text.lines().find(|l| l.starts_with("a100-02")).unwrap();
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            [
+                "a100-02",
+                "8",
+                "ok",
+                "crashloop",
+                "ok",
+                "ok",
+                "ok",
+                "ok",
+                "ok",
+                "-",
+                "toolkit/CDI"
+            ]
+        );
+        assert!(
+            text.contains("[gpu-without-runtime] container-toolkit:"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("\n4 nodes (3 with GPUs): 7 findings on 1 node\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn one_node_in_detail() {
+        let dir = tempfile::tempdir().unwrap();
+        let broken = write(dir.path(), "broken.json", &faulty());
+        let output = kubectl_gpu(&[
+            "doctor",
+            "--snapshot",
+            broken.to_str().unwrap(),
+            "--node",
+            "a100-02",
+        ]);
+        assert_eq!(output.status.code(), Some(1));
+        let text = stdout(&output);
+        assert!(
+            text.starts_with("Node a100-02: GPU, workload container\n"),
+            "{text}"
+        );
+        assert!(text.contains("first broken link: toolkit/CDI"), "{text}");
+        for check in [
+            "host",
+            "runtime",
+            "resource",
+            "labels",
+            "positive-placement",
+            "negative-placement",
+            "operations",
+        ] {
+            assert!(
+                text.lines().any(|l| l.starts_with(check)),
+                "{check} missing in {text}"
+            );
+        }
+        let output = kubectl_gpu(&[
+            "doctor",
+            "--snapshot",
+            broken.to_str().unwrap(),
+            "--node",
+            "a100-01",
+        ]);
+        assert_eq!(output.status.code(), Some(0), "only the named node counts");
+        let output = kubectl_gpu(&["doctor", "--snapshot", broken.to_str().unwrap(), "--node", "nope"]);
+        assert_eq!(output.status.code(), Some(2));
+        assert!(
+            stderr(&output).contains("node nope is not in the cluster (4 nodes)"),
+            "{}",
+            stderr(&output)
+        );
+    }
+
+    #[test]
+    fn kubectl_yaml_lists_and_directories_are_read_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let snapshot = faulty();
+        // Nodes as YAML documents, the rest as one JSON list, in a directory with an unrelated file.
+        let mut yaml = String::new();
+        for node in &snapshot.nodes {
+            yaml.push_str("---\n");
+            yaml.push_str(&serde_saphyr::to_string(&serde_json::to_value(node).unwrap()).unwrap());
+        }
+        std::fs::write(dir.path().join("nodes.yaml"), yaml).unwrap();
+        let rest = Snapshot {
+            nodes: Vec::new(),
+            ..snapshot
+        };
+        write(dir.path(), "rest.json", &rest);
+        std::fs::write(dir.path().join("README.txt"), "not read").unwrap();
+        let output = kubectl_gpu(&["doctor", "--snapshot", dir.path().to_str().unwrap(), "-o", "json"]);
+        assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(json["summary"]["nodes"], 4);
+        assert_eq!(json["summary"]["nodesWithFindings"], 1);
+    }
+
+    #[test]
+    fn a_snapshot_it_cannot_read_exits_2_naming_the_file_object_and_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.json");
+        std::fs::write(
+            &path,
+            r#"{"apiVersion": "v1", "kind": "List", "items": [
+                {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "nvidia-dcgm", "namespace": "gpu-operator"},
+                 "spec": {"template": {"spec": {"containers": [], "tolerations": [{"key": "k", "tolerationSeconds": "ten"}]}}}}]}"#,
+        )
+        .unwrap();
+        let output = kubectl_gpu(&["doctor", "--snapshot", path.to_str().unwrap()]);
+        assert_eq!(output.status.code(), Some(2));
+        let message = stderr(&output);
+        assert!(
+            message.contains("bad.json: document 1, item 0 (DaemonSet gpu-operator/nvidia-dcgm)"),
+            "{message}"
+        );
+        assert!(
+            message.contains("field spec.template.spec.tolerations[0].tolerationSeconds"),
+            "{message}"
+        );
+        let output = kubectl_gpu(&[
+            "doctor",
+            "--snapshot",
+            dir.path().join("absent.json").to_str().unwrap(),
+        ]);
+        assert_eq!(output.status.code(), Some(2));
+        assert!(stderr(&output).contains("cannot read"), "{}", stderr(&output));
+        let empty = dir.path().join("empty.yaml");
+        std::fs::write(&empty, "# nothing here\n").unwrap();
+        let output = kubectl_gpu(&["doctor", "--snapshot", empty.to_str().unwrap()]);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "an empty snapshot is not a healthy cluster"
+        );
+        assert!(stderr(&output).contains("no Node in"), "{}", stderr(&output));
+    }
+
+    #[test]
+    fn explain_pod_on_a_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut snapshot = cluster();
+        snapshot.pods.push(
+            PodFacts::workload("team-a", "train-0")
+                .requesting(gpuop_api::labels::RESOURCE_GPU, 1)
+                .selecting("pool", "nowhere")
+                .unschedulable(
+                    "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector.",
+                ),
+        );
+        let path = write(dir.path(), "snap.json", &snapshot);
+        let output = kubectl_gpu(&[
+            "explain",
+            "pod",
+            "team-a/train-0",
+            "--snapshot",
+            path.to_str().unwrap(),
+        ]);
+        assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+        let text = stdout(&output);
+        assert!(
+            text.starts_with("0/4 nodes can run the pod: 4 x node selector wants pool=nowhere"),
+            "{text}"
+        );
+        let output = kubectl_gpu(&[
+            "explain",
+            "pod",
+            "train-0",
+            "-n",
+            "team-a",
+            "--snapshot",
+            path.to_str().unwrap(),
+            "-o",
+            "json",
+        ]);
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(json["verdict"]["link"], "scheduling");
+        assert_eq!(json["pod"], "team-a/train-0");
+        let output = kubectl_gpu(&[
+            "explain",
+            "pod",
+            "team-a/absent",
+            "--snapshot",
+            path.to_str().unwrap(),
+        ]);
+        assert_eq!(output.status.code(), Some(2));
+    }
+
+    #[test]
+    fn kubectl_finds_the_plugin() {
+        let Ok(kubectl) = which("kubectl") else {
+            eprintln!("SKIPPED kubectl_finds_the_plugin: kubectl is not on PATH");
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "snap.json", &cluster());
+        let bin_dir = Path::new(env!("CARGO_BIN_EXE_kubectl-gpu")).parent().unwrap();
+        let search = format!(
+            "{}:{}",
+            bin_dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let output = Command::new(kubectl)
+            .args(["gpu", "doctor", "--snapshot", path.to_str().unwrap()])
+            .env("PATH", search)
+            .env("KUBECONFIG", dir.path().join("none"))
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        assert!(
+            stdout(&output).contains("4 nodes (3 with GPUs): no findings"),
+            "{}",
+            stdout(&output)
+        );
+    }
+
+    fn which(program: &str) -> Result<PathBuf, ()> {
+        std::env::var_os("PATH")
+            .into_iter()
+            .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+            .map(|dir| dir.join(program))
+            .find(|candidate| candidate.is_file())
+            .ok_or(())
+    }
+}
+
+mod live {
+    //! The binary against a stub API server: paged lists, the operand pods by their DaemonSets' selectors,
+    //! a cluster without the ClusterPolicy CRD, `snapshot -o` read back by `--snapshot`, `explain` and
+    //! `--watch`.
+
+    use super::*;
+    use std::collections::HashMap;
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::sync::Arc;
+
+    use axum::extract::{Path as UrlPath, Query, State};
+    use axum::http::StatusCode;
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::get;
+    use axum::{Json, Router};
+    use gpuop_api::labels::RESOURCE_GPU;
+    use serde_json::{Value, json};
+
+    struct Cluster {
+        nodes: Vec<Value>,
+        daemon_sets: Vec<Value>,
+        runtime_classes: Vec<Value>,
+        pods: Vec<PodFacts>,
+    }
+
+    fn list(items: &[Value], next: Option<&str>) -> Json<Value> {
+        Json(json!({"apiVersion": "v1", "kind": "List", "metadata": {"continue": next}, "items": items}))
+    }
+
+    /// Nodes come in two pages, as a server with `limit` answers.
+    async fn nodes(
+        State(cluster): State<Arc<Cluster>>,
+        Query(query): Query<HashMap<String, String>>,
+    ) -> Json<Value> {
+        let half = cluster.nodes.len() / 2;
+        match query.get("continue").map(String::as_str) {
+            Some("page-2") => list(&cluster.nodes[half..], None),
+            _ => list(&cluster.nodes[..half], Some("page-2")),
+        }
+    }
+
+    /// Pods of a namespace by `app=<daemonset>` (the fixtures' selector); all pods by field selector.
+    async fn pods(
+        State(cluster): State<Arc<Cluster>>,
+        namespace: Option<UrlPath<String>>,
+        Query(query): Query<HashMap<String, String>>,
+    ) -> Json<Value> {
+        let app = query
+            .get("labelSelector")
+            .and_then(|s| s.strip_prefix("app="))
+            .map(str::to_owned);
+        let items: Vec<Value> = cluster
+            .pods
+            .iter()
+            .filter(|pod| {
+                namespace
+                    .as_ref()
+                    .is_none_or(|ns| pod.metadata.namespace.as_deref() == Some(ns.0.as_str()))
+            })
+            .filter(|pod| {
+                app.as_ref()
+                    .is_none_or(|app| pod.metadata.owner_references.iter().any(|o| &o.name == app))
+            })
+            .map(|pod| serde_json::to_value(pod).unwrap())
+            .collect();
+        list(&items, None)
+    }
+
+    async fn pod(
+        State(cluster): State<Arc<Cluster>>,
+        UrlPath((namespace, name)): UrlPath<(String, String)>,
+    ) -> Response {
+        match cluster.pods.iter().find(|pod| {
+            pod.metadata.namespace.as_deref() == Some(namespace.as_str()) && pod.metadata.name == name
+        }) {
+            Some(pod) => Json(serde_json::to_value(pod).unwrap()).into_response(),
+            None => not_found().into_response(),
+        }
+    }
+
+    fn not_found() -> (StatusCode, Json<Value>) {
+        (
+            StatusCode::NOT_FOUND,
+            Json(
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
+                        "message": "the server could not find the requested resource"}),
+            ),
+        )
+    }
+
+    /// Serves the cluster on a loopback port; returns a kubeconfig for it.
+    fn serve(snapshot: &Snapshot, dir: &std::path::Path) -> std::path::PathBuf {
+        let cluster = Arc::new(Cluster {
+            nodes: snapshot
+                .nodes
+                .iter()
+                .map(|n| serde_json::to_value(n).unwrap())
+                .collect(),
+            daemon_sets: snapshot
+                .daemon_sets
+                .iter()
+                .map(|d| serde_json::to_value(d).unwrap())
+                .collect(),
+            runtime_classes: snapshot
+                .runtime_classes
+                .iter()
+                .map(|r| serde_json::to_value(r).unwrap())
+                .collect(),
+            pods: snapshot.pods.clone(),
+        });
+        let router = Router::new()
+            .route("/api/v1/nodes", get(nodes))
+            .route(
+                "/apis/apps/v1/daemonsets",
+                get(|State(c): State<Arc<Cluster>>| async move { list(&c.daemon_sets, None) }),
+            )
+            .route(
+                "/apis/node.k8s.io/v1/runtimeclasses",
+                get(|State(c): State<Arc<Cluster>>| async move { list(&c.runtime_classes, None) }),
+            )
+            .route("/api/v1/pods", get(|state, query| pods(state, None, query)))
+            .route(
+                "/api/v1/namespaces/{namespace}/pods",
+                get(|state, namespace, query| pods(state, Some(namespace), query)),
+            )
+            .route("/api/v1/namespaces/{namespace}/pods/{name}", get(pod))
+            // No ClusterPolicy CRD on this cluster.
+            .fallback(|| async { not_found() })
+            .with_state(cluster);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                axum::serve(listener, router).await.unwrap();
+            });
+        });
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: stub\n  cluster: {{server: 'http://127.0.0.1:{port}'}}\n\
+                 users:\n- name: stub\n  user: {{}}\ncontexts:\n- name: stub\n  context: {{cluster: stub, user: stub, namespace: team-a}}\n\
+                 current-context: stub\n"
+            ),
+        )
+        .unwrap();
+        kubeconfig
+    }
+
+    fn cluster_with_workload() -> Snapshot {
+        let mut snapshot = cluster();
+        snapshot.cluster_policies.clear();
+        snapshot
+            .pod_of_mut(Operand::ContainerToolkit, "a100-02")
+            .unwrap()
+            .crash_loop(9);
+        snapshot.pods.push(
+            PodFacts::workload("team-a", "train-0")
+                .requesting(RESOURCE_GPU, 2)
+                .running_on("a100-02"),
+        );
+        snapshot
+    }
+
+    fn kubectl_gpu(args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_kubectl-gpu"))
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_live_cluster_is_read_like_a_snapshot_and_saved_as_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = serve(&cluster_with_workload(), dir.path());
+        let kubeconfig = kubeconfig.to_str().unwrap();
+
+        let live = kubectl_gpu(&["doctor", "--kubeconfig", kubeconfig, "-o", "json"]);
+        assert_eq!(
+            live.status.code(),
+            Some(1),
+            "{}",
+            String::from_utf8_lossy(&live.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&live.stdout).unwrap();
+        assert_eq!(report["summary"]["nodes"], 4, "both pages of nodes are read");
+        assert_eq!(report["summary"]["nodesWithFindings"], 1);
+        let notes = report["notes"].as_array().unwrap();
+        assert!(
+            notes
+                .iter()
+                .any(|n| n == "no ClusterPolicy exists: operands are judged by their DaemonSets alone"),
+            "{notes:?}"
+        );
+
+        let saved = dir.path().join("saved.json");
+        let output = kubectl_gpu(&[
+            "snapshot",
+            "-o",
+            saved.to_str().unwrap(),
+            "--kubeconfig",
+            kubeconfig,
+        ]);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let offline = kubectl_gpu(&["doctor", "--snapshot", saved.to_str().unwrap(), "-o", "json"]);
+        assert_eq!(offline.status.code(), Some(1));
+        let offline: serde_json::Value = serde_json::from_slice(&offline.stdout).unwrap();
+        assert_eq!(offline, report, "the snapshot says what the live cluster said");
+
+        // The saved snapshot holds the GPU pod, so explain works on it as it does live.
+        let live = kubectl_gpu(&[
+            "explain",
+            "pod",
+            "train-0",
+            "--kubeconfig",
+            kubeconfig,
+            "-o",
+            "json",
+        ]);
+        let snap = kubectl_gpu(&[
+            "explain",
+            "pod",
+            "team-a/train-0",
+            "--snapshot",
+            saved.to_str().unwrap(),
+            "-o",
+            "json",
+        ]);
+        assert_eq!(
+            live.status.code(),
+            Some(1),
+            "{}",
+            String::from_utf8_lossy(&live.stderr)
+        );
+        assert_eq!(live.stdout, snap.stdout);
+        let explanation: serde_json::Value = serde_json::from_slice(&live.stdout).unwrap();
+        assert_eq!(explanation["verdict"]["link"], "toolkit");
+        let missing = kubectl_gpu(&["explain", "pod", "absent", "--kubeconfig", kubeconfig]);
+        assert_eq!(missing.status.code(), Some(2));
+    }
+
+    #[test]
+    fn watch_redraws_until_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = serve(&cluster_with_workload(), dir.path());
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kubectl-gpu"))
+            .args([
+                "doctor",
+                "--watch",
+                "--interval",
+                "1",
+                "-o",
+                "json",
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        for _ in 0..2 {
+            let line = lines.next().unwrap().unwrap();
+            let report: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(report["summary"]["nodesWithFindings"], 1);
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let refused = kubectl_gpu(&["doctor", "--watch", "--snapshot", "x.json"]);
+        assert_eq!(refused.status.code(), Some(2), "--watch is for live clusters");
+    }
+}
