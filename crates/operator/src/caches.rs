@@ -15,7 +15,7 @@ use kube::api::DynamicObject;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::MANAGED_KINDS;
@@ -35,6 +35,8 @@ pub struct Caches {
     pub revisions: Store<ControllerRevision>,
     /// Managed objects of every rendered kind, metadata only, by kind.
     pub managed: BTreeMap<&'static str, Store<DynamicObject>>,
+    /// True once every store has listed.
+    synced: watch::Receiver<bool>,
 }
 
 impl Caches {
@@ -113,29 +115,41 @@ impl Caches {
             run(stream, changed, shutdown);
             managed.insert(kind.kind, reader);
         }
-        (
-            Self {
-                policies,
-                nodes,
-                daemonsets,
-                pods,
-                revisions,
-                managed,
-            },
-            node_events,
-        )
+        let (synced_sender, synced) = watch::channel(false);
+        let caches = Self {
+            policies,
+            nodes,
+            daemonsets,
+            pods,
+            revisions,
+            managed,
+            synced,
+        };
+        caches.signal_when_synced(synced_sender);
+        (caches, node_events)
     }
 
-    /// Waits until every cache has listed once.
+    /// Waits until every cache has listed once. Any number of tasks may wait.
     pub async fn ready(&self) {
-        let _ = self.policies.wait_until_ready().await;
-        let _ = self.nodes.wait_until_ready().await;
-        let _ = self.daemonsets.wait_until_ready().await;
-        let _ = self.pods.wait_until_ready().await;
-        let _ = self.revisions.wait_until_ready().await;
-        for store in self.managed.values() {
-            let _ = store.wait_until_ready().await;
-        }
+        let mut synced = self.synced.clone();
+        let _ = synced.wait_for(|synced| *synced).await;
+    }
+
+    /// Signals `synced` once every store has listed. kube's `Store::wait_until_ready` wakes only the last
+    /// of several concurrent waiters, so exactly one task waits on the stores and the rest on the signal.
+    fn signal_when_synced(&self, synced: watch::Sender<bool>) {
+        let stores = self.clone();
+        tokio::spawn(async move {
+            let _ = stores.policies.wait_until_ready().await;
+            let _ = stores.nodes.wait_until_ready().await;
+            let _ = stores.daemonsets.wait_until_ready().await;
+            let _ = stores.pods.wait_until_ready().await;
+            let _ = stores.revisions.wait_until_ready().await;
+            for store in stores.managed.values() {
+                let _ = store.wait_until_ready().await;
+            }
+            synced.send_replace(true);
+        });
     }
 }
 

@@ -78,14 +78,21 @@ pub fn policy_status(
                     (true, reason::NO_GPU_NODES, "no node has an NVIDIA GPU".to_owned()),
                 )
             } else if lagging.is_empty() {
-                (
-                    State::Ready,
-                    (
-                        true,
-                        reason::RECONCILED,
-                        "all operands are ready on every node that should run them".to_owned(),
-                    ),
-                )
+                let mut message = "all operands are ready on every node that should run them".to_owned();
+                let excluded: BTreeSet<&String> = operands.iter().flat_map(|o| o.excluded.iter()).collect();
+                if !excluded.is_empty() {
+                    let names: Vec<&str> = excluded
+                        .iter()
+                        .take(MAX_LISTED_NODES)
+                        .map(|n| n.as_str())
+                        .collect();
+                    message.push_str(&format!(
+                        "; {} GPU node(s) cannot run operands switched on for them (untolerated taint or selector): {}",
+                        excluded.len(),
+                        names.join(", ")
+                    ));
+                }
+                (State::Ready, (true, reason::RECONCILED, message))
             } else {
                 let summary: Vec<String> = lagging.iter().map(|s| describe(s)).collect();
                 (
@@ -333,6 +340,21 @@ mod tests {
         assert_eq!((operand.expected, operand.ready), (50, 0));
         assert_eq!(operand.not_ready_nodes.as_ref().unwrap().len(), 20);
         assert!(ready_condition(&status).message.ends_with("node-19 and 30 more)"));
+    }
+
+    #[test]
+    fn excluded_gpu_nodes_are_named_even_when_ready() {
+        let mut driver = observation(Operand::Driver, &["a"], &["a"]);
+        driver.excluded = nodes(&["reserved"]);
+        let outcome = Outcome::Applied {
+            operands: vec![driver],
+            census: census(2),
+        };
+        let status = policy_status(&outcome, "ns", None, None, &time(1));
+        assert_eq!(status.state, State::Ready);
+        assert!(ready_condition(&status).message.ends_with(
+            "1 GPU node(s) cannot run operands switched on for them (untolerated taint or selector): reserved"
+        ));
     }
 
     #[test]

@@ -17,6 +17,11 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the operator in-process on a simulated mixed GPU cluster and show each node's operands coming up.
+    Demo(DemoArgs),
+    /// Run a simulated cluster until stopped: served on 127.0.0.1 with a kubeconfig, or playing the nodes
+    /// against an existing API server (`--kubeconfig`).
+    Up(UpArgs),
     /// Serve the in-memory Kubernetes API server on 127.0.0.1, with a kubeconfig for it.
     Serve(ServeArgs),
     /// Measure.
@@ -29,6 +34,83 @@ pub enum Command {
 pub enum Bench {
     /// The fake API server at scale: load, full LISTs, watch fan-out, peak memory.
     Apiserver(ApiserverBenchArgs),
+    /// The simulator at scale: create nodes, fan three DaemonSets out to all of them.
+    Nodes(NodesBenchArgs),
+    /// The operator (its own process) converging a simulated cluster, then a steady window.
+    Converge(ConvergeBenchArgs),
+}
+
+/// `gpu-sim demo`.
+#[derive(Debug, Parser)]
+pub struct DemoArgs {
+    /// Give up (exit 1, naming what is not ready) after this many seconds.
+    #[arg(long, default_value_t = 120)]
+    pub deadline_seconds: u64,
+    /// Zero latency on the nodes (no image pulls, containers ready at once).
+    #[arg(long)]
+    pub instant: bool,
+}
+
+/// `gpu-sim up`.
+#[derive(Debug, Parser)]
+pub struct UpArgs {
+    /// Scenario file: the cluster and a timeline of events; the demo cluster when absent.
+    #[arg(long, value_name = "FILE")]
+    pub scenario: Option<PathBuf>,
+    /// Play the nodes against the API server of this kubeconfig instead of serving a fake one.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Write a kubeconfig for the served API server here.
+    #[arg(long, value_name = "FILE", conflicts_with = "kubeconfig")]
+    pub kubeconfig_out: Option<PathBuf>,
+    /// Port of the served API server (0 picks a free one).
+    #[arg(long, default_value_t = 0, conflicts_with = "kubeconfig")]
+    pub port: u16,
+    /// Also run the operator in-process.
+    #[arg(long)]
+    pub with_operator: bool,
+    /// Zero latency on the nodes.
+    #[arg(long)]
+    pub instant: bool,
+}
+
+/// `gpu-sim bench nodes`.
+#[derive(Debug, Parser)]
+pub struct NodesBenchArgs {
+    /// GPU nodes to create.
+    #[arg(long, default_value_t = 5_000)]
+    pub nodes: u32,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub deadline_seconds: u64,
+}
+
+impl NodesBenchArgs {
+    /// The deadline.
+    pub fn deadline(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.deadline_seconds)
+    }
+}
+
+/// `gpu-sim bench converge`.
+#[derive(Debug, Parser)]
+pub struct ConvergeBenchArgs {
+    /// GPU nodes in the cluster.
+    #[arg(long, default_value_t = 10)]
+    pub nodes: u32,
+    /// Length of the steady window after convergence, in seconds.
+    #[arg(long, default_value_t = 30)]
+    pub steady_seconds: u64,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    pub deadline_seconds: u64,
+}
+
+impl ConvergeBenchArgs {
+    /// The deadline.
+    pub fn deadline(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.deadline_seconds)
+    }
 }
 
 /// How deleting a pod bound to a node behaves.

@@ -1,27 +1,66 @@
-//! The simulated cluster around the fake API server, from the command line (`gpu-sim`).
+//! The simulated GPU cluster: the parts of a Kubernetes cluster that are not the API server, played by
+//! ordinary API clients, so that the operator can be run, tested, demonstrated and benchmarked anywhere.
 //!
-//! Today: `gpu-sim serve` runs the fake API server on loopback with a kubeconfig for kubectl and the
-//! project's binaries, and `gpu-sim bench apiserver` measures it at scale (the numbers in `BENCHMARKS.md`).
+//! - Data: [`cluster_spec`] (node pools as a person writes them), [`hardware`] (GPU models and their MIG
+//!   profiles), [`scenario`] (a timeline of events and faults).
+//! - Pure decisions: [`daemonset`] (the DaemonSet controller), [`kubelet`] (one pod's next status),
+//!   [`host`] (what a node's host has and advertises), [`operands`] (operand configuration read through the
+//!   images' contract), [`progress`] (what a person watching sees).
+//! - I/O: [`simulation`] (a running cluster and scenario actions), [`actors`] (controller, scheduler,
+//!   kubelets), and the commands [`demo`], [`up`], [`serve`], [`bench`] and [`cluster_bench`].
 
+pub mod actors;
 pub mod bench;
 pub mod cli;
+pub mod cluster_bench;
+pub mod cluster_spec;
+pub mod daemonset;
+pub mod demo;
+pub mod hardware;
+pub mod host;
+pub mod kubelet;
+pub mod operands;
+pub mod progress;
+pub mod scenario;
 pub mod serve;
+pub mod simulation;
+pub mod up;
 
 use cli::{Bench, Cli, Command};
 
 /// Runs a `gpu-sim` command to completion.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    let default_level = if matches!(cli.command, Command::Demo(_)) {
+        "warn"
+    } else {
+        "info"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_level.into()),
         )
         .with_writer(std::io::stderr)
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         match cli.command {
+            Command::Demo(args) => {
+                let timing = if args.instant {
+                    kubelet::Timing::instant()
+                } else {
+                    kubelet::Timing::demo()
+                };
+                demo::demo(demo::DemoSettings {
+                    deadline: std::time::Duration::from_secs(args.deadline_seconds),
+                    timing,
+                })
+                .await
+            }
+            Command::Up(args) => up::up(args).await,
             Command::Serve(args) => serve::serve(args).await,
             Command::Bench(Bench::Apiserver(args)) => bench::apiserver(args).await,
+            Command::Bench(Bench::Nodes(args)) => cluster_bench::nodes(args).await,
+            Command::Bench(Bench::Converge(args)) => cluster_bench::converge(args).await,
         }
     })
 }

@@ -1,0 +1,842 @@
+//! The actors of a simulated cluster, each an ordinary API client with its own caches:
+//! - the **DaemonSet controller** carries out [`daemonset::plan`] for every DaemonSet;
+//! - the **scheduler** binds pods that name no node to a node they fit, GPU requests included;
+//! - the **kubelets** advance every pod on a simulated node with [`kubelet::step`], keep each host's state
+//!   in line with the operand pods that run there, and report what the node advertises (the device plugin's
+//!   resources, feature discovery's labels, the MIG manager's state).
+//!
+//! Each actor works in passes: a pass reads its caches, decides, then writes; changes in the caches (or a
+//! wake-up time a pass asked for) start the next pass. Writes the caches have not shown yet are remembered
+//! for a few seconds so that they are not made twice ("expectations", as the real controllers keep them).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use gpuop_api::Operand;
+use gpuop_api::catalogue::status_file;
+use gpuop_api::labels::{self, MIG_CONFIG, MIG_CONFIG_STATE};
+use gpuop_api::placement::pod_fits;
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::core::v1::{Binding, ConfigMap, Node, ObjectReference, Pod, PodCondition};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::daemonset;
+use crate::host::{Host, PluginSettings};
+use crate::kubelet::{self, operand_of};
+use crate::operands::{config_map_volumes, driver_version, mig_layout, plugin_settings};
+use crate::simulation::SimState;
+
+/// How long a write is expected to show in the caches before it is retried.
+const EXPECTATION: Duration = Duration::from_secs(10);
+
+/// Starts every actor.
+pub fn spawn(client: Client, state: Arc<SimState>, shutdown: CancellationToken) -> Vec<JoinHandle<()>> {
+    let changed = Arc::new(Notify::new());
+    let nodes = cache::<Node>(Api::all(client.clone()), &changed, &shutdown);
+    let pods = cache::<Pod>(Api::all(client.clone()), &changed, &shutdown);
+    let daemonsets = cache::<DaemonSet>(Api::all(client.clone()), &changed, &shutdown);
+    let revisions = cache::<ControllerRevision>(Api::all(client.clone()), &changed, &shutdown);
+    let config_maps = cache::<ConfigMap>(Api::all(client.clone()), &changed, &shutdown);
+    let (synced_sender, synced) = watch::channel(false);
+    let caches = Caches {
+        nodes,
+        pods,
+        daemonsets,
+        revisions,
+        config_maps,
+        synced,
+    };
+    caches.signal_when_synced(synced_sender);
+    vec![
+        tokio::spawn(daemonset_controller(
+            client.clone(),
+            caches.clone(),
+            changed.clone(),
+            shutdown.clone(),
+        )),
+        tokio::spawn(scheduler(
+            client.clone(),
+            caches.clone(),
+            changed.clone(),
+            shutdown.clone(),
+        )),
+        tokio::spawn(kubelets(client, caches, state, changed, shutdown)),
+    ]
+}
+
+#[derive(Clone, Debug)]
+struct Caches {
+    nodes: Store<Node>,
+    pods: Store<Pod>,
+    daemonsets: Store<DaemonSet>,
+    revisions: Store<ControllerRevision>,
+    config_maps: Store<ConfigMap>,
+    synced: watch::Receiver<bool>,
+}
+
+impl Caches {
+    /// Waits until every cache has listed once. Any number of actors may wait: kube's
+    /// `Store::wait_until_ready` wakes only the last of several concurrent waiters, so one task waits on the
+    /// stores and the actors on its signal.
+    async fn ready(&self) {
+        let mut synced = self.synced.clone();
+        let _ = synced.wait_for(|synced| *synced).await;
+    }
+
+    fn signal_when_synced(&self, synced: watch::Sender<bool>) {
+        let stores = self.clone();
+        tokio::spawn(async move {
+            let _ = stores.nodes.wait_until_ready().await;
+            let _ = stores.pods.wait_until_ready().await;
+            let _ = stores.daemonsets.wait_until_ready().await;
+            let _ = stores.revisions.wait_until_ready().await;
+            let _ = stores.config_maps.wait_until_ready().await;
+            synced.send_replace(true);
+        });
+    }
+}
+
+fn cache<K>(api: Api<K>, changed: &Arc<Notify>, shutdown: &CancellationToken) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer);
+    let changed = changed.clone();
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                item = stream.next() => match item {
+                    Some(Ok(_)) => changed.notify_waiters(),
+                    Some(Err(error)) => debug!(%error, "simulator watch failed; retrying"),
+                    None => break,
+                },
+            }
+        }
+    });
+    reader
+}
+
+/// Waits for a change, a wake-up time or shutdown; returns false on shutdown.
+async fn next_pass(changed: &Notify, wake: Option<Duration>, shutdown: &CancellationToken) -> bool {
+    let wake = wake.unwrap_or(Duration::from_secs(5));
+    tokio::select! {
+        () = shutdown.cancelled() => false,
+        () = changed.notified() => true,
+        () = tokio::time::sleep(wake) => true,
+    }
+}
+
+/// Writes made recently that the caches have not shown yet.
+#[derive(Debug, Default)]
+struct Expectations<K: Ord> {
+    pending: BTreeMap<K, Instant>,
+}
+
+impl<K: Ord> Expectations<K> {
+    fn expect(&mut self, key: K) {
+        self.pending.insert(key, Instant::now());
+    }
+
+    fn pending(&mut self, key: &K) -> bool {
+        let now = Instant::now();
+        self.pending.retain(|_, at| now.duration_since(*at) < EXPECTATION);
+        self.pending.contains_key(key)
+    }
+
+    fn observed(&mut self, key: &K) {
+        self.pending.remove(key);
+    }
+}
+
+async fn daemonset_controller(
+    client: Client,
+    caches: Caches,
+    changed: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    caches.ready().await;
+    let mut creating: Expectations<(String, String)> = Expectations::default();
+    let mut deleting: Expectations<String> = Expectations::default();
+    let mut wake = Some(Duration::ZERO);
+    while next_pass(&changed, wake, &shutdown).await {
+        wake = None;
+        let nodes: Vec<Node> = caches.nodes.state().iter().map(|n| (**n).clone()).collect();
+        let mut pods_by_owner: BTreeMap<String, Vec<Pod>> = BTreeMap::new();
+        for pod in caches.pods.state() {
+            if let Some(owner) = pod.owner_references().iter().find(|o| o.controller == Some(true)) {
+                pods_by_owner
+                    .entry(owner.uid.clone())
+                    .or_default()
+                    .push((*pod).clone());
+            }
+        }
+        let mut revisions_by_owner: BTreeMap<String, Vec<ControllerRevision>> = BTreeMap::new();
+        for revision in caches.revisions.state() {
+            if let Some(owner) = revision.owner_references().first() {
+                revisions_by_owner
+                    .entry(owner.uid.clone())
+                    .or_default()
+                    .push((*revision).clone());
+            }
+        }
+        for ds in caches.daemonsets.state() {
+            if ds.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let uid = ds.metadata.uid.clone().unwrap_or_default();
+            let namespace = ds.namespace().unwrap_or_default();
+            let pods = pods_by_owner.remove(&uid).unwrap_or_default();
+            for pod in &pods {
+                if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+                    creating.observed(&(uid.clone(), node));
+                }
+            }
+            let revisions = revisions_by_owner.remove(&uid).unwrap_or_default();
+            let plan = daemonset::plan(&ds, &nodes, &pods, &revisions);
+            let pod_api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+            if let Some(revision) = &plan.new_revision {
+                let api: Api<ControllerRevision> = Api::namespaced(client.clone(), &namespace);
+                if let Err(error) = api.create(&PostParams::default(), revision).await
+                    && !matches!(&error, kube::Error::Api(s) if s.code == 409)
+                {
+                    warn!(daemonset = %ds.name_any(), %error, "cannot create a ControllerRevision");
+                }
+            }
+            for pod in &plan.create {
+                let node = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .unwrap_or_default();
+                let key = (uid.clone(), node.clone());
+                if creating.pending(&key) {
+                    continue;
+                }
+                match pod_api.create(&PostParams::default(), pod).await {
+                    Ok(_) => creating.expect(key),
+                    Err(error) => {
+                        warn!(daemonset = %ds.name_any(), %node, %error, "cannot create a DaemonSet pod");
+                        wake = Some(Duration::from_secs(1));
+                    }
+                }
+            }
+            for name in &plan.delete {
+                if deleting.pending(name) {
+                    continue;
+                }
+                match pod_api.delete(name, &DeleteParams::default()).await {
+                    Ok(_) => deleting.expect(name.clone()),
+                    Err(kube::Error::Api(status)) if status.code == 404 => {}
+                    Err(error) => warn!(pod = %name, %error, "cannot delete a DaemonSet pod"),
+                }
+            }
+            if ds.status.as_ref() != Some(&plan.status) {
+                let api: Api<DaemonSet> = Api::namespaced(client.clone(), &namespace);
+                let patch = json!({ "status": plan.status });
+                if let Err(error) = api
+                    .patch_status(&ds.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    warn!(daemonset = %ds.name_any(), %error, "cannot update DaemonSet status");
+                }
+            }
+        }
+    }
+}
+
+/// Total extended resources (GPUs) requested by a pod's containers.
+fn gpu_requests(pod: &Pod) -> BTreeMap<String, u64> {
+    let mut total = BTreeMap::new();
+    for container in pod.spec.iter().flat_map(|s| s.containers.iter()) {
+        let resources = container.resources.as_ref();
+        let requests = resources
+            .and_then(|r| r.requests.as_ref())
+            .or(resources.and_then(|r| r.limits.as_ref()));
+        for (name, Quantity(amount)) in requests.into_iter().flatten() {
+            if labels::is_gpu_resource(name) {
+                *total.entry(name.clone()).or_insert(0) += amount.parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+fn allocatable(node: &Node, resource: &str) -> u64 {
+    node.status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get(resource))
+        .and_then(|q| q.0.parse().ok())
+        .unwrap_or(0)
+}
+
+fn is_terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// GPU resources used on each node by pods bound there.
+fn used_by_node(pods: &[Arc<Pod>]) -> BTreeMap<String, BTreeMap<String, u64>> {
+    let mut used: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    for pod in pods.iter().filter(|p| !is_terminal(p)) {
+        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+            for (resource, amount) in gpu_requests(pod) {
+                *used.entry(node.clone()).or_default().entry(resource).or_insert(0) += amount;
+            }
+        }
+    }
+    used
+}
+
+async fn scheduler(client: Client, caches: Caches, changed: Arc<Notify>, shutdown: CancellationToken) {
+    caches.ready().await;
+    let mut binding: Expectations<String> = Expectations::default();
+    let mut wake = Some(Duration::ZERO);
+    while next_pass(&changed, wake, &shutdown).await {
+        wake = None;
+        let pods = caches.pods.state();
+        let nodes = caches.nodes.state();
+        let mut used = used_by_node(&pods);
+        for pod in pods.iter().filter(|p| {
+            p.spec.as_ref().is_some_and(|s| s.node_name.is_none())
+                && !is_terminal(p)
+                && p.metadata.deletion_timestamp.is_none()
+        }) {
+            let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+            if binding.pending(&key) {
+                continue;
+            }
+            let spec = pod.spec.clone().unwrap_or_default();
+            let wanted = gpu_requests(pod);
+            let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+            let mut chosen: Option<(&Node, u64)> = None;
+            for node in nodes.iter() {
+                if let Err(misfit) = pod_fits(node, &spec) {
+                    *reasons.entry(misfit_reason(&misfit)).or_default() += 1;
+                    continue;
+                }
+                let node_used = used.get(&node.name_any());
+                let short = wanted.iter().find(|(resource, amount)| {
+                    let in_use = node_used.and_then(|u| u.get(*resource)).copied().unwrap_or(0);
+                    allocatable(node, resource) < in_use + **amount
+                });
+                if let Some((resource, _)) = short {
+                    *reasons.entry(format!("Insufficient {resource}")).or_default() += 1;
+                    continue;
+                }
+                let free: u64 = wanted.keys().map(|r| allocatable(node, r)).sum();
+                if chosen.is_none_or(|(_, best)| free > best) {
+                    chosen = Some((node, free));
+                }
+            }
+            let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+            match chosen {
+                Some((node, _)) => {
+                    let target = node.name_any();
+                    let bind = Binding {
+                        metadata: ObjectMeta {
+                            name: Some(pod.name_any()),
+                            ..ObjectMeta::default()
+                        },
+                        target: ObjectReference {
+                            kind: Some("Node".into()),
+                            name: Some(target.clone()),
+                            ..ObjectReference::default()
+                        },
+                    };
+                    match api
+                        .create_subresource::<Binding, serde_json::Value>(
+                            "binding",
+                            &pod.name_any(),
+                            &PostParams::default(),
+                            &bind,
+                        )
+                        .await
+                    {
+                        Ok(_) => {
+                            binding.expect(key);
+                            for (resource, amount) in &wanted {
+                                *used
+                                    .entry(target.clone())
+                                    .or_default()
+                                    .entry(resource.clone())
+                                    .or_insert(0) += amount;
+                            }
+                        }
+                        Err(error) => warn!(pod = %pod.name_any(), %error, "cannot bind pod"),
+                    }
+                }
+                None => {
+                    let summary: Vec<String> = reasons
+                        .iter()
+                        .map(|(reason, count)| format!("{count} {reason}"))
+                        .collect();
+                    let message = format!("0/{} nodes are available: {}.", nodes.len(), summary.join(", "));
+                    let current = pod
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"));
+                    if current.and_then(|c| c.message.as_deref()) != Some(message.as_str()) {
+                        let condition = PodCondition {
+                            type_: "PodScheduled".into(),
+                            status: "False".into(),
+                            reason: Some("Unschedulable".into()),
+                            message: Some(message),
+                            ..PodCondition::default()
+                        };
+                        let patch = json!({ "status": { "phase": "Pending", "conditions": [condition] } });
+                        if let Err(error) = api
+                            .patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                            .await
+                        {
+                            warn!(pod = %pod.name_any(), %error, "cannot report the pod unschedulable");
+                        }
+                    }
+                    wake = Some(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+}
+
+fn misfit_reason(misfit: &gpuop_api::placement::Misfit) -> String {
+    use gpuop_api::placement::Misfit;
+    match misfit {
+        Misfit::NodeSelector { .. } | Misfit::NodeAffinity => {
+            "node(s) didn't match Pod's node affinity/selector".into()
+        }
+        Misfit::Taint(taint) => format!(
+            "node(s) had untolerated taint {{{}: {}}}",
+            taint.key,
+            taint.value.clone().unwrap_or_default()
+        ),
+        Misfit::Unschedulable => "node(s) were unschedulable".into(),
+    }
+}
+
+/// What the kubelets derive for one node from the pods running there.
+#[derive(Debug, Default)]
+struct NodeWork {
+    ready: BTreeSet<Operand>,
+    plugin: Option<PluginSettings>,
+    feature_discovery: Option<PluginSettings>,
+    driver_image: Option<String>,
+    validator_present: bool,
+    mig_manager: Option<Arc<Pod>>,
+}
+
+async fn kubelets(
+    client: Client,
+    caches: Caches,
+    state: Arc<SimState>,
+    changed: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    caches.ready().await;
+    let mut validator_seen: BTreeSet<String> = BTreeSet::new();
+    let mut mig_started: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut wake = Some(Duration::ZERO);
+    loop {
+        let proceed = tokio::select! {
+            () = shutdown.cancelled() => false,
+            () = changed.notified() => true,
+            () = state.changed.notified() => true,
+            () = tokio::time::sleep(wake.unwrap_or(Duration::from_secs(5))) => true,
+        };
+        if !proceed {
+            break;
+        }
+        wake = None;
+        let mut soonest = |duration: Option<Duration>| {
+            if let Some(duration) = duration {
+                wake = Some(wake.map_or(duration, |current| current.min(duration)));
+            }
+        };
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let nodes: BTreeMap<String, Arc<Node>> = caches
+            .nodes
+            .state()
+            .into_iter()
+            .map(|n| (n.name_any(), n))
+            .collect();
+        let config_maps: BTreeMap<(String, String), BTreeMap<String, String>> = caches
+            .config_maps
+            .state()
+            .iter()
+            .map(|c| {
+                (
+                    (c.namespace().unwrap_or_default(), c.name_any()),
+                    c.data.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        let mut by_node: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
+        for pod in caches.pods.state() {
+            if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+                by_node.entry(node).or_default().push(pod);
+            }
+        }
+        let hosts: Vec<String> = state.hosts().keys().cloned().collect();
+        let faults = state.faults().clone();
+        for node_name in hosts {
+            let Some(node) = nodes.get(&node_name) else {
+                continue;
+            };
+            let pods = by_node.remove(&node_name).unwrap_or_default();
+            if faults.not_ready.contains(&node_name) {
+                continue;
+            }
+            let allocatable_gpus: u64 = node
+                .status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref())
+                .map(|a| {
+                    a.iter()
+                        .filter(|(k, _)| labels::is_gpu_resource(k))
+                        .map(|(_, q)| q.0.parse::<u64>().unwrap_or(0))
+                        .sum()
+                })
+                .unwrap_or(0);
+            let mut work = NodeWork::default();
+            let mut used: BTreeMap<String, u64> = BTreeMap::new();
+            for pod in &pods {
+                let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+                if pod.metadata.deletion_timestamp.is_some() {
+                    // The containers are stopped; the kubelet confirms the deletion.
+                    let _ = api
+                        .delete(&pod.name_any(), &DeleteParams::default().grace_period(0))
+                        .await;
+                    continue;
+                }
+                if is_terminal(pod) {
+                    continue;
+                }
+                let operand = operand_of(pod);
+                if operand.is_none() && !admit(&api, pod, node, &mut used).await {
+                    continue;
+                }
+                let host = state.hosts().get(&node_name).cloned();
+                let Some(host) = host else { continue };
+                let step = kubelet::step(
+                    pod,
+                    &host,
+                    allocatable_gpus,
+                    &faults.for_pod(&node_name, operand),
+                    state.timing,
+                    now,
+                );
+                if !step.writes.is_empty() {
+                    if let Some(host) = state.hosts().get_mut(&node_name) {
+                        host.validations
+                            .extend(step.writes.iter().map(|f| (*f).to_owned()));
+                    }
+                    // Other pods on the node may be waiting for these files.
+                    soonest(Some(Duration::ZERO));
+                }
+                soonest(step.wake_after);
+                if pod.status.as_ref() != Some(&step.status) {
+                    let patch = json!({ "status": step.status });
+                    if let Err(error) = api
+                        .patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                    {
+                        debug!(pod = %pod.name_any(), %error, "cannot report pod status");
+                    }
+                }
+                let ready = step
+                    .status
+                    .conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                if operand == Some(Operand::OperatorValidator) {
+                    work.validator_present = true;
+                }
+                let Some(operand) = operand else { continue };
+                if !ready {
+                    continue;
+                }
+                work.ready.insert(operand);
+                let spec = pod.spec.clone().unwrap_or_default();
+                let mounted: BTreeMap<String, BTreeMap<String, String>> = config_map_volumes(&spec)
+                    .into_values()
+                    .filter_map(|name| {
+                        Some((
+                            name.clone(),
+                            config_maps
+                                .get(&(pod.namespace().unwrap_or_default(), name))?
+                                .clone(),
+                        ))
+                    })
+                    .collect();
+                match operand {
+                    Operand::Driver => {
+                        work.driver_image = spec.containers.first().and_then(|c| c.image.clone())
+                    }
+                    Operand::DevicePlugin => {
+                        work.plugin = Some(plugin_settings(&spec, node.labels(), &mounted))
+                    }
+                    Operand::GpuFeatureDiscovery => {
+                        work.feature_discovery = Some(plugin_settings(&spec, node.labels(), &mounted))
+                    }
+                    Operand::MigManager => work.mig_manager = Some(pod.clone()),
+                    _ => {}
+                }
+            }
+            // The host follows the operands that run on it.
+            let host = {
+                let mut hosts = state.hosts();
+                let Some(host) = hosts.get_mut(&node_name) else {
+                    continue;
+                };
+                host.loaded_driver = if host.preinstalled_driver.is_none() {
+                    work.driver_image.as_deref().map(driver_version)
+                } else {
+                    None
+                };
+                if host.loaded_driver.is_some() {
+                    host.validations
+                        .insert(status_file::DRIVER_CONTAINER_READY.to_owned());
+                } else {
+                    host.validations.remove(status_file::DRIVER_CONTAINER_READY);
+                }
+                host.runtime_wired = work.ready.contains(&Operand::ContainerToolkit);
+                host.cdi_spec = host.runtime_wired;
+                // The validator's preStop hook removes the status files when its pod goes.
+                if validator_seen.contains(&node_name) && !work.validator_present {
+                    for file in [
+                        status_file::DRIVER_READY,
+                        status_file::TOOLKIT_READY,
+                        status_file::CUDA_READY,
+                        status_file::PLUGIN_READY,
+                    ] {
+                        host.validations.remove(file);
+                    }
+                }
+                host.clone()
+            };
+            if work.validator_present {
+                validator_seen.insert(node_name.clone());
+            } else {
+                validator_seen.remove(&node_name);
+            }
+            let mig_state = mig_manager(
+                &client,
+                &state,
+                &host,
+                node,
+                work.mig_manager.as_deref(),
+                &config_maps,
+                &mut mig_started,
+            )
+            .await;
+            soonest(mig_state);
+            report_node(
+                &client,
+                &state,
+                node,
+                work.plugin.as_ref(),
+                work.feature_discovery.as_ref(),
+            )
+            .await;
+        }
+    }
+}
+
+/// Admits a workload pod if the node has the GPUs it asks for; fails it the way the kubelet does otherwise.
+async fn admit(api: &Api<Pod>, pod: &Pod, node: &Node, used: &mut BTreeMap<String, u64>) -> bool {
+    let wanted = gpu_requests(pod);
+    let short = wanted.iter().find(|(resource, amount)| {
+        allocatable(node, resource) < used.get(*resource).copied().unwrap_or(0) + **amount
+    });
+    if let Some((resource, _)) = short {
+        if pod.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Failed") {
+            let patch = json!({ "status": {
+                "phase": "Failed",
+                "reason": format!("OutOf{resource}"),
+                "message": format!("Pod was rejected: Node didn't have enough resource: {resource}")
+            }});
+            let _ = api
+                .patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+        }
+        return false;
+    }
+    for (resource, amount) in wanted {
+        *used.entry(resource).or_insert(0) += amount;
+    }
+    true
+}
+
+/// Runs the MIG manager's reconfiguration when the node's `nvidia.com/mig.config` differs from its layout.
+/// Returns when to look again while a reconfiguration is under way.
+async fn mig_manager(
+    client: &Client,
+    state: &SimState,
+    host: &Host,
+    node: &Node,
+    manager: Option<&Pod>,
+    config_maps: &BTreeMap<(String, String), BTreeMap<String, String>>,
+    started: &mut BTreeMap<String, Instant>,
+) -> Option<Duration> {
+    let name = node.name_any();
+    let (Some(manager), Some(model)) = (manager, host.model) else {
+        started.remove(&name);
+        return None;
+    };
+    let wanted = node.labels().get(MIG_CONFIG).filter(|v| !v.is_empty())?;
+    let current_state = node.labels().get(MIG_CONFIG_STATE).map(String::as_str);
+    if host.mig_config.as_deref() == Some(wanted.as_str())
+        && current_state.is_some_and(|s| s == "success" || s == "failed")
+    {
+        return None;
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    let set_state = |value: &'static str| {
+        let patch = json!({ "metadata": { "labels": { MIG_CONFIG_STATE: value } } });
+        let nodes = nodes.clone();
+        let name = name.clone();
+        async move {
+            if let Err(error) = nodes
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                warn!(node = %name, %error, "cannot report the MIG state");
+            }
+        }
+    };
+    let begun = *started.entry(name.clone()).or_insert_with(Instant::now);
+    if current_state != Some("pending") && host.mig_config.as_deref() != Some(wanted.as_str()) {
+        set_state("pending").await;
+    }
+    let takes = state.timing.ready_after * 2;
+    if begun.elapsed() < takes {
+        return Some(takes - begun.elapsed());
+    }
+    started.remove(&name);
+    let namespace = manager.namespace().unwrap_or_default();
+    let spec = manager.spec.clone().unwrap_or_default();
+    let config = config_map_volumes(&spec)
+        .into_values()
+        .filter_map(|cm| config_maps.get(&(namespace.clone(), cm)))
+        .find_map(|data| {
+            data.get("config.yaml")
+                .or_else(|| data.get("config-default.yaml"))
+                .cloned()
+        });
+    let outcome = match config {
+        Some(config) => mig_layout(&config, wanted, model),
+        None => Err("the MIG manager has no configuration mounted".to_owned()),
+    };
+    let result = {
+        let mut hosts = state.hosts();
+        let host = hosts.get_mut(&name)?;
+        host.mig_config = Some(wanted.clone());
+        match outcome {
+            Ok(layout) => {
+                host.mig_layout = layout;
+                "success"
+            }
+            Err(problem) => {
+                warn!(node = %name, config = %wanted, %problem, "MIG reconfiguration failed");
+                "failed"
+            }
+        }
+    };
+    info!(node = %name, config = %wanted, state = result, "MIG manager finished");
+    set_state(result).await;
+    None
+}
+
+/// Reports what the node advertises: the device plugin's resources in capacity and allocatable, and the
+/// labels feature discovery writes (removed when it no longer runs).
+async fn report_node(
+    client: &Client,
+    state: &SimState,
+    node: &Node,
+    plugin: Option<&PluginSettings>,
+    discovery: Option<&PluginSettings>,
+) {
+    let name = node.name_any();
+    let Some(host) = state.hosts().get(&name).cloned() else {
+        return;
+    };
+    let nodes: Api<Node> = Api::all(client.clone());
+    let advertised = host.advertised(plugin);
+    let capacity = node
+        .status
+        .as_ref()
+        .and_then(|s| s.capacity.clone())
+        .unwrap_or_default();
+    let differs = advertised.iter().any(|(resource, count)| {
+        capacity.get(resource).map(|q| q.0.as_str()) != Some(count.to_string().as_str())
+    });
+    if differs {
+        let resources: BTreeMap<&String, String> =
+            advertised.iter().map(|(k, v)| (k, v.to_string())).collect();
+        let patch = json!({ "status": { "capacity": resources, "allocatable": resources } });
+        if let Err(error) = nodes
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            warn!(node = %name, %error, "cannot report GPU resources");
+        }
+    }
+    let wanted = discovery
+        .map(|settings| host.feature_labels(settings))
+        .unwrap_or_default();
+    let every_key = host.feature_labels(&PluginSettings {
+        mig_strategy: "mixed".into(),
+        ..PluginSettings::default()
+    });
+    let mut changes = serde_json::Map::new();
+    for (key, value) in &wanted {
+        if node.labels().get(key) != Some(value) {
+            changes.insert(key.clone(), json!(value));
+        }
+    }
+    for key in node.labels().keys() {
+        let ours =
+            every_key.contains_key(key) || key.starts_with("nvidia.com/mig-") || key == labels::MIG_STRATEGY;
+        if ours && !wanted.contains_key(key) && discovery.is_none() {
+            changes.insert(key.clone(), serde_json::Value::Null);
+        }
+    }
+    if !changes.is_empty() {
+        let patch = json!({ "metadata": { "labels": changes } });
+        if let Err(error) = nodes
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            warn!(node = %name, %error, "cannot write feature-discovery labels");
+        }
+    }
+}

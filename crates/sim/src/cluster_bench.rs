@@ -1,0 +1,306 @@
+//! Benchmarks of the simulated cluster and of the operator on it.
+//!
+//! - `gpu-sim bench nodes --nodes N`: create N GPU nodes and fan out three DaemonSets to all of them with
+//!   zero latency; report both times and the peak memory of the process (server, simulator and all).
+//! - `gpu-sim bench converge --nodes N`: run the `gpu-operator` binary as its own process against the fake
+//!   API server, apply the default ClusterPolicy, and measure the time until every operand is ready on
+//!   every node, the operator's API requests by verb, its writes during a steady window that follows
+//!   (the target is zero) and its peak memory.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use gpuop_api::ClusterPolicy;
+use gpuop_api::status::State;
+use gpuop_fakeserver::FakeServer;
+use gpuop_fakeserver::accounting::RequestCounts;
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
+use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, PodTemplateSpec, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client};
+use tokio::time::Instant;
+
+use crate::cli::{ConvergeBenchArgs, NodesBenchArgs};
+use crate::cluster_spec::{ClusterSpec, GpuSpec, NodePool};
+use crate::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install, snapshot};
+use crate::hardware::GpuModel;
+use crate::kubelet::Timing;
+use crate::progress::Row;
+use crate::simulation::Simulation;
+
+/// A cluster of `count` GPU nodes (H100, 8 GPUs each) and nothing else.
+pub fn gpu_cluster(count: u32) -> ClusterSpec {
+    let mut pool: NodePool = ClusterSpec::demo().node_pools.remove(1);
+    pool.name = "gpu".into();
+    pool.count = count;
+    pool.gpu = Some(GpuSpec {
+        model: GpuModel::H100_80GB,
+        count: 8,
+    });
+    ClusterSpec {
+        nfd: true,
+        node_pools: vec![pool],
+    }
+}
+
+/// Peak resident memory of a process in MiB (`VmHWM`), from `/proc`.
+pub fn peak_rss_mib(pid: &str) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+fn bench_daemonset(name: &str) -> DaemonSet {
+    let labels = std::collections::BTreeMap::from([("app".to_owned(), name.to_owned())]);
+    DaemonSet {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("bench".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    node_selector: Some(
+                        [(
+                            "feature.node.kubernetes.io/pci-10de.present".to_owned(),
+                            "true".to_owned(),
+                        )]
+                        .into(),
+                    ),
+                    tolerations: Some(vec![Toleration {
+                        key: Some("nvidia.com/gpu".into()),
+                        operator: Some("Exists".into()),
+                        effect: Some("NoSchedule".into()),
+                        ..Toleration::default()
+                    }]),
+                    containers: vec![Container {
+                        name: "main".into(),
+                        image: Some("registry.local/bench:1".into()),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DaemonSetSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// `gpu-sim bench nodes`.
+pub async fn nodes(args: NodesBenchArgs) -> anyhow::Result<()> {
+    let server = FakeServer::new();
+    let client = server.client_as("gpu-sim");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some("bench".into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    namespaces.create(&PostParams::default(), &namespace).await?;
+    let started = Instant::now();
+    let simulation = Simulation::start(client.clone(), gpu_cluster(args.nodes), Timing::instant()).await?;
+    let nodes_created = started.elapsed();
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), "bench");
+    let fan_out_started = Instant::now();
+    for name in ["bench-a", "bench-b", "bench-c"] {
+        daemonsets
+            .create(&PostParams::default(), &bench_daemonset(name))
+            .await?;
+    }
+    let expected = i32::try_from(args.nodes).unwrap_or(i32::MAX);
+    loop {
+        let list = daemonsets.list(&ListParams::default()).await?;
+        let ready = list
+            .items
+            .iter()
+            .filter(|ds| ds.status.as_ref().is_some_and(|s| s.number_ready == expected))
+            .count();
+        if ready == 3 {
+            break;
+        }
+        if fan_out_started.elapsed() > args.deadline() {
+            bail!(
+                "the DaemonSets did not become ready on {} nodes within {:?}",
+                args.nodes,
+                args.deadline()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let fan_out = fan_out_started.elapsed();
+    let peak = peak_rss_mib("self").unwrap_or(f64::NAN);
+    let requests = server.requests();
+    simulation.stop().await;
+    println!("| measurement ({} nodes, zero latency) | result |", args.nodes);
+    println!("| --- | --- |");
+    println!(
+        "| create the nodes (simulator: create + status report each) | {:.2} s |",
+        nodes_created.as_secs_f64()
+    );
+    println!(
+        "| fan out 3 DaemonSets to every node, every pod Ready | {:.2} s |",
+        fan_out.as_secs_f64()
+    );
+    println!("| pods created and made Ready | {} |", 3 * args.nodes);
+    println!("| API requests in total | {} |", requests.total());
+    println!("| peak memory of the process (server, simulator) | {peak:.0} MiB |");
+    Ok(())
+}
+
+/// Requests of one client, by verb.
+pub fn by_verb(counts: &RequestCounts, client: &str) -> BTreeMap<String, u64> {
+    let mut verbs = BTreeMap::new();
+    for (key, count) in counts.iter() {
+        if key.client.split('/').next() == Some(client) {
+            *verbs.entry(key.verb.metric_label().to_owned()).or_insert(0) += count;
+        }
+    }
+    verbs
+}
+
+fn verbs_text(verbs: &BTreeMap<String, u64>) -> String {
+    let mut text = String::new();
+    for (verb, count) in verbs {
+        let _ = write!(text, "{verb} {count}, ");
+    }
+    text.trim_end_matches(", ").to_owned()
+}
+
+/// The `gpu-operator` binary next to this one.
+fn operator_binary() -> anyhow::Result<PathBuf> {
+    let here = std::env::current_exe().context("locating gpu-sim")?;
+    let binary = here.with_file_name("gpu-operator");
+    if !binary.exists() {
+        bail!(
+            "{} does not exist; build it first (cargo build --release --bins)",
+            binary.display()
+        );
+    }
+    Ok(binary)
+}
+
+/// `gpu-sim bench converge`.
+pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
+    let binary = operator_binary()?;
+    let server = FakeServer::new();
+    let running = server.serve(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await?;
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    running.write_kubeconfig(&kubeconfig)?;
+    let client: Client = server.client_as("gpu-sim");
+    install(&client).await?;
+    let simulation = Simulation::start(client.clone(), gpu_cluster(args.nodes), Timing::instant()).await?;
+    let mut operator = tokio::process::Command::new(&binary)
+        .args([
+            "run",
+            "--namespace",
+            NAMESPACE,
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+            "--health-probe-bind-address",
+            "127.0.0.1:0",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    let pid = operator.id().map(|p| p.to_string()).unwrap_or_default();
+    let before = server.requests();
+    let started = Instant::now();
+    apply_policy(&client, DEFAULT_POLICY).await?;
+    loop {
+        let (rows, policy) = snapshot(&client).await?;
+        let ready = policy
+            .as_ref()
+            .and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.state == State::Ready);
+        if ready && rows.iter().any(|r| !r.operands.is_empty()) && rows.iter().all(Row::converged) {
+            break;
+        }
+        if started.elapsed() > args.deadline() {
+            let _ = operator.kill().await;
+            bail!("not converged within {:?}", args.deadline());
+        }
+        if let Some(status) = operator.try_wait()? {
+            bail!("gpu-operator exited early: {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let converged = started.elapsed();
+    let at_convergence = server.requests();
+    let rollout = by_verb(&at_convergence.since(&before), "gpu-operator");
+    tokio::time::sleep(Duration::from_secs(args.steady_seconds)).await;
+    let after = server.requests();
+    let steady = by_verb(&after.since(&at_convergence), "gpu-operator");
+    let steady_writes: u64 = steady
+        .iter()
+        .filter(|(verb, _)| !["get", "list", "watch"].contains(&verb.as_str()))
+        .map(|(_, c)| c)
+        .sum();
+    let peak = peak_rss_mib(&pid).unwrap_or(f64::NAN);
+    let _ = operator.kill().await;
+    let policies: Api<ClusterPolicy> = Api::all(client.clone());
+    let operands = policies
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .next()
+        .and_then(|p| p.status)
+        .and_then(|s| s.operands)
+        .unwrap_or_default();
+    simulation.stop().await;
+    running.shutdown().await;
+    println!(
+        "| measurement ({} GPU nodes, zero latency) | result |",
+        args.nodes
+    );
+    println!("| --- | --- |");
+    println!(
+        "| policy applied → every operand ready on every node | {:.2} s |",
+        converged.as_secs_f64()
+    );
+    println!(
+        "| operator requests during the rollout, by verb | {} |",
+        verbs_text(&rollout)
+    );
+    println!(
+        "| operator requests in the {} s steady window that follows | {} |",
+        args.steady_seconds,
+        if steady.is_empty() {
+            "none".to_owned()
+        } else {
+            verbs_text(&steady)
+        }
+    );
+    println!("| operator writes in the steady window | {steady_writes} |");
+    println!("| operator peak memory (its own process) | {peak:.0} MiB |");
+    println!(
+        "| operands ready | {} |",
+        operands
+            .iter()
+            .map(|o| format!("{} {}/{}", o.name, o.ready, o.expected))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(())
+}

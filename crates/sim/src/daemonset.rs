@@ -1,0 +1,532 @@
+//! The DaemonSet controller's decisions, as a pure function: for one DaemonSet, given the nodes, its pods
+//! and its ControllerRevisions, which pods to create and delete and what its status is. The rules are the
+//! real controller's: one pod per node the pod template fits (node selector, required node affinity, taints
+//! against the automatic DaemonSet tolerations; cordoned nodes still get pods), pods on nodes that stopped
+//! fitting are deleted, template changes roll out by `RollingUpdate` (`maxUnavailable` at a time) or wait
+//! for deletion (`OnDelete`), and the status counts are computed from the pods themselves.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuop_api::placement::daemon_pod_fits;
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus};
+use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+/// Label on DaemonSet pods and ControllerRevisions naming the template revision.
+pub const REVISION_HASH: &str = "controller-revision-hash";
+
+/// What the controller does for one DaemonSet.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    /// A ControllerRevision to create for the current template, if none exists yet.
+    pub new_revision: Option<ControllerRevision>,
+    /// Pods to create (with `generateName`, bound to their node).
+    pub create: Vec<Pod>,
+    /// Names of pods to delete.
+    pub delete: Vec<String>,
+    /// The DaemonSet's status after this pass (before the creations and deletions take effect).
+    pub status: DaemonSetStatus,
+}
+
+/// Plans one pass of the DaemonSet controller.
+pub fn plan(daemonset: &DaemonSet, nodes: &[Node], pods: &[Pod], revisions: &[ControllerRevision]) -> Plan {
+    let name = daemonset.metadata.name.clone().unwrap_or_default();
+    let namespace = daemonset.metadata.namespace.clone();
+    let spec = daemonset.spec.clone().unwrap_or_default();
+    let template_spec = spec.template.spec.clone().unwrap_or_default();
+    let hash = template_hash(&spec.template);
+    let mut plan = Plan::default();
+
+    let existing_revision = revisions
+        .iter()
+        .find(|r| r.metadata.labels.as_ref().and_then(|l| l.get(REVISION_HASH)) == Some(&hash));
+    if existing_revision.is_none() {
+        let next = revisions.iter().map(|r| r.revision).max().unwrap_or(0) + 1;
+        plan.new_revision = Some(revision_object(daemonset, &hash, next));
+    }
+
+    let fitting: BTreeSet<&str> = nodes
+        .iter()
+        .filter(|node| daemon_pod_fits(node, &template_spec).is_ok())
+        .filter_map(|node| node.metadata.name.as_deref())
+        .collect();
+    let mut by_node: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
+    for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            by_node.entry(node).or_default().push(pod);
+        }
+    }
+
+    let mut status = DaemonSetStatus {
+        desired_number_scheduled: count(fitting.len()),
+        observed_generation: daemonset.metadata.generation,
+        ..DaemonSetStatus::default()
+    };
+    let mut outdated_on_fitting: Vec<&Pod> = Vec::new();
+    for (node, node_pods) in &by_node {
+        if !fitting.contains(node) {
+            status.number_misscheduled += 1;
+            plan.delete
+                .extend(node_pods.iter().filter_map(|p| p.metadata.name.clone()));
+            continue;
+        }
+        // One pod per node: keep the newest-looking (a ready one if any), delete the rest and failed ones.
+        let mut keep: Option<&Pod> = None;
+        for pod in node_pods {
+            if phase(pod) == "Failed" {
+                plan.delete.extend(pod.metadata.name.clone());
+            } else if keep.is_none() || (is_ready(pod) && !keep.is_some_and(is_ready)) {
+                if let Some(previous) = keep.replace(pod) {
+                    plan.delete.extend(previous.metadata.name.clone());
+                }
+            } else {
+                plan.delete.extend(pod.metadata.name.clone());
+            }
+        }
+        let Some(pod) = keep else { continue };
+        status.current_number_scheduled += 1;
+        if is_ready(pod) {
+            status.number_ready += 1;
+            status.number_available = Some(status.number_available.unwrap_or(0) + 1);
+        }
+        if pod_hash(pod) == Some(hash.as_str()) {
+            status.updated_number_scheduled = Some(status.updated_number_scheduled.unwrap_or(0) + 1);
+        } else {
+            outdated_on_fitting.push(pod);
+        }
+    }
+    let available = status.number_available.unwrap_or(0);
+    let unavailable = status.desired_number_scheduled - available;
+    status.number_unavailable = (unavailable > 0).then_some(unavailable);
+
+    for node in &fitting {
+        if by_node
+            .get(node)
+            .is_none_or(|pods| pods.iter().all(|p| phase(p) == "Failed"))
+        {
+            plan.create.push(pod_object(
+                daemonset,
+                &name,
+                namespace.as_deref(),
+                node,
+                &template_spec,
+                &hash,
+            ));
+        }
+    }
+
+    let rolling = spec
+        .update_strategy
+        .as_ref()
+        .and_then(|s| s.type_.as_deref())
+        .unwrap_or("RollingUpdate")
+        == "RollingUpdate";
+    if rolling && !outdated_on_fitting.is_empty() {
+        let max_unavailable = spec
+            .update_strategy
+            .as_ref()
+            .and_then(|s| s.rolling_update.as_ref())
+            .and_then(|r| r.max_unavailable.as_ref())
+            .map_or(1, |value| scaled(value, status.desired_number_scheduled));
+        // Pods already missing or not ready use up the budget; outdated pods that are not ready go first.
+        let mut budget = max_unavailable.max(1) - unavailable;
+        outdated_on_fitting.sort_by_key(|pod| is_ready(pod));
+        for pod in outdated_on_fitting {
+            if !is_ready(pod) {
+                plan.delete.extend(pod.metadata.name.clone());
+            } else if budget > 0 {
+                plan.delete.extend(pod.metadata.name.clone());
+                budget -= 1;
+            }
+        }
+    }
+    plan.delete.sort();
+    plan.delete.dedup();
+    plan.status = status;
+    plan
+}
+
+/// The hash naming a pod template's revision: FNV-1a of its JSON, as the real controller hashes it (the
+/// value differs from Kubernetes', the behaviour does not).
+pub fn template_hash(template: &k8s_openapi::api::core::v1::PodTemplateSpec) -> String {
+    let json = serde_json::to_vec(template).expect("a pod template serializes");
+    let hash = json.iter().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(*byte)).wrapping_mul(0x0100_0193)
+    });
+    format!("{hash:x}")
+}
+
+/// The revision hash a pod was created from.
+pub fn pod_hash(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .labels
+        .as_ref()?
+        .get(REVISION_HASH)
+        .map(String::as_str)
+}
+
+fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending")
+}
+
+/// Whether a pod is Running with its `Ready` condition true.
+pub fn is_ready(pod: &Pod) -> bool {
+    phase(pod) == "Running"
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|conditions| {
+                conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+}
+
+fn scaled(value: &IntOrString, total: i32) -> i32 {
+    match value {
+        IntOrString::Int(count) => *count,
+        IntOrString::String(text) => match text.strip_suffix('%').and_then(|p| p.parse::<i64>().ok()) {
+            // DaemonSets round maxUnavailable percentages up.
+            Some(percent) => ((i64::from(total) * percent + 99) / 100) as i32,
+            None => text.parse().unwrap_or(1),
+        },
+    }
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+fn owner(daemonset: &DaemonSet) -> OwnerReference {
+    OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: "DaemonSet".into(),
+        name: daemonset.metadata.name.clone().unwrap_or_default(),
+        uid: daemonset.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+fn revision_object(daemonset: &DaemonSet, hash: &str, revision: i64) -> ControllerRevision {
+    let name = daemonset.metadata.name.clone().unwrap_or_default();
+    let mut labels = daemonset
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    labels.insert(REVISION_HASH.to_owned(), hash.to_owned());
+    let template = daemonset
+        .spec
+        .as_ref()
+        .map(|s| serde_json::json!({ "spec": { "template": s.template } }));
+    ControllerRevision {
+        metadata: ObjectMeta {
+            name: Some(format!("{name}-{hash}")),
+            namespace: daemonset.metadata.namespace.clone(),
+            labels: Some(labels),
+            owner_references: Some(vec![owner(daemonset)]),
+            ..ObjectMeta::default()
+        },
+        data: template.map(RawExtension),
+        revision,
+    }
+}
+
+fn pod_object(
+    daemonset: &DaemonSet,
+    name: &str,
+    namespace: Option<&str>,
+    node: &str,
+    template_spec: &PodSpec,
+    hash: &str,
+) -> Pod {
+    let template_meta = daemonset
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.clone())
+        .unwrap_or_default();
+    let mut labels = template_meta.labels.unwrap_or_default();
+    labels.insert(REVISION_HASH.to_owned(), hash.to_owned());
+    labels.insert(
+        "pod-template-generation".to_owned(),
+        daemonset.metadata.generation.unwrap_or(1).to_string(),
+    );
+    let mut spec = template_spec.clone();
+    spec.node_name = Some(node.to_owned());
+    let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
+    for (key, effect) in [
+        ("node.kubernetes.io/not-ready", "NoExecute"),
+        ("node.kubernetes.io/unreachable", "NoExecute"),
+        ("node.kubernetes.io/disk-pressure", "NoSchedule"),
+        ("node.kubernetes.io/memory-pressure", "NoSchedule"),
+        ("node.kubernetes.io/pid-pressure", "NoSchedule"),
+        ("node.kubernetes.io/unschedulable", "NoSchedule"),
+    ] {
+        if !tolerations
+            .iter()
+            .any(|t| t.key.as_deref() == Some(key) && t.effect.as_deref() == Some(effect))
+        {
+            tolerations.push(Toleration {
+                key: Some(key.to_owned()),
+                operator: Some("Exists".to_owned()),
+                effect: Some(effect.to_owned()),
+                ..Toleration::default()
+            });
+        }
+    }
+    Pod {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{name}-")),
+            namespace: namespace.map(str::to_owned),
+            labels: Some(labels),
+            annotations: template_meta.annotations,
+            owner_references: Some(vec![owner(daemonset)]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::{DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet};
+    use k8s_openapi::api::core::v1::{Container, NodeSpec, PodCondition, PodStatus, PodTemplateSpec, Taint};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+    fn node(name: &str, labels: &[(&str, &str)], taint: Option<&str>, cordoned: bool) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: Some(NodeSpec {
+                unschedulable: Some(cordoned),
+                taints: taint.map(|key| {
+                    vec![Taint {
+                        key: key.to_owned(),
+                        effect: "NoSchedule".into(),
+                        ..Taint::default()
+                    }]
+                }),
+                ..NodeSpec::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn daemonset(image: &str, strategy: &str, max_unavailable: Option<IntOrString>) -> DaemonSet {
+        DaemonSet {
+            metadata: ObjectMeta {
+                name: Some("plugin".into()),
+                namespace: Some("gpu-operator".into()),
+                uid: Some("ds-uid".into()),
+                generation: Some(2),
+                ..ObjectMeta::default()
+            },
+            spec: Some(DaemonSetSpec {
+                selector: LabelSelector {
+                    match_labels: Some([("app".to_owned(), "plugin".to_owned())].into()),
+                    ..LabelSelector::default()
+                },
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        labels: Some([("app".to_owned(), "plugin".to_owned())].into()),
+                        ..ObjectMeta::default()
+                    }),
+                    spec: Some(PodSpec {
+                        node_selector: Some([("gpu".to_owned(), "true".to_owned())].into()),
+                        containers: vec![Container {
+                            name: "main".into(),
+                            image: Some(image.into()),
+                            ..Container::default()
+                        }],
+                        ..PodSpec::default()
+                    }),
+                },
+                update_strategy: Some(DaemonSetUpdateStrategy {
+                    type_: Some(strategy.into()),
+                    rolling_update: max_unavailable.map(|m| RollingUpdateDaemonSet {
+                        max_unavailable: Some(m),
+                        ..RollingUpdateDaemonSet::default()
+                    }),
+                }),
+                ..DaemonSetSpec::default()
+            }),
+            status: None,
+        }
+    }
+
+    /// A pod of the DaemonSet's current template on a node, ready or not.
+    fn pod(name: &str, node: &str, hash: &str, ready: bool) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                labels: Some([(REVISION_HASH.to_owned(), hash.to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(node.to_owned()),
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some(if ready { "Running" } else { "Pending" }.into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..PodCondition::default()
+                }]),
+                ..PodStatus::default()
+            }),
+        }
+    }
+
+    fn hash_of(ds: &DaemonSet) -> String {
+        template_hash(&ds.spec.as_ref().unwrap().template)
+    }
+
+    fn nodes_of(created: &[Pod]) -> Vec<&str> {
+        created
+            .iter()
+            .map(|p| p.spec.as_ref().unwrap().node_name.as_deref().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn one_pod_per_fitting_node_including_cordoned_ones() {
+        let ds = daemonset("v1", "RollingUpdate", None);
+        let nodes = [
+            node("gpu-a", &[("gpu", "true")], None, false),
+            node("gpu-cordoned", &[("gpu", "true")], None, true),
+            node("gpu-tainted", &[("gpu", "true")], Some("dedicated"), false),
+            node("cpu", &[], None, false),
+        ];
+        let plan = plan(&ds, &nodes, &[], &[]);
+        assert_eq!(nodes_of(&plan.create), ["gpu-a", "gpu-cordoned"]);
+        assert_eq!(
+            plan.status.desired_number_scheduled, 2,
+            "the tainted node is not counted"
+        );
+        assert_eq!(plan.status.number_unavailable, Some(2));
+        let created = &plan.create[0];
+        assert_eq!(created.metadata.generate_name.as_deref(), Some("plugin-"));
+        assert_eq!(
+            created.metadata.owner_references.as_ref().unwrap()[0].uid,
+            "ds-uid"
+        );
+        assert_eq!(pod_hash(created), Some(hash_of(&ds).as_str()));
+        let revision = plan.new_revision.unwrap();
+        assert_eq!(revision.revision, 1);
+        assert_eq!(revision.metadata.name, Some(format!("plugin-{}", hash_of(&ds))));
+    }
+
+    #[test]
+    fn status_counts_come_from_the_pods() {
+        let ds = daemonset("v1", "RollingUpdate", None);
+        let hash = hash_of(&ds);
+        let nodes = [
+            node("a", &[("gpu", "true")], None, false),
+            node("b", &[("gpu", "true")], None, false),
+            node("c", &[], None, false),
+        ];
+        let pods = [
+            pod("p-a", "a", &hash, true),
+            pod("p-b", "b", "old", false),
+            pod("p-c", "c", &hash, true),
+        ];
+        let plan = plan(&ds, &nodes, &pods, &[]);
+        let status = &plan.status;
+        assert_eq!(status.desired_number_scheduled, 2);
+        assert_eq!(status.current_number_scheduled, 2);
+        assert_eq!(status.number_misscheduled, 1);
+        assert_eq!(status.number_ready, 1);
+        assert_eq!(status.number_available, Some(1));
+        assert_eq!(status.number_unavailable, Some(1));
+        assert_eq!(status.updated_number_scheduled, Some(1));
+        assert_eq!(status.observed_generation, Some(2));
+        assert!(
+            plan.delete.contains(&"p-c".to_owned()),
+            "a node that stopped matching loses its pod"
+        );
+    }
+
+    #[test]
+    fn rolling_update_replaces_at_most_max_unavailable_at_a_time() {
+        let ds = daemonset("v2", "RollingUpdate", Some(IntOrString::Int(1)));
+        let nodes: Vec<Node> = ["a", "b", "c"]
+            .iter()
+            .map(|n| node(n, &[("gpu", "true")], None, false))
+            .collect();
+        let old: Vec<Pod> = ["a", "b", "c"]
+            .iter()
+            .map(|n| pod(&format!("p-{n}"), n, "old", true))
+            .collect();
+        let first = plan(&ds, &nodes, &old, &[]);
+        assert_eq!(first.delete.len(), 1, "one outdated pod at a time");
+        assert!(first.create.is_empty());
+        // With one node already unavailable the budget is spent.
+        let mut waiting = old.clone();
+        waiting[0] = pod("p-a", "a", "old", false);
+        let second = plan(&ds, &nodes, &waiting, &[]);
+        assert_eq!(
+            second.delete,
+            ["p-a"],
+            "the unavailable outdated pod goes, no healthy one"
+        );
+        let percent = daemonset("v2", "RollingUpdate", Some(IntOrString::String("50%".into())));
+        assert_eq!(
+            plan(&percent, &nodes, &old, &[]).delete.len(),
+            2,
+            "50% of 3 rounds up to 2"
+        );
+    }
+
+    #[test]
+    fn on_delete_only_recreates_deleted_pods_with_the_new_template() {
+        let ds = daemonset("v2", "OnDelete", None);
+        let nodes = [
+            node("a", &[("gpu", "true")], None, false),
+            node("b", &[("gpu", "true")], None, false),
+        ];
+        let pods = [pod("p-a", "a", "old", true)];
+        let plan = plan(&ds, &nodes, &pods, &[]);
+        assert!(
+            plan.delete.is_empty(),
+            "outdated pods stay until someone deletes them"
+        );
+        assert_eq!(nodes_of(&plan.create), ["b"]);
+        assert_eq!(pod_hash(&plan.create[0]), Some(hash_of(&ds).as_str()));
+        assert_eq!(plan.status.updated_number_scheduled, None);
+    }
+
+    #[test]
+    fn failed_and_duplicate_pods_are_replaced() {
+        let ds = daemonset("v1", "RollingUpdate", None);
+        let hash = hash_of(&ds);
+        let nodes = [node("a", &[("gpu", "true")], None, false)];
+        let mut failed = pod("p-failed", "a", &hash, false);
+        failed.status.as_mut().unwrap().phase = Some("Failed".into());
+        let first = plan(&ds, &nodes, &[failed], &[]);
+        assert_eq!(first.delete, ["p-failed"]);
+        assert_eq!(first.create.len(), 1);
+        let duplicates = [pod("p-1", "a", &hash, false), pod("p-2", "a", &hash, true)];
+        let second = plan(&ds, &nodes, &duplicates, &[]);
+        assert_eq!(second.delete, ["p-1"], "the ready one stays");
+        assert!(second.create.is_empty());
+    }
+}

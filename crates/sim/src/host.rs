@@ -1,0 +1,308 @@
+//! The software and hardware state of one simulated node's host, which operand pods change as they run:
+//! the driver (preinstalled or loaded by the driver container), the container runtime wired for NVIDIA by
+//! the toolkit, the CDI spec, the files under `/run/nvidia/validations`, the GPUs' MIG layout and health.
+//! From it follow the resources the device plugin advertises and the labels feature discovery writes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuop_api::catalogue::status_file;
+use gpuop_api::labels;
+
+use crate::hardware::{GpuModel, mig_resource};
+
+/// One node's host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Host {
+    /// GPU model, `None` on CPU-only nodes.
+    pub model: Option<GpuModel>,
+    /// Number of GPUs.
+    pub gpu_count: u32,
+    /// Version of the driver installed on the host, if any.
+    pub preinstalled_driver: Option<String>,
+    /// Version of the driver a driver container loaded, if any.
+    pub loaded_driver: Option<String>,
+    /// Whether the toolkit configured the container runtime for NVIDIA GPUs.
+    pub runtime_wired: bool,
+    /// Whether a CDI spec for the GPUs exists.
+    pub cdi_spec: bool,
+    /// Files present under `/run/nvidia/validations`.
+    pub validations: BTreeSet<String>,
+    /// MIG instances per GPU (profile → count) when MIG is enabled; empty means MIG disabled.
+    pub mig_layout: BTreeMap<String, u32>,
+    /// Name of the MIG configuration last applied.
+    pub mig_config: Option<String>,
+    /// GPU indices an XID error marked unhealthy.
+    pub unhealthy: BTreeSet<u32>,
+}
+
+/// How the running device plugin advertises GPUs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginSettings {
+    /// `none`, `single` or `mixed`.
+    pub mig_strategy: String,
+    /// Replicas each device is advertised as (time-slicing or MPS); 1 without sharing.
+    pub replicas: u32,
+    /// `time-slicing`, `mps` or `none`.
+    pub sharing: &'static str,
+    /// Whether shared GPUs are advertised as `nvidia.com/gpu.shared`.
+    pub rename: bool,
+}
+
+impl Default for PluginSettings {
+    fn default() -> Self {
+        Self {
+            mig_strategy: "none".into(),
+            replicas: 1,
+            sharing: "none",
+            rename: false,
+        }
+    }
+}
+
+impl Host {
+    /// A host with `count` GPUs of `model` (or none) and possibly a preinstalled driver.
+    pub fn new(model: Option<GpuModel>, count: u32, preinstalled_driver: Option<String>) -> Self {
+        Self {
+            model,
+            gpu_count: if model.is_some() { count } else { 0 },
+            preinstalled_driver,
+            loaded_driver: None,
+            runtime_wired: false,
+            cdi_spec: false,
+            validations: BTreeSet::new(),
+            mig_layout: BTreeMap::new(),
+            mig_config: None,
+            unhealthy: BTreeSet::new(),
+        }
+    }
+
+    /// The driver in use: the host's own or the one a container loaded.
+    pub fn driver_version(&self) -> Option<&str> {
+        self.preinstalled_driver
+            .as_deref()
+            .or(self.loaded_driver.as_deref())
+    }
+
+    /// Whether a status file exists.
+    pub fn has_file(&self, name: &str) -> bool {
+        self.validations.contains(name)
+    }
+
+    /// Whether the validator's check for a component would pass now.
+    pub fn validation_passes(&self, component: &str, allocatable_gpus: u64) -> bool {
+        match component {
+            "driver" => {
+                self.preinstalled_driver.is_some() || self.has_file(status_file::DRIVER_CONTAINER_READY)
+            }
+            "toolkit" => self.driver_version().is_some() && self.runtime_wired,
+            "cuda" => self.driver_version().is_some() && self.runtime_wired && self.healthy_gpus() > 0,
+            "plugin" => allocatable_gpus > 0,
+            _ => true,
+        }
+    }
+
+    /// GPUs without an XID error.
+    pub fn healthy_gpus(&self) -> u32 {
+        (0..self.gpu_count)
+            .filter(|i| !self.unhealthy.contains(i))
+            .count() as u32
+    }
+
+    /// Extended resources the device plugin advertises (all zero when none runs).
+    pub fn advertised(&self, plugin: Option<&PluginSettings>) -> BTreeMap<String, u64> {
+        let mut resources = BTreeMap::new();
+        let Some(model) = self.model else { return resources };
+        let Some(plugin) = plugin else {
+            resources.insert(labels::RESOURCE_GPU.to_owned(), 0);
+            for profile in model.mig_profiles() {
+                resources.insert(mig_resource(profile.name), 0);
+            }
+            return resources;
+        };
+        let healthy = u64::from(self.healthy_gpus());
+        let replicas = u64::from(plugin.replicas.max(1));
+        let gpu_resource = if plugin.rename && replicas > 1 {
+            "nvidia.com/gpu.shared"
+        } else {
+            labels::RESOURCE_GPU
+        }
+        .to_owned();
+        let mig_on = !self.mig_layout.is_empty();
+        match (plugin.mig_strategy.as_str(), mig_on) {
+            ("single", true) => {
+                let per_gpu: u64 = self.mig_layout.values().map(|c| u64::from(*c)).sum();
+                resources.insert(gpu_resource, healthy * per_gpu * replicas);
+            }
+            ("mixed", true) => {
+                resources.insert(labels::RESOURCE_GPU.to_owned(), 0);
+                for profile in model.mig_profiles() {
+                    let count = u64::from(self.mig_layout.get(profile.name).copied().unwrap_or(0));
+                    resources.insert(mig_resource(profile.name), healthy * count * replicas);
+                }
+            }
+            _ => {
+                resources.insert(gpu_resource, healthy * replicas);
+            }
+        }
+        resources
+    }
+
+    /// The labels feature discovery writes for this host (none without GPUs or without a driver).
+    pub fn feature_labels(&self, plugin: &PluginSettings) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        let (Some(model), Some(driver)) = (self.model, self.driver_version()) else {
+            return out;
+        };
+        let mut put = |key: &str, value: String| {
+            out.insert(key.to_owned(), value);
+        };
+        let shared = plugin.replicas > 1 && !plugin.rename;
+        let product = if shared {
+            format!("{}-SHARED", model.product())
+        } else {
+            model.product().to_owned()
+        };
+        put(labels::GPU_PRODUCT, product);
+        put(labels::GPU_COUNT, self.gpu_count.to_string());
+        put(labels::GPU_MEMORY, model.memory_mib().to_string());
+        put(labels::GPU_FAMILY, model.family().to_owned());
+        let (major, minor) = model.compute_capability();
+        put("nvidia.com/gpu.compute.major", major.to_string());
+        put("nvidia.com/gpu.compute.minor", minor.to_string());
+        put(labels::GPU_REPLICAS, plugin.replicas.to_string());
+        put(labels::GPU_SHARING_STRATEGY, plugin.sharing.to_owned());
+        put(labels::MIG_CAPABLE, model.mig_capable().to_string());
+        put(labels::MPS_CAPABLE, (plugin.sharing == "mps").to_string());
+        put("nvidia.com/gpu.machine", "gpu-sim".to_owned());
+        let mut parts = driver.split('.');
+        put(
+            labels::CUDA_DRIVER_MAJOR,
+            parts.next().unwrap_or_default().to_owned(),
+        );
+        put("nvidia.com/cuda.driver-version.full", driver.to_owned());
+        if model.mig_capable() && plugin.mig_strategy != "none" {
+            put(labels::MIG_STRATEGY, plugin.mig_strategy.clone());
+        }
+        if plugin.mig_strategy == "mixed" && !self.mig_layout.is_empty() {
+            for (profile, count) in &self.mig_layout {
+                let prefix = format!("nvidia.com/mig-{}", profile.replace('+', "."));
+                put(&format!("{prefix}.count"), (count * self.gpu_count).to_string());
+                put(&format!("{prefix}.replicas"), plugin.replicas.to_string());
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a100(count: u32) -> Host {
+        Host::new(Some(GpuModel::A100_80GB), count, None)
+    }
+
+    #[test]
+    fn the_plugin_advertises_whole_gpus_times_replicas() {
+        let host = a100(8);
+        assert_eq!(
+            host.advertised(None)["nvidia.com/gpu"],
+            0,
+            "nothing without a device plugin"
+        );
+        let plain = PluginSettings::default();
+        assert_eq!(host.advertised(Some(&plain))["nvidia.com/gpu"], 8);
+        let shared = PluginSettings {
+            replicas: 4,
+            sharing: "time-slicing",
+            ..PluginSettings::default()
+        };
+        assert_eq!(host.advertised(Some(&shared))["nvidia.com/gpu"], 32);
+        let renamed = PluginSettings {
+            rename: true,
+            ..shared
+        };
+        assert_eq!(host.advertised(Some(&renamed))["nvidia.com/gpu.shared"], 32);
+        let mut sick = a100(8);
+        sick.unhealthy.insert(3);
+        assert_eq!(
+            sick.advertised(Some(&plain))["nvidia.com/gpu"],
+            7,
+            "an XID takes a GPU away"
+        );
+        assert!(Host::new(None, 0, None).advertised(Some(&plain)).is_empty());
+    }
+
+    #[test]
+    fn mig_strategies_advertise_as_the_device_plugin_does() {
+        let mut host = a100(2);
+        host.mig_layout = [
+            ("1g.10gb".to_owned(), 2),
+            ("2g.20gb".to_owned(), 1),
+            ("3g.40gb".to_owned(), 1),
+        ]
+        .into();
+        let single = PluginSettings {
+            mig_strategy: "single".into(),
+            ..PluginSettings::default()
+        };
+        assert_eq!(host.advertised(Some(&single))["nvidia.com/gpu"], 8);
+        let mixed = PluginSettings {
+            mig_strategy: "mixed".into(),
+            ..PluginSettings::default()
+        };
+        let advertised = host.advertised(Some(&mixed));
+        assert_eq!(advertised["nvidia.com/mig-1g.10gb"], 4);
+        assert_eq!(advertised["nvidia.com/mig-3g.40gb"], 2);
+        assert_eq!(advertised["nvidia.com/mig-7g.80gb"], 0);
+        assert_eq!(advertised["nvidia.com/gpu"], 0);
+        let none = PluginSettings::default();
+        assert_eq!(
+            host.advertised(Some(&none))["nvidia.com/gpu"],
+            2,
+            "strategy none ignores MIG"
+        );
+    }
+
+    #[test]
+    fn validations_follow_the_chain() {
+        let mut host = a100(1);
+        assert!(!host.validation_passes("driver", 0));
+        host.validations.insert(".driver-ctr-ready".into());
+        host.loaded_driver = Some("595.91.07".into());
+        assert!(host.validation_passes("driver", 0));
+        assert!(
+            !host.validation_passes("toolkit", 0),
+            "the runtime is not wired yet"
+        );
+        host.runtime_wired = true;
+        assert!(host.validation_passes("toolkit", 0) && host.validation_passes("cuda", 0));
+        assert!(!host.validation_passes("plugin", 0));
+        assert!(host.validation_passes("plugin", 8));
+        let preinstalled = Host::new(Some(GpuModel::L4), 1, Some("580.82.07".into()));
+        assert!(preinstalled.validation_passes("driver", 0));
+    }
+
+    #[test]
+    fn feature_discovery_labels_need_a_driver() {
+        let mut host = a100(8);
+        assert!(host.feature_labels(&PluginSettings::default()).is_empty());
+        host.loaded_driver = Some("595.91.07".into());
+        let shared = PluginSettings {
+            mig_strategy: "single".into(),
+            replicas: 2,
+            sharing: "time-slicing",
+            rename: false,
+        };
+        let labels = host.feature_labels(&shared);
+        assert_eq!(labels["nvidia.com/gpu.product"], "NVIDIA-A100-SXM4-80GB-SHARED");
+        assert_eq!(labels["nvidia.com/gpu.count"], "8");
+        assert_eq!(labels["nvidia.com/gpu.memory"], "81920");
+        assert_eq!(labels["nvidia.com/gpu.family"], "ampere");
+        assert_eq!(labels["nvidia.com/gpu.replicas"], "2");
+        assert_eq!(labels["nvidia.com/gpu.sharing-strategy"], "time-slicing");
+        assert_eq!(labels["nvidia.com/mig.capable"], "true");
+        assert_eq!(labels["nvidia.com/mig.strategy"], "single");
+        assert_eq!(labels["nvidia.com/cuda.driver.major"], "595");
+    }
+}

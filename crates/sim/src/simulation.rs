@@ -1,0 +1,409 @@
+//! A running simulated cluster: the nodes of a [`ClusterSpec`], their hosts, and the actors that play the
+//! parts of a cluster that are not the API server (the DaemonSet controller, the scheduler, the kubelets).
+//! Every actor is an ordinary API client, so a simulation drives the fake API server or a real one alike.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use gpuop_api::Operand;
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::actors;
+use crate::cluster_spec::{ClusterSpec, NodePool, node_object};
+use crate::host::Host;
+use crate::kubelet::{PodFaults, Timing};
+use crate::scenario::Action;
+
+/// Field manager of the simulator's own writes.
+pub const SIM_MANAGER: &str = "gpu-sim";
+
+/// Faults injected by a scenario.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Nodes where driver containers fail to install the driver.
+    pub driver_install_fails: BTreeSet<String>,
+    /// (node, operand id) whose main container crash-loops.
+    pub crash_loops: BTreeSet<(String, String)>,
+    /// Extra image pull time per node.
+    pub slow_pulls: BTreeMap<String, Duration>,
+    /// Nodes whose kubelet stopped reporting.
+    pub not_ready: BTreeSet<String>,
+}
+
+impl Faults {
+    /// The faults that apply to a pod of `operand` on `node`.
+    pub fn for_pod(&self, node: &str, operand: Option<Operand>) -> PodFaults {
+        let id = operand.map(Operand::id).unwrap_or_default();
+        let crash = if self.crash_loops.contains(&(node.to_owned(), id.to_owned())) {
+            Some(format!("{id} exited: injected crash loop"))
+        } else if operand == Some(Operand::Driver) && self.driver_install_fails.contains(node) {
+            Some(
+                "failed to install the NVIDIA driver: kernel headers for this kernel not found (injected)"
+                    .to_owned(),
+            )
+        } else {
+            None
+        };
+        PodFaults {
+            crash,
+            slow_pull: self.slow_pulls.get(node).copied().unwrap_or_default(),
+        }
+    }
+}
+
+/// What every actor shares.
+#[derive(Debug)]
+pub struct SimState {
+    /// The cluster's shape.
+    pub spec: Mutex<ClusterSpec>,
+    /// Host state per simulated node.
+    pub hosts: Mutex<BTreeMap<String, Host>>,
+    /// Injected faults.
+    pub faults: Mutex<Faults>,
+    /// How long things take.
+    pub timing: Timing,
+    /// Woken when hosts or faults change outside the kubelets.
+    pub changed: Notify,
+}
+
+impl SimState {
+    /// The hosts.
+    pub fn hosts(&self) -> MutexGuard<'_, BTreeMap<String, Host>> {
+        self.hosts.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The faults.
+    pub fn faults(&self) -> MutexGuard<'_, Faults> {
+        self.faults
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Why a simulation could not start or act.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// An API call failed.
+    #[error("{what}: {source}")]
+    Api {
+        /// What the simulator was doing.
+        what: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// An action names something the cluster does not have.
+    #[error("{0}")]
+    Unknown(String),
+}
+
+/// A running simulation.
+pub struct Simulation {
+    client: Client,
+    state: Arc<SimState>,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Simulation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Simulation")
+            .field("nodes", &self.state.hosts().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Simulation {
+    /// Creates the cluster's nodes (and the built-in PriorityClasses a real cluster has) and starts the actors.
+    pub async fn start(client: Client, spec: ClusterSpec, timing: Timing) -> Result<Self, SimError> {
+        ensure_priority_classes(&client).await?;
+        let state = Arc::new(SimState {
+            spec: Mutex::new(spec.clone()),
+            hosts: Mutex::new(BTreeMap::new()),
+            faults: Mutex::new(Faults::default()),
+            timing,
+            changed: Notify::new(),
+        });
+        for (index, (name, pool)) in spec.nodes().enumerate() {
+            add_node(&client, &state, &name, pool, spec.nfd, index as u32).await?;
+        }
+        let shutdown = CancellationToken::new();
+        let tasks = actors::spawn(client.clone(), state.clone(), shutdown.clone());
+        info!(nodes = state.hosts().len(), "simulated cluster started");
+        Ok(Self {
+            client,
+            state,
+            shutdown,
+            tasks,
+        })
+    }
+
+    /// The shared state (hosts, faults).
+    pub fn state(&self) -> &Arc<SimState> {
+        &self.state
+    }
+
+    /// A copy of a node's host.
+    pub fn host(&self, node: &str) -> Option<Host> {
+        self.state.hosts().get(node).cloned()
+    }
+
+    /// Carries out a scenario action.
+    pub async fn apply(&self, action: &Action) -> Result<(), SimError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let known = |node: &str| -> Result<(), SimError> {
+            if self.state.hosts().contains_key(node) {
+                Ok(())
+            } else {
+                Err(SimError::Unknown(format!(
+                    "node {node:?} is not a simulated node"
+                )))
+            }
+        };
+        match action {
+            Action::NodeJoins { pool, count } => {
+                let (pool, nfd, start) = {
+                    let spec = self.state.spec.lock().unwrap_or_else(|p| p.into_inner());
+                    let pool = spec
+                        .node_pools
+                        .iter()
+                        .find(|p| &p.name == pool)
+                        .cloned()
+                        .ok_or_else(|| SimError::Unknown(format!("pool {pool:?} is not in the cluster")))?;
+                    (pool, spec.nfd, self.state.hosts().len())
+                };
+                let taken: BTreeSet<String> = self.state.hosts().keys().cloned().collect();
+                let mut index = 0;
+                for added in 0..*count {
+                    while taken.contains(&format!("{}-{index}", pool.name)) {
+                        index += 1;
+                    }
+                    let name = format!("{}-{index}", pool.name);
+                    index += 1;
+                    add_node(
+                        &self.client,
+                        &self.state,
+                        &name,
+                        &pool,
+                        nfd,
+                        (start as u32) + added,
+                    )
+                    .await?;
+                    info!(node = %name, "node joined");
+                }
+            }
+            Action::NodeLeaves(node) => {
+                known(node)?;
+                nodes
+                    .delete(node, &DeleteParams::default())
+                    .await
+                    .map_err(|source| api_error(format!("delete node {node}"), source))?;
+                self.state.hosts().remove(node);
+                info!(%node, "node left");
+            }
+            Action::NodeNotReady(node) | Action::NodeReady(node) => {
+                known(node)?;
+                let ready = matches!(action, Action::NodeReady(_));
+                set_ready(&nodes, node, ready).await?;
+                let mut faults = self.state.faults();
+                if ready {
+                    faults.not_ready.remove(node);
+                } else {
+                    faults.not_ready.insert(node.clone());
+                }
+            }
+            Action::DriverInstallFails(node) => {
+                known(node)?;
+                self.state.faults().driver_install_fails.insert(node.clone());
+            }
+            Action::Xid { node, gpu, code } => {
+                known(node)?;
+                if let Some(host) = self.state.hosts().get_mut(node) {
+                    host.unhealthy.insert(*gpu);
+                }
+                info!(%node, gpu, xid = code, "XID error: GPU unhealthy");
+            }
+            Action::CrashLoop { node, operand } => {
+                known(node)?;
+                self.state
+                    .faults()
+                    .crash_loops
+                    .insert((node.clone(), operand.clone()));
+            }
+            Action::SlowImagePulls { node, delay } => {
+                known(node)?;
+                self.state.faults().slow_pulls.insert(node.clone(), *delay);
+            }
+            Action::Label { node, key, value } => {
+                known(node)?;
+                let patch = json!({ "metadata": { "labels": { key: value } } });
+                nodes
+                    .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(|source| api_error(format!("label node {node}"), source))?;
+            }
+            Action::Taint {
+                node,
+                key,
+                value,
+                effect,
+            } => {
+                known(node)?;
+                let current = nodes
+                    .get(node)
+                    .await
+                    .map_err(|source| api_error(format!("read node {node}"), source))?;
+                let mut taints = current.spec.and_then(|s| s.taints).unwrap_or_default();
+                taints.retain(|t| !(t.key == *key && t.effect == *effect));
+                taints.push(Taint {
+                    key: key.clone(),
+                    value: value.clone(),
+                    effect: effect.clone(),
+                    ..Taint::default()
+                });
+                let patch = json!({ "spec": { "taints": taints } });
+                nodes
+                    .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(|source| api_error(format!("taint node {node}"), source))?;
+            }
+        }
+        self.state.changed.notify_one();
+        Ok(())
+    }
+
+    /// Stops every actor.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+fn api_error(what: String, source: kube::Error) -> SimError {
+    SimError::Api { what, source }
+}
+
+/// Creates a node (if it does not exist) and its host.
+async fn add_node(
+    client: &Client,
+    state: &SimState,
+    name: &str,
+    pool: &NodePool,
+    nfd: bool,
+    index: u32,
+) -> Result<(), SimError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = node_object(name, pool, nfd, index);
+    match nodes.create(&PostParams::default(), &node).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(source) => return Err(api_error(format!("create node {name}"), source)),
+    }
+    // The kubelet writes its status through the status subresource; creating a node may drop it.
+    let status = json!({ "status": node.status });
+    nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .map_err(|source| api_error(format!("report status of node {name}"), source))?;
+    let gpu = pool.gpu.as_ref();
+    let driver = pool.driver_preinstalled.then(|| "580.82.07".to_owned());
+    state.hosts().insert(
+        name.to_owned(),
+        Host::new(gpu.map(|g| g.model), gpu.map_or(0, |g| g.count), driver),
+    );
+    Ok(())
+}
+
+/// Sets a node's Ready condition and the taint the node lifecycle controller pairs with it.
+async fn set_ready(nodes: &Api<Node>, name: &str, ready: bool) -> Result<(), SimError> {
+    let node = nodes
+        .get(name)
+        .await
+        .map_err(|source| api_error(format!("read node {name}"), source))?;
+    let mut conditions = node.status.and_then(|s| s.conditions).unwrap_or_default();
+    conditions.retain(|c| c.type_ != "Ready");
+    conditions.push(NodeCondition {
+        type_: "Ready".into(),
+        status: if ready { "True" } else { "Unknown" }.into(),
+        reason: Some(
+            if ready {
+                "KubeletReady"
+            } else {
+                "NodeStatusUnknown"
+            }
+            .into(),
+        ),
+        message: Some(
+            if ready {
+                "kubelet is posting ready status"
+            } else {
+                "Kubelet stopped posting node status."
+            }
+            .into(),
+        ),
+        ..NodeCondition::default()
+    });
+    nodes
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "status": { "conditions": conditions } })),
+        )
+        .await
+        .map_err(|source| api_error(format!("report status of node {name}"), source))?;
+    let mut taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+    taints.retain(|t| t.key != "node.kubernetes.io/unreachable");
+    if !ready {
+        taints.push(Taint {
+            key: "node.kubernetes.io/unreachable".into(),
+            effect: "NoExecute".into(),
+            ..Taint::default()
+        });
+    }
+    nodes
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "taints": taints } })),
+        )
+        .await
+        .map_err(|source| api_error(format!("taint node {name}"), source))?;
+    Ok(())
+}
+
+/// The PriorityClasses every real cluster has, which operand pods name.
+async fn ensure_priority_classes(client: &Client) -> Result<(), SimError> {
+    let api: Api<PriorityClass> = Api::all(client.clone());
+    for (name, value) in [
+        ("system-node-critical", 2_000_001_000),
+        ("system-cluster-critical", 2_000_000_000),
+    ] {
+        let class = PriorityClass {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            value,
+            description: Some("Built-in priority class, as every cluster has it.".into()),
+            ..PriorityClass::default()
+        };
+        match api.create(&PostParams::default(), &class).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(source) => return Err(api_error(format!("create PriorityClass {name}"), source)),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,140 @@
+//! `gpu-sim up`: a simulated cluster that runs until stopped. By default the fake API server is served on
+//! loopback with a kubeconfig, so `kubectl`, `gpu-operator run` and `kubectl gpu` connect to it as to any
+//! cluster; with `--kubeconfig` the simulator plays the nodes against an existing API server instead. A
+//! scenario adds a timeline of events.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use gpuop_fakeserver::FakeServer;
+use gpuop_operator::labeler::GpuDetection;
+use gpuop_operator::run::{self, Config};
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::cli::UpArgs;
+use crate::demo::{NAMESPACE, install};
+use crate::kubelet::Timing;
+use crate::scenario::Scenario;
+use crate::simulation::Simulation;
+
+/// Reads a scenario file, or the demo cluster with no events.
+pub fn load_scenario(path: Option<&Path>) -> anyhow::Result<Scenario> {
+    match path {
+        None => Ok(Scenario {
+            cluster: None,
+            timeline: Vec::new(),
+        }),
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            Scenario::from_yaml(&text).with_context(|| format!("{}", path.display()))
+        }
+    }
+}
+
+/// A client for an existing API server from a kubeconfig file.
+pub async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<Client> {
+    let kubeconfig =
+        Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .with_context(|| format!("using kubeconfig {}", path.display()))?;
+    Client::try_from(config).context("building a Kubernetes client")
+}
+
+/// Plays a scenario's timeline against a running simulation.
+pub async fn play(simulation: Arc<Simulation>, scenario: &Scenario) {
+    let started = Instant::now();
+    let mut events = scenario.timeline.clone();
+    events.sort_by_key(|event| event.at);
+    for event in events {
+        tokio::time::sleep_until(started + event.at).await;
+        match simulation.apply(&event.action).await {
+            Ok(()) => info!(at = ?event.at, action = ?event.action, "scenario event"),
+            Err(error) => warn!(at = ?event.at, %error, "scenario event failed"),
+        }
+    }
+}
+
+/// Runs `gpu-sim up` until interrupted.
+pub async fn up(args: UpArgs) -> anyhow::Result<()> {
+    let scenario = load_scenario(args.scenario.as_deref())?;
+    let mut served = None;
+    let mut server_for_operator = None;
+    let client = match &args.kubeconfig {
+        Some(path) => client_from_kubeconfig(path).await?,
+        None => {
+            let server = FakeServer::new();
+            let running = server
+                .serve(SocketAddr::from((Ipv4Addr::LOCALHOST, args.port)))
+                .await
+                .with_context(|| format!("listening on 127.0.0.1:{}", args.port))?;
+            if let Some(path) = &args.kubeconfig_out {
+                running
+                    .write_kubeconfig(path)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            println!("{}", running.url());
+            let client = server.client_as("gpu-sim");
+            install(&client).await?;
+            server_for_operator = Some(server.client_as("gpu-operator"));
+            served = Some((server, running));
+            client
+        }
+    };
+    let timing = if args.instant {
+        Timing::instant()
+    } else {
+        Timing::demo()
+    };
+    let simulation = Arc::new(Simulation::start(client.clone(), scenario.cluster(), timing).await?);
+    let operator = match (args.with_operator, server_for_operator) {
+        (false, _) => None,
+        (true, operator_client) => {
+            let operator_client = operator_client.unwrap_or(client.clone());
+            Some(
+                run::start(
+                    operator_client,
+                    Config {
+                        namespace: NAMESPACE.into(),
+                        detection: GpuDetection::Nfd,
+                        image_defaults: Default::default(),
+                        leader_election: None,
+                        metrics_address: None,
+                        health_address: None,
+                    },
+                )
+                .await?,
+            )
+        }
+    };
+    let timeline = {
+        let simulation = simulation.clone();
+        tokio::spawn(async move { play(simulation, &scenario).await })
+    };
+    info!(
+        nodes = simulation.state().hosts().len(),
+        "simulated cluster is up; stop with Ctrl-C"
+    );
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result?,
+        _ = terminate.recv() => {}
+    }
+    timeline.abort();
+    if let Some(operator) = operator {
+        operator.stop().await;
+    }
+    if let Ok(simulation) = Arc::try_unwrap(simulation) {
+        simulation.stop().await;
+    }
+    if let Some((_server, running)) = served {
+        running.shutdown().await;
+    }
+    Ok(())
+}
