@@ -1,0 +1,351 @@
+//! Black-box tests: `gpu-sim serve` driven by the real `/usr/bin/kubectl`, as a person or a script would
+//! use it. Every test skips, saying so, where kubectl is not installed.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+const KUBECTL: &str = "/usr/bin/kubectl";
+
+fn testdata(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/testdata")
+        .join(name)
+}
+
+/// `gpu-sim serve` in a temporary directory, with kubectl pointed at it; stopped when dropped.
+struct Cluster {
+    server: Child,
+    dir: TempDir,
+}
+
+impl Cluster {
+    /// Starts a server, or returns `None` (having said so) when kubectl is missing.
+    fn start(extra: &[&str]) -> Option<Self> {
+        if !Path::new(KUBECTL).exists() {
+            eprintln!("skipping: {KUBECTL} is not installed; this test drives gpu-sim with the real kubectl");
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let kubeconfig = dir.path().join("kubeconfig");
+        let mut server = Command::new(env!("CARGO_BIN_EXE_gpu-sim"))
+            .args(["serve", "--port", "0", "--kubeconfig-out"])
+            .arg(&kubeconfig)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("gpu-sim starts");
+        let stdout = server.stdout.take().expect("stdout");
+        let (sender, receiver) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = sender.send(line);
+        });
+        let url = receiver
+            .recv_timeout(Duration::from_secs(30))
+            .expect("gpu-sim prints its address");
+        assert!(
+            url.starts_with("http://127.0.0.1:"),
+            "unexpected first line {url:?}"
+        );
+        assert!(
+            kubeconfig.exists(),
+            "the kubeconfig is written before the address is printed"
+        );
+        Some(Self { server, dir })
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(KUBECTL);
+        command
+            .arg("--kubeconfig")
+            .arg(self.dir.path().join("kubeconfig"))
+            .arg("--cache-dir")
+            .arg(self.dir.path().join("cache"))
+            .arg("--request-timeout=30s")
+            .args(args);
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("kubectl runs")
+    }
+
+    /// Runs kubectl and returns its stdout, failing the test if it fails.
+    fn ok(&self, args: &[&str]) -> String {
+        let output = self.run(args);
+        assert!(
+            output.status.success(),
+            "kubectl {args:?} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut args = args.to_vec();
+        args.extend(["-o", "json"]);
+        serde_json::from_str(&self.ok(&args)).expect("kubectl prints JSON")
+    }
+
+    fn write(&self, name: &str, text: &str) -> String {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).expect("written");
+        path.display().to_string()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+#[test]
+fn apply_client_side_then_server_side() {
+    let Some(cluster) = Cluster::start(&[]) else {
+        return;
+    };
+    let manifest = std::fs::read_to_string(testdata("operands.yaml")).expect("testdata");
+    let first = cluster.ok(&["apply", "-f", &cluster.write("v1.yaml", &manifest)]);
+    assert!(
+        first.contains("daemonset.apps/nvidia-device-plugin-daemonset created"),
+        "{first}"
+    );
+    assert!(first.contains("configmap/settings created"), "{first}");
+
+    // A changed manifest: kubectl computes a strategic merge patch against its last-applied annotation.
+    let changed = manifest
+        .replace("value: single", "value: mixed")
+        .replace("strategy: single", "strategy: mixed");
+    let second = cluster.ok(&["apply", "-f", &cluster.write("v2.yaml", &changed)]);
+    assert!(
+        second.contains("daemonset.apps/nvidia-device-plugin-daemonset configured"),
+        "{second}"
+    );
+    let ds = cluster.json(&["get", "daemonset", "nvidia-device-plugin-daemonset"]);
+    assert_eq!(
+        ds["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"],
+        "mixed"
+    );
+    assert_eq!(ds["metadata"]["generation"], 2);
+    assert_eq!(
+        ds["spec"]["updateStrategy"]["type"], "RollingUpdate",
+        "server defaults are visible"
+    );
+    assert_eq!(
+        cluster.json(&["get", "configmap", "settings"])["data"]["strategy"],
+        "mixed"
+    );
+
+    // Server-side apply, with validation left on: the fake server's OpenAPI says it validates.
+    let applied = cluster.ok(&[
+        "apply",
+        "--server-side",
+        "-f",
+        &cluster.write("v2.yaml", &changed),
+    ]);
+    assert!(applied.contains("serverside-applied"), "{applied}");
+    let conflicting = changed.replace("value: mixed", "value: none");
+    let path = cluster.write("v3.yaml", &conflicting);
+    let refused = cluster.run(&[
+        "apply",
+        "--server-side",
+        "--field-manager=someone-else",
+        "-f",
+        &path,
+    ]);
+    assert!(!refused.status.success());
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(message.contains("conflict"), "{message}");
+    cluster.ok(&[
+        "apply",
+        "--server-side",
+        "--field-manager=someone-else",
+        "--force-conflicts",
+        "-f",
+        &path,
+    ]);
+    let ds = cluster.json(&["get", "daemonset", "nvidia-device-plugin-daemonset"]);
+    assert_eq!(
+        ds["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"],
+        "none"
+    );
+}
+
+#[test]
+fn get_watch_label_and_metrics() {
+    let Some(cluster) = Cluster::start(&["--load", testdata("load").to_str().expect("utf-8")]) else {
+        return;
+    };
+    let loaded = cluster.json(&[
+        "get",
+        "configmaps",
+        "-n",
+        "gpu-operator",
+        "default-mig-parted-config",
+    ]);
+    assert!(
+        loaded["data"]["config.yaml"]
+            .as_str()
+            .is_some_and(|c| c.contains("all-disabled"))
+    );
+
+    let mut watch = cluster
+        .command(&["get", "configmap", "default-mig-parted-config", "-n", "gpu-operator", "-w", "-o",
+                   "jsonpath={.metadata.labels.nvidia\\.com/mig\\.config}{\"|\"}{.metadata.resourceVersion}{\"\\n\"}"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("kubectl get -w");
+    let stdout = watch.stdout.take().expect("stdout");
+    let (lines, received) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let initial = received
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the current state first");
+    assert!(initial.starts_with('|'), "no label yet: {initial:?}");
+    let labelled = cluster.ok(&[
+        "label",
+        "configmap",
+        "default-mig-parted-config",
+        "-n",
+        "gpu-operator",
+        "nvidia.com/mig.config=all-1g.10gb",
+    ]);
+    assert!(labelled.contains("labeled"), "{labelled}");
+    let change = received
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the watch sees the change");
+    assert!(change.starts_with("all-1g.10gb|"), "{change:?}");
+    let _ = watch.kill();
+    let _ = watch.wait();
+
+    let metrics = cluster.ok(&["get", "--raw", "/metrics"]);
+    let patches = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("apiserver_request_total{verb=\"PATCH\"") && l.contains("resource=\"configmaps\"")
+        })
+        .expect("the label patch is counted");
+    assert!(patches.contains("client=\"kubectl/"), "{patches}");
+    assert!(patches.ends_with(" 1"), "{patches}");
+}
+
+#[test]
+fn delete_and_wait_for_delete() {
+    let Some(cluster) = Cluster::start(&[]) else {
+        return;
+    };
+    cluster.ok(&["create", "configmap", "held"]);
+    cluster.ok(&[
+        "patch",
+        "configmap",
+        "held",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":["example.com/hold"]}}"#,
+    ]);
+    cluster.ok(&["delete", "configmap", "held", "--wait=false"]);
+    let held = cluster.json(&["get", "configmap", "held"]);
+    assert!(
+        held["metadata"]["deletionTimestamp"].is_string(),
+        "waits for its finalizer"
+    );
+
+    let mut wait = cluster
+        .command(&["wait", "--for=delete", "configmap/held", "--timeout=60s"])
+        .spawn()
+        .expect("kubectl wait");
+    cluster.ok(&[
+        "patch",
+        "configmap",
+        "held",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":null}}"#,
+    ]);
+    let status = wait.wait().expect("kubectl wait ends");
+    assert!(status.success(), "kubectl wait --for=delete saw the deletion");
+    let gone = cluster.run(&["get", "configmap", "held"]);
+    assert!(String::from_utf8_lossy(&gone.stderr).contains(r#"configmaps "held" not found"#));
+
+    cluster.ok(&["create", "configmap", "plain"]);
+    let deleted = cluster.ok(&["delete", "configmap", "plain"]);
+    assert!(deleted.contains(r#"configmap "plain" deleted"#), "{deleted}");
+}
+
+#[test]
+fn create_generators_and_drain_use_protobuf_bodies() {
+    let Some(cluster) = Cluster::start(&[]) else {
+        return;
+    };
+    // kubectl's typed clients send these bodies as protobuf.
+    cluster.ok(&["create", "configmap", "literal", "--from-literal=strategy=single"]);
+    assert_eq!(
+        cluster.json(&["get", "configmap", "literal"])["data"]["strategy"],
+        "single"
+    );
+    cluster.ok(&["create", "secret", "generic", "token", "--from-literal=key=hi"]);
+    assert_eq!(cluster.json(&["get", "secret", "token"])["data"]["key"], "aGk=");
+    cluster.ok(&["create", "namespace", "gpu-operator"]);
+    cluster.ok(&["create", "serviceaccount", "gpu-operator", "-n", "gpu-operator"]);
+
+    let fixture = testdata("node-with-pod.yaml");
+    cluster.ok(&["apply", "-f", fixture.to_str().expect("utf-8")]);
+    let drained = cluster.ok(&["drain", "gpu-node-1", "--force", "--timeout=60s"]);
+    assert!(drained.contains("pod/cuda-job evicted"), "{drained}");
+    assert_eq!(
+        cluster.json(&["get", "node", "gpu-node-1"])["spec"]["unschedulable"],
+        true
+    );
+    let metrics = cluster.ok(&["get", "--raw", "/metrics"]);
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.contains(r#"resource="pods",subresource="eviction""#) && l.contains(r#"code="201""#)),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn custom_resources_are_validated_as_by_the_api_server() {
+    let Some(cluster) = Cluster::start(&[]) else {
+        return;
+    };
+    let crd = testdata("clusterpolicy-crd.yaml");
+    cluster.ok(&["apply", "-f", crd.to_str().expect("utf-8")]);
+    let resources = cluster.ok(&["api-resources", "--api-group=nvidia.com"]);
+    assert!(resources.contains("clusterpolicies"), "{resources}");
+    let invalid = testdata("invalid-policy.yaml");
+    let refused = cluster.run(&["apply", "-f", invalid.to_str().expect("utf-8")]);
+    assert!(!refused.status.success());
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        message.contains(r#"The ClusterPolicy "cluster-policy" is invalid"#),
+        "{message}"
+    );
+    assert!(
+        message.contains("spec.driver.enabled: Invalid value: \"string\""),
+        "{message}"
+    );
+    assert!(
+        message.contains(r#"spec.mig.strategy: Unsupported value: "double""#),
+        "{message}"
+    );
+}
