@@ -308,12 +308,24 @@ pub fn plan(
     Ok(plan)
 }
 
-/// Carries out a plan; returns how many objects were applied and deleted.
+/// How far [`execute`] got: the first `applied` entries of the plan's applies and the first `deleted` of its
+/// deletions were carried out, in order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Executed {
+    /// Objects applied.
+    pub applied: usize,
+    /// Objects deleted (or found already gone).
+    pub deleted: usize,
+}
+
+/// Carries out a plan in order, stopping at the first refused write: objects later in the state order may
+/// depend on earlier ones. Returns how far it got, and the refusal if there was one.
 pub async fn execute(
     client: &Client,
     namespace: &str,
     plan: &ApplyPlan,
-) -> Result<(usize, usize), ApplyError> {
+) -> (Executed, Result<(), ApplyError>) {
+    let mut done = Executed::default();
     let params = PatchParams::apply(FIELD_MANAGER).force();
     for ((kind, object_namespace, name), object) in &plan.apply {
         let managed = MANAGED_KINDS
@@ -325,17 +337,21 @@ pub async fn execute(
         } else {
             namespace
         };
-        managed
+        if let Err(source) = managed
             .api(client.clone(), namespace)
             .patch(name, &params, &Patch::Apply(object))
             .await
-            .map_err(|source| ApplyError::Api {
+        {
+            let error = ApplyError::Api {
                 verb: "apply",
                 kind,
                 name: name.clone(),
                 source,
-            })?;
+            };
+            return (done, Err(error));
+        }
         info!(kind, name = %name, "applied");
+        done.applied += 1;
     }
     let background = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Background),
@@ -354,16 +370,18 @@ pub async fn execute(
             Ok(_) => info!(kind, name = %name, "pruned: no longer rendered"),
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             Err(source) => {
-                return Err(ApplyError::Api {
+                let error = ApplyError::Api {
                     verb: "delete",
                     kind,
                     name: name.clone(),
                     source,
-                });
+                };
+                return (done, Err(error));
             }
         }
+        done.deleted += 1;
     }
-    Ok((plan.apply.len(), plan.delete.len()))
+    (done, Ok(()))
 }
 
 #[cfg(test)]

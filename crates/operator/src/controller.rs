@@ -166,9 +166,9 @@ pub async fn run_policies(context: Arc<Context>, shutdown: CancellationToken) {
             () = tokio::time::sleep(wait) => {}
         }
         match reconcile(&context).await {
-            Ok(()) => {
+            Ok(next) => {
                 failures = 0;
-                wait = RESYNC;
+                wait = next;
             }
             Err(error) => {
                 failures += 1;
@@ -182,8 +182,8 @@ pub async fn run_policies(context: Arc<Context>, shutdown: CancellationToken) {
     }
 }
 
-/// One reconcile pass over every ClusterPolicy.
-pub async fn reconcile(context: &Context) -> Result<(), ReconcileError> {
+/// One reconcile pass over every ClusterPolicy; returns how long to wait for a change before the next.
+pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
     let leader = context.leadership.is_leader();
     context.metrics.leader(leader);
     let mut policies: Vec<Arc<ClusterPolicy>> = context
@@ -206,7 +206,7 @@ pub async fn reconcile(context: &Context) -> Result<(), ReconcileError> {
         context
             .metrics
             .reconciled(ReconciliationStatus::PolicyUnavailable, now_seconds());
-        return Ok(());
+        return Ok(RESYNC);
     };
     for ignored in others {
         let outcome = Outcome::Ignored {
@@ -223,7 +223,7 @@ pub async fn reconcile(context: &Context) -> Result<(), ReconcileError> {
             context
                 .metrics
                 .reconciled(ReconciliationStatus::PolicyUnavailable, now_seconds());
-            return Ok(());
+            return Ok(RESYNC);
         }
     };
     let label_policy = LabelPolicy::from_policy(&validated);
@@ -253,12 +253,10 @@ pub async fn reconcile(context: &Context) -> Result<(), ReconcileError> {
             context
                 .metrics
                 .reconciled(ReconciliationStatus::OperatorError, now_seconds());
-            return Ok(());
+            return Ok(RESYNC);
         }
     };
-    if leader {
-        apply_rendered(context, active, &rendered).await?;
-    }
+    let awaiting_echo = leader && apply_rendered(context, active, &rendered).await?;
 
     let node_objects: Vec<Node> = nodes.iter().map(|n| (**n).clone()).collect();
     let daemonsets: Vec<_> = context
@@ -308,7 +306,7 @@ pub async fn reconcile(context: &Context) -> Result<(), ReconcileError> {
         _ => ReconciliationStatus::NotReady,
     };
     context.metrics.reconciled(reconciliation, now_seconds());
-    Ok(())
+    Ok(if awaiting_echo { IN_FLIGHT } else { RESYNC })
 }
 
 fn replace<T: PartialEq>(current: &mut T, new: T) -> bool {
@@ -331,15 +329,18 @@ async fn invalid(
     Ok(())
 }
 
-/// Applies what changed and prunes what is gone, skipping writes the caches have not echoed yet.
+/// Applies what changed and prunes what is gone, skipping writes the caches have not echoed yet. Returns
+/// whether it skipped any: then the pass must run again once those writes stop being trusted, in case they
+/// never show (a write lost after the API server acknowledged it, or a watch that missed it).
 async fn apply_rendered(
     context: &Context,
     policy: &ClusterPolicy,
     rendered: &Rendered,
-) -> Result<(), ReconcileError> {
+) -> Result<bool, ReconcileError> {
     let owner = apply::owner_reference(policy);
     let live = apply::live_hashes(&context.caches.managed);
     let mut plan = apply::plan(rendered, &owner, &live)?;
+    let wanted = plan.apply.len() + plan.delete.len();
     let now = Instant::now();
     {
         let mut recent = context.recent();
@@ -348,32 +349,37 @@ async fn apply_rendered(
             .retain(|_, (_, at)| now.duration_since(*at) < IN_FLIGHT);
         recent.deleted.retain(|_, at| now.duration_since(*at) < IN_FLIGHT);
         plan.apply.retain(|(key, object)| {
-            let hash = object["metadata"]["annotations"][apply::APPLIED_HASH]
-                .as_str()
-                .unwrap_or_default();
-            recent.applied.get(key).is_none_or(|(applied, _)| applied != hash)
+            recent
+                .applied
+                .get(key)
+                .is_none_or(|(applied, _)| applied != applied_hash(object))
         });
         plan.delete.retain(|key| !recent.deleted.contains_key(key));
     }
+    let awaiting_echo = plan.apply.len() + plan.delete.len() < wanted;
     if plan == ApplyPlan::default() {
-        return Ok(());
+        return Ok(awaiting_echo);
     }
-    let result = apply::execute(&context.client, &context.namespace, &plan).await;
+    let (done, result) = apply::execute(&context.client, &context.namespace, &plan).await;
+    // Remember what was written, even when a later write failed, so that it is not written twice; what
+    // was refused or never tried is tried again on the next pass.
     let mut recent = context.recent();
-    // Remember what was written, even when a later write failed, so that it is not written twice.
-    for (key, object) in &plan.apply {
-        let hash = object["metadata"]["annotations"][apply::APPLIED_HASH]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        recent.applied.insert(key.clone(), (hash, now));
+    for (key, object) in &plan.apply[..done.applied] {
+        recent
+            .applied
+            .insert(key.clone(), (applied_hash(object).to_owned(), now));
     }
-    if result.is_ok() {
-        for key in &plan.delete {
-            recent.deleted.insert(key.clone(), now);
-        }
+    for key in &plan.delete[..done.deleted] {
+        recent.deleted.insert(key.clone(), now);
     }
-    result.map(|_| ()).map_err(Into::into)
+    result?;
+    Ok(awaiting_echo)
+}
+
+fn applied_hash(object: &serde_json::Value) -> &str {
+    object["metadata"]["annotations"][apply::APPLIED_HASH]
+        .as_str()
+        .unwrap_or_default()
 }
 
 /// Writes a policy's status when it differs from the stored one; returns the status.

@@ -1,1 +1,665 @@
-//! (written next)
+//! The operator converging simulated clusters: the controller-level behaviour of issue 5, checked through
+//! the API the way a cluster admin would see it (pods on nodes, labels, objects, the policy's status).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use gpuop_api::ClusterPolicy;
+use gpuop_api::labels::{DEPLOY_OPERANDS, GPU_PRESENT, MANAGED_BY};
+use gpuop_api::status::State;
+use gpuop_fakeserver::{FakeServer, Faults, InjectedError};
+use gpuop_operator::labeler::GpuDetection;
+use gpuop_operator::run::{self, Config, Running};
+use gpuop_sim::cluster_spec::{ClusterSpec, GpuSpec, NodePool, TaintSpec};
+use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install, snapshot};
+use gpuop_sim::hardware::GpuModel;
+use gpuop_sim::kubelet::Timing;
+use gpuop_sim::progress::{Progress, Row};
+use gpuop_sim::scenario::Action;
+use gpuop_sim::simulation::Simulation;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+/// Generous: a failure guard on a loaded two-core machine, not a performance assertion.
+const PATIENCE: Duration = Duration::from_secs(90);
+
+fn pool(name: &str, count: u32, model: Option<GpuModel>) -> NodePool {
+    let mut pool = ClusterSpec::demo().node_pools.remove(0);
+    pool.name = name.into();
+    pool.count = count;
+    pool.gpu = model.map(|model| GpuSpec { model, count: 4 });
+    pool
+}
+
+/// A fake API server, a simulated cluster on it, and the operator.
+struct Cluster {
+    server: FakeServer,
+    client: Client,
+    simulation: Simulation,
+    operator: Option<Running>,
+}
+
+impl Cluster {
+    async fn start(pools: Vec<NodePool>) -> Self {
+        let server = FakeServer::new();
+        let client = server.client_as("gpu-sim");
+        install(&client).await.expect("CRDs and namespace install");
+        let spec = ClusterSpec {
+            nfd: true,
+            node_pools: pools,
+        };
+        let simulation = Simulation::start(client.clone(), spec, Timing::instant())
+            .await
+            .expect("simulation starts");
+        let mut cluster = Self {
+            server,
+            client,
+            simulation,
+            operator: None,
+        };
+        cluster.start_operator().await;
+        cluster
+    }
+
+    async fn start_operator(&mut self) {
+        let config = Config {
+            namespace: NAMESPACE.into(),
+            detection: GpuDetection::Nfd,
+            image_defaults: Default::default(),
+            leader_election: None,
+            metrics_address: None,
+            health_address: None,
+        };
+        self.operator = Some(
+            run::start(self.server.client_as("gpu-operator"), config)
+                .await
+                .expect("operator starts"),
+        );
+    }
+
+    async fn stop_operator(&mut self) {
+        if let Some(operator) = self.operator.take() {
+            operator.stop().await;
+        }
+    }
+
+    async fn stop(mut self) {
+        self.stop_operator().await;
+        self.simulation.stop().await;
+    }
+
+    async fn apply(&self, yaml: &str) {
+        apply_policy(&self.client, yaml).await.expect("policy applies");
+    }
+
+    async fn patch_policy(&self, name: &str, spec: serde_json::Value) {
+        let api: Api<ClusterPolicy> = Api::all(self.client.clone());
+        api.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": spec })),
+        )
+        .await
+        .expect("policy patches");
+    }
+
+    async fn policy(&self, name: &str) -> ClusterPolicy {
+        Api::<ClusterPolicy>::all(self.client.clone())
+            .get(name)
+            .await
+            .expect("policy exists")
+    }
+
+    async fn rows(&self) -> Vec<Row> {
+        snapshot(&self.client).await.expect("snapshot").0
+    }
+
+    async fn node(&self, name: &str) -> Node {
+        Api::<Node>::all(self.client.clone())
+            .get(name)
+            .await
+            .expect("node exists")
+    }
+
+    async fn label_node(&self, node: &str, key: &str, value: Option<&str>) {
+        self.simulation
+            .apply(&Action::Label {
+                node: node.into(),
+                key: key.into(),
+                value: value.map(str::to_owned),
+            })
+            .await
+            .expect("labels");
+    }
+
+    /// Operand ids with a pod on the node (not being deleted).
+    async fn operands_on(&self, node: &str) -> BTreeSet<String> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
+        pods.list(&ListParams::default())
+            .await
+            .expect("pods list")
+            .items
+            .into_iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| gpuop_sim::kubelet::operand_of(&p).map(|o| o.id().to_owned()))
+            .collect()
+    }
+
+    async fn managed(&self) -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        let params = ListParams::default().labels(&format!("{MANAGED_BY}=gpu-operator"));
+        for ds in Api::<DaemonSet>::namespaced(self.client.clone(), NAMESPACE)
+            .list(&params)
+            .await
+            .unwrap()
+            .items
+        {
+            names.insert(format!("DaemonSet/{}", ds.name_any()));
+        }
+        for sa in Api::<ServiceAccount>::namespaced(self.client.clone(), NAMESPACE)
+            .list(&params)
+            .await
+            .unwrap()
+            .items
+        {
+            names.insert(format!("ServiceAccount/{}", sa.name_any()));
+        }
+        for role in Api::<ClusterRole>::all(self.client.clone())
+            .list(&params)
+            .await
+            .unwrap()
+            .items
+        {
+            names.insert(format!("ClusterRole/{}", role.name_any()));
+        }
+        names
+    }
+
+    /// Waits until the check passes; panics with its last answer after [`PATIENCE`].
+    async fn until<F, Fut>(&self, what: &str, mut check: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        let started = tokio::time::Instant::now();
+        loop {
+            match check().await {
+                Ok(()) => return,
+                Err(last) if started.elapsed() > PATIENCE => {
+                    panic!("{what}: still not so after {PATIENCE:?}: {last}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    /// Waits until the policy is Ready and every operand that should run is ready on every node.
+    async fn converged(&self, policy: &str) {
+        let client = self.client.clone();
+        let policy = policy.to_owned();
+        self.until("the cluster converges", || {
+            let client = client.clone();
+            let policy = policy.clone();
+            async move {
+                let (rows, _) = snapshot(&client).await.map_err(|e| e.to_string())?;
+                let status = Api::<ClusterPolicy>::all(client)
+                    .get(&policy)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .status;
+                let ready = status.as_ref().is_some_and(|s| s.state == State::Ready);
+                let lagging: Vec<String> = rows.iter().filter(|r| !r.converged()).map(Row::line).collect();
+                if ready && lagging.is_empty() && rows.iter().any(|r| !r.operands.is_empty()) {
+                    Ok(())
+                } else {
+                    let conditions = status.as_ref().map(|s| &s.conditions);
+                    Err(format!(
+                        "state {:?}, conditions {conditions:?}, not converged: {lagging:#?}",
+                        status.as_ref().map(|s| s.state)
+                    ))
+                }
+            }
+        })
+        .await;
+    }
+}
+
+fn ids(list: &[&str]) -> BTreeSet<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// What every GPU node of the default policy runs (no MIG-capable GPU, no MPS).
+const CONTAINER_STACK: &[&str] = &[
+    "driver",
+    "container-toolkit",
+    "operator-validator",
+    "device-plugin",
+    "dcgm-exporter",
+    "gpu-feature-discovery",
+];
+
+#[tokio::test]
+async fn a_preinstalled_driver_gets_no_driver_pod_and_deploy_switches_move_pods() {
+    let mut preinstalled = pool("host-driver", 1, Some(GpuModel::L4));
+    preinstalled.driver_preinstalled = true;
+    preinstalled
+        .labels
+        .insert("nvidia.com/gpu.deploy.driver".into(), "false".into());
+    let cluster = Cluster::start(vec![pool("l4", 1, Some(GpuModel::L4)), preinstalled]).await;
+    cluster.apply(DEFAULT_POLICY).await;
+    cluster.converged("cluster-policy").await;
+    assert_eq!(cluster.operands_on("l4-0").await, ids(CONTAINER_STACK));
+    let without_driver: Vec<&str> = CONTAINER_STACK
+        .iter()
+        .copied()
+        .filter(|o| *o != "driver")
+        .collect();
+    assert_eq!(
+        cluster.operands_on("host-driver-0").await,
+        ids(&without_driver),
+        "only the other node gets a driver pod"
+    );
+    assert_eq!(
+        cluster.node("host-driver-0").await.labels()["nvidia.com/gpu.deploy.driver"],
+        "false"
+    );
+
+    // A person switches the exporter off on one node, then on again.
+    cluster
+        .label_node("l4-0", "nvidia.com/gpu.deploy.dcgm-exporter", Some("false"))
+        .await;
+    cluster
+        .until("the exporter leaves l4-0", || async {
+            let on = cluster.operands_on("l4-0").await;
+            if on.contains("dcgm-exporter") {
+                Err(format!("{on:?}"))
+            } else {
+                Ok(())
+            }
+        })
+        .await;
+    assert!(
+        cluster
+            .operands_on("host-driver-0")
+            .await
+            .contains("dcgm-exporter"),
+        "the other node keeps it"
+    );
+    cluster
+        .label_node("l4-0", "nvidia.com/gpu.deploy.dcgm-exporter", Some("true"))
+        .await;
+    cluster
+        .until("the exporter returns to l4-0", || async {
+            let on = cluster.operands_on("l4-0").await;
+            if on.contains("dcgm-exporter") {
+                Ok(())
+            } else {
+                Err(format!("{on:?}"))
+            }
+        })
+        .await;
+
+    // The kill switch empties the node; lifting it brings everything back.
+    cluster.label_node("l4-0", DEPLOY_OPERANDS, Some("false")).await;
+    cluster
+        .until("l4-0 runs no operand", || async {
+            let on = cluster.operands_on("l4-0").await;
+            if on.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{on:?}"))
+            }
+        })
+        .await;
+    cluster.label_node("l4-0", DEPLOY_OPERANDS, None).await;
+    cluster.converged("cluster-policy").await;
+    assert_eq!(cluster.operands_on("l4-0").await, ids(CONTAINER_STACK));
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn a_joining_node_is_labelled_and_its_operands_come_up_in_chain_order() {
+    let cluster = Cluster::start(vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+    cluster.apply(DEFAULT_POLICY).await;
+    cluster.converged("cluster-policy").await;
+    cluster
+        .simulation
+        .apply(&Action::NodeJoins {
+            pool: "gpu".into(),
+            count: 1,
+        })
+        .await
+        .unwrap();
+    // Record the poll at which each of the new node's operands is first seen ready; operands seen in the same
+    // poll tie, so the chain is checked as "not before", and strictly only across its two ends.
+    let mut ready_at: BTreeMap<String, usize> = BTreeMap::new();
+    let started = tokio::time::Instant::now();
+    for poll in 0.. {
+        assert!(
+            started.elapsed() < PATIENCE,
+            "gpu-1 did not converge: {ready_at:?}"
+        );
+        let rows = cluster.rows().await;
+        if let Some(row) = rows.iter().find(|r| r.node == "gpu-1") {
+            for (operand, progress) in &row.operands {
+                if *progress == Progress::Ready {
+                    ready_at.entry(operand.id().to_owned()).or_insert(poll);
+                }
+            }
+            if !row.operands.is_empty() && row.converged() {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        cluster
+            .node("gpu-1")
+            .await
+            .labels()
+            .get(GPU_PRESENT)
+            .map(String::as_str),
+        Some("true")
+    );
+    let at = |id: &str| {
+        *ready_at
+            .get(id)
+            .unwrap_or_else(|| panic!("{id} never ready: {ready_at:?}"))
+    };
+    for (first, then) in [
+        ("driver", "container-toolkit"),
+        ("container-toolkit", "device-plugin"),
+        ("container-toolkit", "gpu-feature-discovery"),
+        ("container-toolkit", "dcgm-exporter"),
+        ("container-toolkit", "operator-validator"),
+    ] {
+        assert!(at(first) <= at(then), "{then} ready before {first}: {ready_at:?}");
+    }
+    assert!(
+        at("driver") < at("device-plugin"),
+        "the device plugin did not wait for the driver: {ready_at:?}"
+    );
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn a_tainted_node_is_excluded_and_the_status_says_so() {
+    let mut tainted = pool("reserved", 1, Some(GpuModel::T4));
+    tainted.taints.push(TaintSpec {
+        key: "dedicated".into(),
+        value: Some("batch".into()),
+        effect: "NoSchedule".into(),
+    });
+    let cluster = Cluster::start(vec![pool("gpu", 1, Some(GpuModel::T4)), tainted]).await;
+    cluster.apply(DEFAULT_POLICY).await;
+    cluster.converged("cluster-policy").await;
+    assert!(cluster.operands_on("reserved-0").await.is_empty());
+    let status = cluster.policy("cluster-policy").await.status.unwrap();
+    let plugin = status
+        .operands
+        .iter()
+        .flatten()
+        .find(|o| o.name == "device-plugin")
+        .unwrap();
+    assert_eq!((plugin.expected, plugin.ready), (1, 1));
+    assert_eq!(
+        plugin.excluded_nodes.as_deref(),
+        Some(&["reserved-0".to_owned()][..])
+    );
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert!(ready.message.contains("reserved-0"), "{}", ready.message);
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn disabling_a_component_prunes_it_and_deleting_the_policy_removes_everything() {
+    let cluster = Cluster::start(vec![pool("gpu", 1, Some(GpuModel::T4)), pool("cpu", 1, None)]).await;
+    cluster.apply(DEFAULT_POLICY).await;
+    cluster.converged("cluster-policy").await;
+    let before = cluster.managed().await;
+    assert!(
+        before.contains("DaemonSet/gpu-feature-discovery")
+            && before.contains("ServiceAccount/nvidia-gpu-feature-discovery")
+    );
+
+    cluster
+        .patch_policy("cluster-policy", json!({ "gfd": { "enabled": false } }))
+        .await;
+    cluster
+        .until("feature discovery's objects are pruned", || async {
+            let managed = cluster.managed().await;
+            let left: Vec<&String> = managed
+                .iter()
+                .filter(|n| n.contains("gpu-feature-discovery"))
+                .collect();
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        })
+        .await;
+    assert!(
+        !cluster
+            .operands_on("gpu-0")
+            .await
+            .contains("gpu-feature-discovery")
+    );
+    assert!(
+        cluster
+            .managed()
+            .await
+            .contains("DaemonSet/nvidia-device-plugin-daemonset"),
+        "the rest stays"
+    );
+
+    // A person's own label on the node is left alone by the cleanup.
+    cluster
+        .label_node("gpu-0", "nvidia.com/gpu.deploy.dcgm", Some("false"))
+        .await;
+    Api::<ClusterPolicy>::all(cluster.client.clone())
+        .delete("cluster-policy", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster
+        .until("every managed object is gone", || async {
+            let managed = cluster.managed().await;
+            if managed.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{managed:?}"))
+            }
+        })
+        .await;
+    cluster
+        .until("the operator's labels are gone", || async {
+            let labels = cluster.node("gpu-0").await.labels().clone();
+            let ours: Vec<&String> = labels
+                .keys()
+                .filter(|k| {
+                    *k == GPU_PRESENT || (k.starts_with("nvidia.com/gpu.deploy.") && labels[*k] == "true")
+                })
+                .collect();
+            if ours.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{ours:?}"))
+            }
+        })
+        .await;
+    assert_eq!(
+        cluster
+            .node("gpu-0")
+            .await
+            .labels()
+            .get("nvidia.com/gpu.deploy.dcgm")
+            .map(String::as_str),
+        Some("false")
+    );
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn a_second_policy_is_ignored_and_an_invalid_one_changes_nothing_that_runs() {
+    let cluster = Cluster::start(vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+    cluster.apply(DEFAULT_POLICY).await;
+    cluster.converged("cluster-policy").await;
+    cluster
+        .apply(&DEFAULT_POLICY.replace("name: cluster-policy", "name: second-policy"))
+        .await;
+    cluster
+        .until("the second policy is marked ignored", || async {
+            let status = cluster.policy("second-policy").await.status;
+            match status {
+                Some(status) if status.state == State::Ignored => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    let ignored = cluster.policy("second-policy").await.status.unwrap();
+    let ready = ignored
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert!(
+        ready.message.contains("\"cluster-policy\" is the active one"),
+        "{}",
+        ready.message
+    );
+
+    // An image without its version passes the CRD schema but not the operator's validation.
+    let daemonsets: Api<DaemonSet> = Api::namespaced(cluster.client.clone(), NAMESPACE);
+    let versions = |list: Vec<DaemonSet>| -> BTreeMap<String, Option<String>> {
+        list.into_iter()
+            .map(|ds| (ds.name_any(), ds.metadata.resource_version))
+            .collect()
+    };
+    cluster
+        .patch_policy("cluster-policy", json!({ "toolkit": { "version": "" } }))
+        .await;
+    cluster
+        .until("the policy reports the invalid field", || async {
+            let status = cluster.policy("cluster-policy").await.status.unwrap_or_default();
+            let error = status
+                .conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == "Error" && c.status == "True")
+                .cloned();
+            match error {
+                Some(error)
+                    if error.message.contains("spec.toolkit.version")
+                        && error.reason == "ReconcileFailed" =>
+                {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    let before = versions(daemonsets.list(&ListParams::default()).await.unwrap().items);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = versions(daemonsets.list(&ListParams::default()).await.unwrap().items);
+    assert_eq!(before, after, "no operand DaemonSet was touched");
+    assert_eq!(
+        cluster.operands_on("gpu-0").await,
+        ids(CONTAINER_STACK),
+        "every operand keeps running"
+    );
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn a_restarted_operator_converges_without_duplicates_and_then_writes_nothing() {
+    let mut cluster = Cluster::start(vec![pool("gpu", 2, Some(GpuModel::T4))]).await;
+    cluster.apply(DEFAULT_POLICY).await;
+    // Kill the operator as soon as it has begun the rollout.
+    let daemonsets: Api<DaemonSet> = Api::namespaced(cluster.client.clone(), NAMESPACE);
+    cluster
+        .until("the rollout begins", || async {
+            let count = daemonsets.list(&ListParams::default()).await.unwrap().items.len();
+            if count > 0 {
+                Ok(())
+            } else {
+                Err("no DaemonSet yet".into())
+            }
+        })
+        .await;
+    cluster.stop_operator().await;
+    cluster.start_operator().await;
+    cluster.converged("cluster-policy").await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), NAMESPACE);
+    let mut per_node_and_set: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for pod in pods.list(&ListParams::default()).await.unwrap().items {
+        let owner = pod
+            .owner_references()
+            .first()
+            .map(|o| o.name.clone())
+            .unwrap_or_default();
+        let node = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
+        *per_node_and_set.entry((node, owner)).or_default() += 1;
+    }
+    assert!(
+        per_node_and_set.values().all(|count| *count == 1),
+        "one pod per DaemonSet per node: {per_node_and_set:?}"
+    );
+    let orphans: Vec<String> = daemonsets
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|ds| ds.owner_references().iter().all(|o| o.kind != "ClusterPolicy"))
+        .map(|ds| ds.name_any())
+        .collect();
+    assert!(orphans.is_empty(), "DaemonSets without their owner: {orphans:?}");
+
+    // Steady state: nothing changes, so the operator writes nothing.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = cluster.server.requests();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let window = cluster.server.requests().since(&before);
+    assert_eq!(
+        window.writes_by("gpu-operator"),
+        0,
+        "writes in a steady window: {:?}",
+        window.iter().collect::<Vec<_>>()
+    );
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn it_converges_with_ten_percent_of_requests_failing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("gpuop_operator=info,kube_runtime=warn")
+        .with_test_writer()
+        .try_init();
+    let cluster = Cluster::start(vec![pool("gpu", 2, Some(GpuModel::T4))]).await;
+    cluster
+        .server
+        .set_faults(Faults::new(7).error(None, None, 0.1, InjectedError::Internal));
+    cluster.apply(DEFAULT_POLICY).await;
+    cluster.converged("cluster-policy").await;
+    cluster.server.set_faults(Faults::new(7));
+    let failed: u64 = cluster
+        .server
+        .requests()
+        .iter()
+        .filter(|(key, _)| key.code >= 500)
+        .map(|(_, count)| count)
+        .sum();
+    assert!(failed > 0, "faults were injected");
+    cluster.stop().await;
+}
