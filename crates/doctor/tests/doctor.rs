@@ -1,7 +1,6 @@
 //! The doctor, from the outside: planted faults and what it reports about them, the property that more nodes
-//! never change or hide anything, `explain pod`, and the `kubectl-gpu` binary on snapshot files.
-//!
-//! Not here yet: the doctor against `gpu-sim up` scenarios (the simulator does not exist yet).
+//! never change or hide anything, `explain pod`, the `kubectl-gpu` binary on snapshot files, and the doctor
+//! against a simulated cluster the operator converged, with faults injected.
 
 use gpuop_api::Operand;
 use gpuop_doctor::analyze;
@@ -1544,5 +1543,154 @@ mod live {
         child.wait().unwrap();
         let refused = kubectl_gpu(&["doctor", "--watch", "--snapshot", "x.json"]);
         assert_eq!(refused.status.code(), Some(2), "--watch is for live clusters");
+    }
+}
+
+mod simulated {
+    //! The operator converges a simulated cluster on the fake API server; the simulator then breaks things
+    //! the way real clusters break, and the doctor, reading the live API like `kubectl gpu doctor` does,
+    //! must name exactly those nodes and links.
+
+    use super::*;
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::time::Duration;
+
+    use gpuop_doctor::live::{Connection, Live};
+    use gpuop_doctor::pod_state::StateName;
+    use gpuop_fakeserver::FakeServer;
+    use gpuop_operator::labeler::GpuDetection;
+    use gpuop_operator::run::{self, Config};
+    use gpuop_sim::cluster_spec::{ClusterSpec, GpuSpec};
+    use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install};
+    use gpuop_sim::hardware::GpuModel;
+    use gpuop_sim::kubelet::Timing;
+    use gpuop_sim::scenario::Action;
+    use gpuop_sim::simulation::Simulation;
+
+    /// A failure guard on a loaded two-core machine, not a performance assertion.
+    const PATIENCE: Duration = Duration::from_secs(90);
+
+    /// Polls the doctor until `done` holds for its report; panics with the last report after [`PATIENCE`].
+    async fn doctor_until(live: &Live, what: &str, done: impl Fn(&Report) -> bool) -> Report {
+        let started = tokio::time::Instant::now();
+        loop {
+            let report = analyze(&live.snapshot(true).await.expect("the doctor reads the cluster"));
+            if done(&report) {
+                return report;
+            }
+            if started.elapsed() > PATIENCE {
+                let findings: Vec<_> = report.nodes.iter().map(|n| (&n.name, &n.findings)).collect();
+                panic!("{what}: not so after {PATIENCE:?}; findings: {findings:#?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_doctor_names_the_nodes_and_links_the_simulator_broke() {
+        let server = FakeServer::new();
+        let served = server
+            .serve(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+            .await
+            .expect("the fake API server serves");
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        served.write_kubeconfig(&kubeconfig).unwrap();
+
+        let client = server.client_as("gpu-sim");
+        install(&client).await.expect("CRDs and namespace install");
+        let mut pool = ClusterSpec::demo().node_pools.remove(0);
+        pool.name = "gpu".into();
+        pool.count = 3;
+        pool.gpu = Some(GpuSpec {
+            model: GpuModel::T4,
+            count: 4,
+        });
+        let spec = ClusterSpec {
+            nfd: true,
+            node_pools: vec![pool],
+        };
+        let simulation = Simulation::start(client.clone(), spec, Timing::instant())
+            .await
+            .expect("the simulation starts");
+        let config = Config {
+            namespace: NAMESPACE.into(),
+            detection: GpuDetection::Nfd,
+            image_defaults: Default::default(),
+            leader_election: None,
+            metrics_address: None,
+            health_address: None,
+        };
+        let operator = run::start(server.client_as("gpu-operator"), config)
+            .await
+            .expect("the operator starts");
+        apply_policy(&client, DEFAULT_POLICY)
+            .await
+            .expect("the policy applies");
+
+        let live = Live::connect(&Connection {
+            kubeconfig: Some(kubeconfig),
+            context: None,
+        })
+        .await
+        .expect("the doctor connects");
+        let healthy = doctor_until(&live, "a converged cluster is clean", |report| {
+            report.summary.gpu_nodes == 3
+                && !report.has_findings()
+                && report.nodes.iter().all(|n| {
+                    n.operands
+                        .iter()
+                        .any(|o| o.operand == Operand::DevicePlugin && o.state == StateName::Ready)
+                })
+        })
+        .await;
+        assert_eq!(healthy.cluster_policy.as_deref(), Some("cluster-policy"));
+
+        // gpu-0: the metrics exporter crash-loops. gpu-1: the container toolkit crash-loops under a running
+        // device plugin, the broken order the doctor exists to catch. gpu-2 stays healthy.
+        simulation
+            .apply(&Action::CrashLoop {
+                node: "gpu-0".into(),
+                operand: "dcgm-exporter".into(),
+            })
+            .await
+            .unwrap();
+        simulation
+            .apply(&Action::CrashLoop {
+                node: "gpu-1".into(),
+                operand: "container-toolkit".into(),
+            })
+            .await
+            .unwrap();
+        let report = doctor_until(&live, "the doctor sees both faults", |report| {
+            let has = |node: &str, kind: FindingKind, operand: Operand| {
+                report.nodes.iter().any(|n| {
+                    n.name == node
+                        && n.findings
+                            .iter()
+                            .any(|f| f.kind == kind && f.operand == Some(operand))
+                })
+            };
+            has("gpu-0", FindingKind::NotReady, Operand::DcgmExporter)
+                && has("gpu-1", FindingKind::Order, Operand::DevicePlugin)
+        })
+        .await;
+        assert_eq!(node(&report, "gpu-0").first_broken_link, Some(Link::Health));
+        assert_eq!(node(&report, "gpu-1").first_broken_link, Some(Link::Toolkit));
+        assert!(
+            kinds(&report, "gpu-1")
+                .iter()
+                .any(|(kind, _)| *kind == FindingKind::GpuWithoutRuntime),
+            "gpu-1 advertises GPUs without a runtime: {:#?}",
+            node(&report, "gpu-1").findings
+        );
+        assert!(
+            node(&report, "gpu-2").findings.is_empty(),
+            "the untouched node is clean: {:#?}",
+            node(&report, "gpu-2").findings
+        );
+
+        operator.stop().await;
+        simulation.stop().await;
     }
 }

@@ -258,32 +258,13 @@ pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
     };
     let awaiting_echo = leader && apply_rendered(context, active, &rendered).await?;
 
-    let node_objects: Vec<Node> = nodes.iter().map(|n| (**n).clone()).collect();
-    let daemonsets: Vec<_> = context
-        .caches
-        .daemonsets
-        .state()
-        .iter()
-        .map(|d| (**d).clone())
-        .collect();
-    let pods: Vec<_> = context
-        .caches
-        .pods
-        .state()
-        .iter()
-        .map(|p| (**p).clone())
-        .collect();
-    let revisions: Vec<_> = context
-        .caches
-        .revisions
-        .state()
-        .iter()
-        .map(|r| (**r).clone())
-        .collect();
+    let daemonsets = context.caches.daemonsets.state();
+    let pods = context.caches.pods.state();
+    let revisions = context.caches.revisions.state();
     let operands = observe(
         &rendered,
         Observed {
-            nodes: &node_objects,
+            nodes: &nodes,
             daemonsets: &daemonsets,
             pods: &pods,
             revisions: &revisions,

@@ -7,6 +7,7 @@
 //! DaemonSet's latest revision: a node still running an outdated driver is not counted as done.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use gpuop_api::labels::GPU_PRESENT;
 use gpuop_api::placement::{Misfit, daemon_pod_fits};
@@ -20,17 +21,17 @@ use crate::status::OperandObservation;
 /// Label naming the revision a DaemonSet pod or ControllerRevision belongs to.
 const REVISION_HASH: &str = "controller-revision-hash";
 
-/// What the cluster looks like to the judge.
+/// What the cluster looks like to the judge: the caches' contents, shared rather than copied.
 #[derive(Clone, Copy, Debug)]
 pub struct Observed<'a> {
     /// Every node.
-    pub nodes: &'a [Node],
+    pub nodes: &'a [Arc<Node>],
     /// The operator's DaemonSets.
-    pub daemonsets: &'a [DaemonSet],
+    pub daemonsets: &'a [Arc<DaemonSet>],
     /// The operand pods.
-    pub pods: &'a [Pod],
+    pub pods: &'a [Arc<Pod>],
     /// The ControllerRevisions of the operator's DaemonSets.
-    pub revisions: &'a [ControllerRevision],
+    pub revisions: &'a [Arc<ControllerRevision>],
 }
 
 /// One observation per enabled operand, in catalogue order.
@@ -152,6 +153,10 @@ fn is_ready(pod: &Pod) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn arcs<T, const N: usize>(items: [T; N]) -> Vec<Arc<T>> {
+        items.into_iter().map(Arc::new).collect()
+    }
     use gpuop_render::Manifest;
     use k8s_openapi::api::core::v1::{NodeSpec, PodCondition, PodSpec, PodStatus, Taint};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -261,7 +266,7 @@ mod tests {
         let rendered = Rendered {
             objects: vec![rendered_daemonset(Operand::DevicePlugin)],
         };
-        let nodes = [
+        let nodes = arcs([
             node("a", &[ON, GPU], None),
             node("b", &[ON, GPU], None),
             node("tainted", &[ON, GPU], Some("dedicated")),
@@ -271,12 +276,12 @@ mod tests {
                 None,
             ),
             node("cpu", &[], None),
-        ];
-        let daemonsets = [daemonset(Operand::DevicePlugin)];
-        let pods = [
+        ]);
+        let daemonsets = arcs([daemonset(Operand::DevicePlugin)]);
+        let pods = arcs([
             pod(Operand::DevicePlugin, "a", true, "h1"),
             pod(Operand::DevicePlugin, "b", false, "h1"),
-        ];
+        ]);
         let observations = observe(
             &rendered,
             Observed {
@@ -299,19 +304,19 @@ mod tests {
         let rendered = Rendered {
             objects: vec![rendered_daemonset(Operand::Driver)],
         };
-        let nodes = [
+        let nodes = arcs([
             node("a", &[("nvidia.com/gpu.deploy.driver", "true")], None),
             node("b", &[("nvidia.com/gpu.deploy.driver", "true")], None),
-        ];
-        let daemonsets = [daemonset(Operand::Driver)];
-        let pods = [
+        ]);
+        let daemonsets = arcs([daemonset(Operand::Driver)]);
+        let pods = arcs([
             pod(Operand::Driver, "a", true, "new"),
             pod(Operand::Driver, "b", true, "old"),
-        ];
-        let revisions = [
+        ]);
+        let revisions = arcs([
             revision(Operand::Driver, "old", 1),
             revision(Operand::Driver, "new", 2),
-        ];
+        ]);
         let observations = observe(
             &rendered,
             Observed {

@@ -9,7 +9,8 @@ use gpuop_api::labels::{DEPLOY_OPERANDS, GPU_PRESENT, MANAGED_BY};
 use gpuop_api::status::State;
 use gpuop_fakeserver::{FakeServer, Faults, InjectedError};
 use gpuop_operator::labeler::GpuDetection;
-use gpuop_operator::run::{self, Config, Running};
+use gpuop_operator::lease;
+use gpuop_operator::run::{self, Config, DEFAULT_LEASE_NAME, LeaderElection, Running};
 use gpuop_sim::cluster_spec::{ClusterSpec, GpuSpec, NodePool, TaintSpec};
 use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install, snapshot};
 use gpuop_sim::hardware::GpuModel;
@@ -18,6 +19,7 @@ use gpuop_sim::progress::{Progress, Row};
 use gpuop_sim::scenario::Action;
 use gpuop_sim::simulation::Simulation;
 use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
@@ -45,6 +47,12 @@ struct Cluster {
 
 impl Cluster {
     async fn start(pools: Vec<NodePool>) -> Self {
+        let mut cluster = Self::without_operator(pools).await;
+        cluster.start_operator().await;
+        cluster
+    }
+
+    async fn without_operator(pools: Vec<NodePool>) -> Self {
         let server = FakeServer::new();
         let client = server.client_as("gpu-sim");
         install(&client).await.expect("CRDs and namespace install");
@@ -55,14 +63,40 @@ impl Cluster {
         let simulation = Simulation::start(client.clone(), spec, Timing::instant())
             .await
             .expect("simulation starts");
-        let mut cluster = Self {
+        Self {
             server,
             client,
             simulation,
             operator: None,
+        }
+    }
+
+    /// An operator replica that leads only while it holds the lease; its requests count as `identity`'s.
+    async fn replica(&self, identity: &str) -> Running {
+        let config = Config {
+            namespace: NAMESPACE.into(),
+            detection: GpuDetection::Nfd,
+            image_defaults: Default::default(),
+            leader_election: Some(LeaderElection {
+                lease_name: DEFAULT_LEASE_NAME.into(),
+                identity: identity.into(),
+                timing: lease::Timing {
+                    lease_duration: Duration::from_secs(2),
+                    retry_period: Duration::from_millis(200),
+                },
+            }),
+            metrics_address: None,
+            health_address: None,
         };
-        cluster.start_operator().await;
-        cluster
+        run::start(self.server.client_as(identity), config)
+            .await
+            .expect("replica starts")
+    }
+
+    async fn lease_holder(&self) -> Option<String> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let lease = leases.get_opt(DEFAULT_LEASE_NAME).await.expect("lease reads")?;
+        lease.spec?.holder_identity
     }
 
     async fn start_operator(&mut self) {
@@ -661,5 +695,52 @@ async fn it_converges_with_ten_percent_of_requests_failing() {
         .map(|(_, count)| count)
         .sum();
     assert!(failed > 0, "faults were injected");
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn only_the_leader_writes_and_a_second_replica_takes_over_when_it_stops() {
+    let cluster = Cluster::without_operator(vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+    let first = cluster.replica("replica-a").await;
+    cluster
+        .until("replica-a holds the lease", || async {
+            match cluster.lease_holder().await.as_deref() {
+                Some("replica-a") => Ok(()),
+                other => Err(format!("holder {other:?}")),
+            }
+        })
+        .await;
+    let second = cluster.replica("replica-b").await;
+    cluster.apply(DEFAULT_POLICY).await;
+    cluster.converged("cluster-policy").await;
+    let requests = cluster.server.requests();
+    assert!(
+        requests.writes_by("replica-a") > 0,
+        "the leader applied the operands"
+    );
+    assert_eq!(
+        requests.writes_by("replica-b"),
+        0,
+        "a follower writes nothing, not even the lease it does not hold"
+    );
+
+    // The leader stops (and gives the lease up); the follower takes over and acts on the next change.
+    first.stop().await;
+    cluster
+        .patch_policy("cluster-policy", json!({ "gfd": { "enabled": false } }))
+        .await;
+    cluster
+        .until("replica-b prunes feature discovery", || async {
+            let managed = cluster.managed().await;
+            if managed.contains("DaemonSet/gpu-feature-discovery") {
+                Err(format!("{managed:?}"))
+            } else {
+                Ok(())
+            }
+        })
+        .await;
+    assert_eq!(cluster.lease_holder().await.as_deref(), Some("replica-b"));
+    assert!(cluster.server.requests().writes_by("replica-b") > 0);
+    second.stop().await;
     cluster.stop().await;
 }
