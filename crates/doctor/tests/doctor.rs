@@ -1558,7 +1558,6 @@ mod simulated {
     use gpuop_doctor::live::{Connection, Live};
     use gpuop_doctor::pod_state::StateName;
     use gpuop_fakeserver::FakeServer;
-    use gpuop_operator::labeler::GpuDetection;
     use gpuop_operator::run::{self, Config};
     use gpuop_sim::cluster_spec::{ClusterSpec, GpuSpec};
     use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install};
@@ -1613,15 +1612,7 @@ mod simulated {
         let simulation = Simulation::start(client.clone(), spec, Timing::instant())
             .await
             .expect("the simulation starts");
-        let config = Config {
-            namespace: NAMESPACE.into(),
-            detection: GpuDetection::Nfd,
-            image_defaults: Default::default(),
-            leader_election: None,
-            metrics_address: None,
-            health_address: None,
-        };
-        let operator = run::start(server.client_as("gpu-operator"), config)
+        let operator = run::start(server.client_as("gpu-operator"), Config::in_process(NAMESPACE))
             .await
             .expect("the operator starts");
         apply_policy(&client, DEFAULT_POLICY)

@@ -32,7 +32,7 @@ use tracing::{info, warn};
 use crate::apply::{self, ApplyPlan, ObjectKey};
 use crate::caches::Caches;
 use crate::facts::{Census, NodeFacts, cluster_facts};
-use crate::labeler::{GpuDetection, LabelPolicy, desired_labels};
+use crate::labeler::{GpuDetection, LabelPolicy, NodePatch, desired_labels};
 use crate::lease::Leadership;
 use crate::metrics::{Metrics, ReconciliationStatus};
 use crate::readiness::{Observed, observe};
@@ -40,6 +40,8 @@ use crate::status::{Outcome, policy_status};
 
 /// How long a write the caches have not shown yet is trusted before it is made again.
 const IN_FLIGHT: Duration = Duration::from_secs(10);
+/// The shortest time between the starts of two passes.
+const MIN_PASS_INTERVAL: Duration = Duration::from_millis(200);
 /// How often the reconciler runs with nothing changed, to repair what it cannot watch.
 const RESYNC: Duration = Duration::from_secs(300);
 
@@ -85,6 +87,8 @@ struct Recent {
     applied: BTreeMap<ObjectKey, (String, Instant)>,
     deleted: BTreeMap<ObjectKey, Instant>,
     statuses: BTreeMap<String, (PolicyStatus, Instant)>,
+    /// Per node, the label patch last sent.
+    labelled: BTreeMap<String, (NodePatch, Instant)>,
 }
 
 impl Context {
@@ -158,6 +162,7 @@ pub async fn run_policies(context: Arc<Context>, shutdown: CancellationToken) {
     let mut leadership = context.leadership.clone();
     let mut failures = 0u32;
     let mut wait = Duration::ZERO;
+    let mut last_pass: Option<Instant> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -165,6 +170,14 @@ pub async fn run_policies(context: Arc<Context>, shutdown: CancellationToken) {
             _ = leadership.changed() => {}
             () = tokio::time::sleep(wait) => {}
         }
+        // A rollout changes pods by the thousand; let them gather instead of judging the cluster per event.
+        if let Some(last) = last_pass {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep_until(last + MIN_PASS_INTERVAL) => {}
+            }
+        }
+        last_pass = Some(Instant::now());
         match reconcile(&context).await {
             Ok(next) => {
                 failures = 0;
@@ -232,9 +245,8 @@ pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
         .send_if_modified(|current| replace(current, Some(Some(label_policy))));
 
     let nodes: Vec<Arc<Node>> = context.caches.nodes.state();
-    let node_facts: Vec<NodeFacts> = nodes.iter().map(|node| node_facts(node)).collect();
     let (mut facts, census) = cluster_facts(
-        &node_facts,
+        nodes.iter().map(|node| NodeFacts::of(node)),
         &context.namespace,
         validated.spec.driver.use_precompiled(),
         context.service_monitor_crd,
@@ -498,18 +510,6 @@ async fn config_map_keys(
 }
 
 /// The facts of a cached node.
-pub fn node_facts(node: &Node) -> NodeFacts {
-    NodeFacts {
-        name: node.name_any(),
-        labels: node.labels().clone(),
-        runtime_version: node
-            .status
-            .as_ref()
-            .and_then(|s| s.node_info.as_ref())
-            .map(|i| i.container_runtime_version.clone()),
-    }
-}
-
 /// Runs the node labeller until `shutdown`: one patch per node whose labels differ from the desired ones.
 pub async fn run_labeller(
     context: Arc<Context>,
@@ -560,6 +560,11 @@ pub async fn run_labeller(
             }
         }))
         .await;
+        // Forget patches never echoed (their node went away, or a watch missed them).
+        context
+            .recent()
+            .labelled
+            .retain(|_, (_, at)| at.elapsed() < IN_FLIGHT);
         for name in results.into_iter().flatten() {
             let sender = retry_sender.clone();
             tokio::spawn(async move {
@@ -582,6 +587,27 @@ async fn label_node(context: &Context, name: &str, policy: Option<&LabelPolicy>)
     if patch.is_empty() {
         return Ok(());
     }
+    // The node may change again (its status, other labels) before the cache shows this operator's last
+    // patch; the same patch again would only repeat it. Once the cache shows it, every difference is new.
+    {
+        let mut recent = context.recent();
+        let echoed = |sent: &NodePatch| {
+            sent.labels
+                .iter()
+                .all(|(k, v)| node.labels().get(k) == v.as_ref())
+                && sent
+                    .annotations
+                    .iter()
+                    .all(|(k, v)| node.annotations().get(k) == v.as_ref())
+        };
+        if let Some((sent, at)) = recent.labelled.get(name) {
+            if echoed(sent) || at.elapsed() >= IN_FLIGHT {
+                recent.labelled.remove(name);
+            } else if *sent == patch {
+                return Ok(());
+            }
+        }
+    }
     let api: Api<Node> = Api::all(context.client.clone());
     api.patch(
         name,
@@ -589,6 +615,10 @@ async fn label_node(context: &Context, name: &str, policy: Option<&LabelPolicy>)
         &Patch::Merge(patch.to_merge_patch()),
     )
     .await?;
+    context
+        .recent()
+        .labelled
+        .insert(name.to_owned(), (patch.clone(), Instant::now()));
     let changes: Vec<String> = patch
         .labels
         .iter()
@@ -611,6 +641,5 @@ fn now_seconds() -> i64 {
 
 /// The census alone, for callers that only need counts.
 pub fn census_of(nodes: &[Node]) -> Census {
-    let facts: Vec<NodeFacts> = nodes.iter().map(node_facts).collect();
-    cluster_facts(&facts, "", false, false).1
+    cluster_facts(nodes.iter().map(NodeFacts::of), "", false, false).1
 }

@@ -6,19 +6,34 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpuop_api::labels::{GPU_PRESENT, NFD_KERNEL_VERSION, NFD_OS_ID, NFD_OS_VERSION, NFD_PREFIX};
 use gpuop_render::{ClusterFacts, ContainerRuntime, OsPool};
+use k8s_openapi::api::core::v1::Node;
 
-/// The few fields of a Node the operator keeps in its cache.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NodeFacts {
+/// The fields of a cached Node the facts come from, borrowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeFacts<'a> {
     /// Node name.
-    pub name: String,
+    pub name: &'a str,
     /// All labels.
-    pub labels: BTreeMap<String, String>,
+    pub labels: &'a BTreeMap<String, String>,
     /// `status.nodeInfo.containerRuntimeVersion`, e.g. `containerd://1.7.27`.
-    pub runtime_version: Option<String>,
+    pub runtime_version: Option<&'a str>,
 }
 
-impl NodeFacts {
+impl<'a> NodeFacts<'a> {
+    /// The facts of a node.
+    pub fn of(node: &'a Node) -> Self {
+        static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+        Self {
+            name: node.metadata.name.as_deref().unwrap_or_default(),
+            labels: node.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
+            runtime_version: node
+                .status
+                .as_ref()
+                .and_then(|s| s.node_info.as_ref())
+                .map(|i| i.container_runtime_version.as_str()),
+        }
+    }
+
     /// Whether the labeller marked the node as having a GPU.
     pub fn has_gpu(&self) -> bool {
         self.labels.get(GPU_PRESENT).is_some_and(|v| v == "true")
@@ -26,8 +41,7 @@ impl NodeFacts {
 
     /// The runtime named by `containerRuntimeVersion`, if it is one the toolkit knows.
     pub fn runtime(&self) -> Option<ContainerRuntime> {
-        let version = self.runtime_version.as_deref()?;
-        let (name, _) = version.split_once("://")?;
+        let (name, _) = self.runtime_version?.split_once("://")?;
         match name {
             "containerd" => Some(ContainerRuntime::Containerd),
             "cri-o" => Some(ContainerRuntime::Crio),
@@ -54,7 +68,7 @@ pub struct Census {
 /// means containerd. OS pools are the distinct OS releases of the GPU nodes, with the kernel when drivers are
 /// precompiled.
 pub fn cluster_facts<'a>(
-    nodes: impl IntoIterator<Item = &'a NodeFacts>,
+    nodes: impl IntoIterator<Item = NodeFacts<'a>>,
     namespace: &str,
     precompiled: bool,
     service_monitor_crd: bool,
@@ -71,7 +85,7 @@ pub fn cluster_facts<'a>(
         if let Some(runtime) = node.runtime().filter(|runtime| !runtimes.contains(runtime)) {
             runtimes.push(runtime);
         }
-        let label = |key: &str| node.labels.get(key).filter(|v| !v.is_empty()).cloned();
+        let label = |key: &str| node.labels.get(key).filter(|v| !v.is_empty());
         match (label(NFD_OS_ID), label(NFD_OS_VERSION)) {
             (Some(os_id), Some(os_version)) => {
                 let kernel = if precompiled {
@@ -79,13 +93,19 @@ pub fn cluster_facts<'a>(
                 } else {
                     None
                 };
-                pools.insert(OsPool {
-                    os_id,
-                    os_version,
-                    kernel,
+                // Thousands of nodes share a few releases: copy the strings only for a new one.
+                let known = pools.iter().any(|pool: &OsPool| {
+                    &pool.os_id == os_id && &pool.os_version == os_version && pool.kernel.as_ref() == kernel
                 });
+                if !known {
+                    pools.insert(OsPool {
+                        os_id: os_id.clone(),
+                        os_version: os_version.clone(),
+                        kernel: kernel.cloned(),
+                    });
+                }
             }
-            _ => census.gpu_nodes_without_os.push(node.name.clone()),
+            _ => census.gpu_nodes_without_os.push(node.name.to_owned()),
         }
     }
     let runtime = [
@@ -109,19 +129,32 @@ pub fn cluster_facts<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::{NodeStatus, NodeSystemInfo};
 
-    fn node(name: &str, labels: &[(&str, &str)], runtime: &str) -> NodeFacts {
-        NodeFacts {
-            name: name.to_owned(),
-            labels: labels
+    fn node(name: &str, labels: &[(&str, &str)], runtime: &str) -> Node {
+        let mut node = Node::default();
+        node.metadata.name = Some(name.to_owned());
+        node.metadata.labels = Some(
+            labels
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
-            runtime_version: Some(runtime.to_owned()),
-        }
+        );
+        node.status = Some(NodeStatus {
+            node_info: Some(NodeSystemInfo {
+                container_runtime_version: runtime.to_owned(),
+                ..NodeSystemInfo::default()
+            }),
+            ..NodeStatus::default()
+        });
+        node
     }
 
-    fn gpu(name: &str, os: &str, version: &str, kernel: &str, runtime: &str) -> NodeFacts {
+    fn of(nodes: &[Node]) -> impl Iterator<Item = NodeFacts<'_>> {
+        nodes.iter().map(NodeFacts::of)
+    }
+
+    fn gpu(name: &str, os: &str, version: &str, kernel: &str, runtime: &str) -> Node {
         node(
             name,
             &[
@@ -147,7 +180,7 @@ mod tests {
                 "containerd://2.0.0",
             ),
         ];
-        let (facts, census) = cluster_facts(&nodes, "gpu-operator", false, true);
+        let (facts, census) = cluster_facts(of(&nodes), "gpu-operator", false, true);
         assert_eq!(
             facts.driver_pools,
             [
@@ -172,7 +205,7 @@ mod tests {
         assert!(facts.service_monitor_crd);
         assert_eq!(census.gpu_nodes, 3);
         assert!(census.nfd_labels);
-        let (precompiled, _) = cluster_facts(&nodes, "gpu-operator", true, false);
+        let (precompiled, _) = cluster_facts(of(&nodes), "gpu-operator", true, false);
         assert_eq!(precompiled.driver_pools.len(), 3, "one pool per kernel");
     }
 
@@ -183,12 +216,12 @@ mod tests {
             gpu("b", "rhel", "9.4", "k", "docker://27.1"),
         ];
         assert_eq!(
-            cluster_facts(&crio, "ns", false, false).0.runtime,
+            cluster_facts(of(&crio), "ns", false, false).0.runtime,
             ContainerRuntime::Crio
         );
         let unknown = [gpu("a", "rhel", "9.4", "k", "something://1")];
         assert_eq!(
-            cluster_facts(&unknown, "ns", false, false).0.runtime,
+            cluster_facts(of(&unknown), "ns", false, false).0.runtime,
             ContainerRuntime::Containerd
         );
     }
@@ -199,11 +232,11 @@ mod tests {
             node("a", &[(GPU_PRESENT, "true")], "containerd://1.7.0"),
             node("b", &[], "containerd://1.7.0"),
         ];
-        let (facts, census) = cluster_facts(&nodes, "ns", false, false);
+        let (facts, census) = cluster_facts(of(&nodes), "ns", false, false);
         assert!(facts.driver_pools.is_empty());
         assert_eq!(census.gpu_nodes_without_os, ["a"]);
         assert!(!census.nfd_labels);
-        let (_, empty) = cluster_facts(&[], "ns", false, false);
+        let (_, empty) = cluster_facts(of(&[]), "ns", false, false);
         assert_eq!(empty.gpu_nodes, 0);
     }
 }

@@ -44,6 +44,21 @@ pub struct Config {
     pub health_address: Option<SocketAddr>,
 }
 
+impl Config {
+    /// One replica that always leads, finds GPU nodes by NFD's labels, takes images from the policy alone
+    /// and serves no HTTP endpoint: the operator as the simulator and the tests run it in-process.
+    pub fn in_process(namespace: &str) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            detection: GpuDetection::Nfd,
+            image_defaults: ImageDefaults::default(),
+            leader_election: None,
+            metrics_address: None,
+            health_address: None,
+        }
+    }
+}
+
 /// Leader election settings.
 #[derive(Clone, Debug)]
 pub struct LeaderElection {

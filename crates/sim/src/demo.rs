@@ -11,7 +11,6 @@ use anyhow::{Context as _, bail};
 use gpuop_api::ClusterPolicy;
 use gpuop_api::labels::FIELD_MANAGER;
 use gpuop_fakeserver::FakeServer;
-use gpuop_operator::labeler::GpuDetection;
 use gpuop_operator::run::{self, Config};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -143,18 +142,7 @@ pub async fn demo(settings: DemoSettings) -> anyhow::Result<()> {
     let client = server.client_as("gpu-sim");
     install(&client).await?;
     let simulation = Simulation::start(client.clone(), spec, settings.timing).await?;
-    let operator = run::start(
-        server.client_as("gpu-operator"),
-        Config {
-            namespace: NAMESPACE.into(),
-            detection: GpuDetection::Nfd,
-            image_defaults: Default::default(),
-            leader_election: None,
-            metrics_address: None,
-            health_address: None,
-        },
-    )
-    .await?;
+    let operator = run::start(server.client_as("gpu-operator"), Config::in_process(NAMESPACE)).await?;
     let started = Instant::now();
     let name = apply_policy(&client, DEFAULT_POLICY).await?;
     println!(
