@@ -6,8 +6,10 @@
 //!   resources, feature discovery's labels, the MIG manager's state).
 //!
 //! Each actor works in passes: a pass reads its caches, decides, then writes; changes in the caches (or a
-//! wake-up time a pass asked for) start the next pass. Writes the caches have not shown yet are remembered
-//! for a few seconds so that they are not made twice ("expectations", as the real controllers keep them).
+//! wake-up time a pass asked for) start the next pass, and changes that arrive together make one pass. A
+//! change that arrives while a pass runs is not lost: every actor keeps its own mark of the last change it
+//! has seen. Writes the caches have not shown yet are remembered for a few seconds so that they are not
+//! made twice ("expectations", as the real controllers keep them).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -18,7 +20,7 @@ use gpuop_api::Operand;
 use gpuop_api::catalogue::status_file;
 use gpuop_api::labels::{self, MIG_CONFIG, MIG_CONFIG_STATE};
 use gpuop_api::placement::pod_fits;
-use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{Binding, ConfigMap, Node, ObjectReference, Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -27,7 +29,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -37,14 +39,28 @@ use crate::daemonset;
 use crate::host::{Host, PluginSettings};
 use crate::kubelet::{self, operand_of};
 use crate::operands::{config_map_volumes, driver_version, mig_layout, plugin_settings};
-use crate::simulation::SimState;
+use crate::simulation::{Plays, SimState};
 
 /// How long a write is expected to show in the caches before it is retried.
 const EXPECTATION: Duration = Duration::from_secs(10);
 
-/// Starts every actor.
-pub fn spawn(client: Client, state: Arc<SimState>, shutdown: CancellationToken) -> Vec<JoinHandle<()>> {
-    let changed = Arc::new(Notify::new());
+/// Changes that arrive this close together are handled by one pass. A pass reads every node and pod, so
+/// a pass per change would cost the square of the cluster's size while thousands of pods start at once;
+/// an actor whose last pass took longer gathers changes for as long (see [`Pace`]).
+const COALESCE: Duration = Duration::from_millis(10);
+
+/// The longest an actor gathers changes: a pass that made thousands of writes took long, and the next
+/// one should not wait as long.
+const GATHER_AT_MOST: Duration = Duration::from_millis(250);
+
+/// Starts the actors of the parts the simulation plays.
+pub fn spawn(
+    client: Client,
+    state: Arc<SimState>,
+    plays: Plays,
+    shutdown: CancellationToken,
+) -> Vec<JoinHandle<()>> {
+    let changed = Arc::new(watch::Sender::new(()));
     let nodes = cache::<Node>(Api::all(client.clone()), &changed, &shutdown);
     let pods = cache::<Pod>(Api::all(client.clone()), &changed, &shutdown);
     let daemonsets = cache::<DaemonSet>(Api::all(client.clone()), &changed, &shutdown);
@@ -58,23 +74,24 @@ pub fn spawn(client: Client, state: Arc<SimState>, shutdown: CancellationToken) 
         revisions,
         config_maps,
         synced,
+        changed,
     };
     caches.signal_when_synced(synced_sender);
-    vec![
-        tokio::spawn(daemonset_controller(
+    let mut tasks = Vec::new();
+    if plays == Plays::Cluster {
+        tasks.push(tokio::spawn(daemonset_controller(
             client.clone(),
             caches.clone(),
-            changed.clone(),
             shutdown.clone(),
-        )),
-        tokio::spawn(scheduler(
+        )));
+        tasks.push(tokio::spawn(scheduler(
             client.clone(),
             caches.clone(),
-            changed.clone(),
             shutdown.clone(),
-        )),
-        tokio::spawn(kubelets(client, caches, state, changed, shutdown)),
-    ]
+        )));
+    }
+    tasks.push(tokio::spawn(kubelets(client, caches, state, shutdown)));
+    tasks
 }
 
 #[derive(Clone, Debug)]
@@ -85,6 +102,8 @@ struct Caches {
     revisions: Store<ControllerRevision>,
     config_maps: Store<ConfigMap>,
     synced: watch::Receiver<bool>,
+    /// Bumped after any cache has applied a change.
+    changed: Arc<watch::Sender<()>>,
 }
 
 impl Caches {
@@ -94,6 +113,12 @@ impl Caches {
     async fn ready(&self) {
         let mut synced = self.synced.clone();
         let _ = synced.wait_for(|synced| *synced).await;
+    }
+
+    /// An actor's own view of the changes: it remembers which change it saw last, so a change made
+    /// while the actor was busy still starts its next pass.
+    fn changes(&self) -> watch::Receiver<()> {
+        self.changed.subscribe()
     }
 
     fn signal_when_synced(&self, synced: watch::Sender<bool>) {
@@ -109,7 +134,7 @@ impl Caches {
     }
 }
 
-fn cache<K>(api: Api<K>, changed: &Arc<Notify>, shutdown: &CancellationToken) -> Store<K>
+fn cache<K>(api: Api<K>, changed: &Arc<watch::Sender<()>>, shutdown: &CancellationToken) -> Store<K>
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -120,8 +145,10 @@ where
         + 'static,
 {
     let (reader, writer) = reflector::store();
+    // Managed fields are most of a stored object and no actor reads them.
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
+        .modify(|object| object.managed_fields_mut().clear())
         .reflect(writer);
     let changed = changed.clone();
     let shutdown = shutdown.clone();
@@ -131,7 +158,9 @@ where
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 item = stream.next() => match item {
-                    Some(Ok(_)) => changed.notify_waiters(),
+                    Some(Ok(_)) => {
+                        changed.send_replace(());
+                    }
                     Some(Err(error)) => debug!(%error, "simulator watch failed; retrying"),
                     None => break,
                 },
@@ -141,13 +170,56 @@ where
     reader
 }
 
-/// Waits for a change, a wake-up time or shutdown; returns false on shutdown.
-async fn next_pass(changed: &Notify, wake: Option<Duration>, shutdown: &CancellationToken) -> bool {
+/// How long an actor's passes take, so that changes are gathered for as long as a pass took (between
+/// [`COALESCE`] and [`GATHER_AT_MOST`]): an actor over thousands of nodes then spends about half its time
+/// in passes while changes pour in, and one over a few nodes answers within [`COALESCE`].
+#[derive(Debug)]
+struct Pace {
+    pass_began: Instant,
+}
+
+impl Pace {
+    fn new() -> Self {
+        Self {
+            pass_began: Instant::now(),
+        }
+    }
+
+    /// How long to gather changes after the first one, given that the last pass has just ended.
+    fn gather(&self) -> Duration {
+        self.pass_began.elapsed().clamp(COALESCE, GATHER_AT_MOST)
+    }
+
+    fn begin_pass(&mut self) {
+        self.pass_began = Instant::now();
+    }
+}
+
+/// Waits for a change not seen yet, a wake-up time or shutdown; returns false on shutdown. The change is
+/// marked seen before the pass reads the caches, so one made during the pass starts another.
+async fn next_pass(
+    changed: &mut watch::Receiver<()>,
+    wake: Option<Duration>,
+    pace: &mut Pace,
+    shutdown: &CancellationToken,
+) -> bool {
     let wake = wake.unwrap_or(Duration::from_secs(5));
+    let gather = pace.gather();
+    let proceed = tokio::select! {
+        () = shutdown.cancelled() => false,
+        _ = changed.changed() => gather_changes(gather, shutdown).await,
+        () = tokio::time::sleep(wake) => true,
+    };
+    changed.borrow_and_update();
+    pace.begin_pass();
+    proceed
+}
+
+/// Lets the changes that follow one change arrive; returns false on shutdown.
+async fn gather_changes(gather: Duration, shutdown: &CancellationToken) -> bool {
     tokio::select! {
         () = shutdown.cancelled() => false,
-        () = changed.notified() => true,
-        () = tokio::time::sleep(wake) => true,
+        () = tokio::time::sleep(gather) => true,
     }
 }
 
@@ -162,9 +234,14 @@ impl<K: Ord> Expectations<K> {
         self.pending.insert(key, Instant::now());
     }
 
-    fn pending(&mut self, key: &K) -> bool {
+    /// Forgets writes made too long ago, so that they are made again; once per pass, not per key
+    /// (thousands of pods are expected at once when a DaemonSet fans out).
+    fn expire(&mut self) {
         let now = Instant::now();
         self.pending.retain(|_, at| now.duration_since(*at) < EXPECTATION);
+    }
+
+    fn pending(&self, key: &K) -> bool {
         self.pending.contains_key(key)
     }
 
@@ -173,26 +250,26 @@ impl<K: Ord> Expectations<K> {
     }
 }
 
-async fn daemonset_controller(
-    client: Client,
-    caches: Caches,
-    changed: Arc<Notify>,
-    shutdown: CancellationToken,
-) {
+async fn daemonset_controller(client: Client, caches: Caches, shutdown: CancellationToken) {
     caches.ready().await;
+    let mut changed = caches.changes();
     let mut creating: Expectations<(String, String)> = Expectations::default();
     let mut deleting: Expectations<String> = Expectations::default();
     let mut wake = Some(Duration::ZERO);
-    while next_pass(&changed, wake, &shutdown).await {
+    let mut pace = Pace::new();
+    while next_pass(&mut changed, wake, &mut pace, &shutdown).await {
         wake = None;
-        let nodes: Vec<Node> = caches.nodes.state().iter().map(|n| (**n).clone()).collect();
-        let mut pods_by_owner: BTreeMap<String, Vec<Pod>> = BTreeMap::new();
+        creating.expire();
+        deleting.expire();
+        // The caches' objects are shared, not copied: a pass over thousands of nodes and pods reads them.
+        let nodes = caches.nodes.state();
+        let mut pods_by_owner: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
         for pod in caches.pods.state() {
             if let Some(owner) = pod.owner_references().iter().find(|o| o.controller == Some(true)) {
                 pods_by_owner
                     .entry(owner.uid.clone())
                     .or_default()
-                    .push((*pod).clone());
+                    .push(pod.clone());
             }
         }
         let mut revisions_by_owner: BTreeMap<String, Vec<ControllerRevision>> = BTreeMap::new();
@@ -257,7 +334,7 @@ async fn daemonset_controller(
             }
             if ds.status.as_ref() != Some(&plan.status) {
                 let api: Api<DaemonSet> = Api::namespaced(client.clone(), &namespace);
-                let patch = json!({ "status": plan.status });
+                let patch = json!({ "status": status_patch(&plan.status) });
                 if let Err(error) = api
                     .patch_status(&ds.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
                     .await
@@ -267,6 +344,25 @@ async fn daemonset_controller(
             }
         }
     }
+}
+
+/// A merge patch that makes a DaemonSet's status exactly `status`: counts that went back to zero are
+/// absent from it (as the real controller omits them) and must be removed, not left at their old value.
+fn status_patch(status: &DaemonSetStatus) -> serde_json::Value {
+    let mut patch = serde_json::to_value(status).unwrap_or_else(|_| json!({}));
+    if let Some(fields) = patch.as_object_mut() {
+        for key in [
+            "numberAvailable",
+            "numberUnavailable",
+            "updatedNumberScheduled",
+            "observedGeneration",
+            "collisionCount",
+            "conditions",
+        ] {
+            fields.entry(key).or_insert(serde_json::Value::Null);
+        }
+    }
+    patch
 }
 
 /// Total extended resources (GPUs) requested by a pod's containers.
@@ -315,20 +411,32 @@ fn used_by_node(pods: &[Arc<Pod>]) -> BTreeMap<String, BTreeMap<String, u64>> {
     used
 }
 
-async fn scheduler(client: Client, caches: Caches, changed: Arc<Notify>, shutdown: CancellationToken) {
+async fn scheduler(client: Client, caches: Caches, shutdown: CancellationToken) {
     caches.ready().await;
+    let mut changed = caches.changes();
     let mut binding: Expectations<String> = Expectations::default();
     let mut wake = Some(Duration::ZERO);
-    while next_pass(&changed, wake, &shutdown).await {
+    let mut pace = Pace::new();
+    while next_pass(&mut changed, wake, &mut pace, &shutdown).await {
         wake = None;
+        binding.expire();
         let pods = caches.pods.state();
+        let unbound: Vec<&Arc<Pod>> = pods
+            .iter()
+            .filter(|p| {
+                p.spec.as_ref().is_some_and(|s| s.node_name.is_none())
+                    && !is_terminal(p)
+                    && p.metadata.deletion_timestamp.is_none()
+            })
+            .collect();
+        // Most passes (DaemonSet pods are bound by their controller) have nothing to schedule; adding up
+        // what every bound pod uses is then wasted work.
+        if unbound.is_empty() {
+            continue;
+        }
         let nodes = caches.nodes.state();
         let mut used = used_by_node(&pods);
-        for pod in pods.iter().filter(|p| {
-            p.spec.as_ref().is_some_and(|s| s.node_name.is_none())
-                && !is_terminal(p)
-                && p.metadata.deletion_timestamp.is_none()
-        }) {
+        for pod in unbound {
             let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
             if binding.pending(&key) {
                 continue;
@@ -453,27 +561,25 @@ struct NodeWork {
     mig_manager: Option<Arc<Pod>>,
 }
 
-async fn kubelets(
-    client: Client,
-    caches: Caches,
-    state: Arc<SimState>,
-    changed: Arc<Notify>,
-    shutdown: CancellationToken,
-) {
+async fn kubelets(client: Client, caches: Caches, state: Arc<SimState>, shutdown: CancellationToken) {
     caches.ready().await;
+    let mut changed = caches.changes();
     let mut validator_seen: BTreeSet<String> = BTreeSet::new();
     let mut mig_started: BTreeMap<String, Instant> = BTreeMap::new();
     let mut wake = Some(Duration::ZERO);
     loop {
+        // Most of the kubelets' pass is writes that move pods on, not reading: they gather changes only
+        // briefly, so that pods move as fast as the API server takes the writes.
         let proceed = tokio::select! {
             () = shutdown.cancelled() => false,
-            () = changed.notified() => true,
+            _ = changed.changed() => gather_changes(COALESCE, &shutdown).await,
             () = state.changed.notified() => true,
             () = tokio::time::sleep(wake.unwrap_or(Duration::from_secs(5))) => true,
         };
         if !proceed {
             break;
         }
+        changed.borrow_and_update();
         wake = None;
         let mut soonest = |duration: Option<Duration>| {
             if let Some(duration) = duration {
@@ -629,6 +735,7 @@ async fn kubelets(
                     host.validations.remove(status_file::DRIVER_CONTAINER_READY);
                 }
                 host.runtime_wired = work.ready.contains(&Operand::ContainerToolkit);
+                host.plugin_registered |= work.plugin.is_some();
                 host.cdi_spec = host.runtime_wired;
                 // The validator's preStop hook removes the status files when its pod goes.
                 if validator_seen.contains(&node_name) && !work.validator_present {
@@ -790,19 +897,24 @@ async fn report_node(
         return;
     };
     let nodes: Api<Node> = Api::all(client.clone());
-    let advertised = host.advertised(plugin);
-    let capacity = node
-        .status
-        .as_ref()
-        .and_then(|s| s.capacity.clone())
-        .unwrap_or_default();
-    let differs = advertised.iter().any(|(resource, count)| {
-        capacity.get(resource).map(|q| q.0.as_str()) != Some(count.to_string().as_str())
-    });
-    if differs {
-        let resources: BTreeMap<&String, String> =
-            advertised.iter().map(|(k, v)| (k, v.to_string())).collect();
-        let patch = json!({ "status": { "capacity": resources, "allocatable": resources } });
+    let allocatable = host.advertised(plugin);
+    let capacity = host.capacity(plugin);
+    let status = node.status.as_ref();
+    let differs = |wanted: &BTreeMap<String, u64>, reported: Option<&BTreeMap<String, Quantity>>| {
+        wanted.iter().any(|(resource, count)| {
+            reported.and_then(|r| r.get(resource)).map(|q| q.0.as_str()) != Some(count.to_string().as_str())
+        })
+    };
+    if differs(&capacity, status.and_then(|s| s.capacity.as_ref()))
+        || differs(&allocatable, status.and_then(|s| s.allocatable.as_ref()))
+    {
+        let text = |resources: &BTreeMap<String, u64>| -> BTreeMap<String, String> {
+            resources
+                .iter()
+                .map(|(k, v)| (k.clone(), v.to_string()))
+                .collect()
+        };
+        let patch = json!({ "status": { "capacity": text(&capacity), "allocatable": text(&allocatable) } });
         if let Err(error) = nodes
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await

@@ -161,8 +161,28 @@ pub async fn nodes(args: NodesBenchArgs) -> anyhow::Result<()> {
     );
     println!("| pods created and made Ready | {} |", 3 * args.nodes);
     println!("| API requests in total | {} |", requests.total());
+    println!(
+        "| writes by resource (all clients) | {} |",
+        verbs_text(&writes_by_resource(&requests))
+    );
     println!("| peak memory of the process (server, simulator) | {peak:.0} MiB |");
     Ok(())
+}
+
+/// Writes by verb and resource (`patch pods/status`), whoever made them.
+pub fn writes_by_resource(counts: &RequestCounts) -> BTreeMap<String, u64> {
+    let mut writes = BTreeMap::new();
+    for (key, count) in counts.iter().filter(|(key, _)| key.verb.is_write()) {
+        let resource = if key.subresource.is_empty() {
+            key.resource.clone()
+        } else {
+            format!("{}/{}", key.resource, key.subresource)
+        };
+        *writes
+            .entry(format!("{:?} {resource}", key.verb).to_lowercase())
+            .or_insert(0) += count;
+    }
+    writes
 }
 
 /// Requests of one client, by verb.

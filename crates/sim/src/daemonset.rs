@@ -2,12 +2,15 @@
 //! and its ControllerRevisions, which pods to create and delete and what its status is. The rules are the
 //! real controller's: one pod per node the pod template fits (node selector, required node affinity, taints
 //! against the automatic DaemonSet tolerations; cordoned nodes still get pods), pods on nodes that stopped
-//! fitting are deleted, template changes roll out by `RollingUpdate` (`maxUnavailable` at a time) or wait
-//! for deletion (`OnDelete`), and the status counts are computed from the pods themselves.
+//! matching the selector or affinity, or that gained a `NoExecute` taint the pod does not tolerate, are
+//! deleted (a new `NoSchedule` taint only stops new pods: the running one stays, counted as misscheduled),
+//! template changes roll out by `RollingUpdate` (`maxUnavailable` at a time) or wait for deletion
+//! (`OnDelete`), and the status counts are computed from the pods themselves.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuop_api::placement::daemon_pod_fits;
+use gpuop_api::placement::{Misfit, daemon_pod_fits};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -30,8 +33,14 @@ pub struct Plan {
     pub status: DaemonSetStatus,
 }
 
-/// Plans one pass of the DaemonSet controller.
-pub fn plan(daemonset: &DaemonSet, nodes: &[Node], pods: &[Pod], revisions: &[ControllerRevision]) -> Plan {
+/// Plans one pass of the DaemonSet controller. Nodes and pods may be owned or shared (`Arc`), so that the
+/// controller can plan over its caches without copying them.
+pub fn plan<N: Borrow<Node>, P: Borrow<Pod>>(
+    daemonset: &DaemonSet,
+    nodes: &[N],
+    pods: &[P],
+    revisions: &[ControllerRevision],
+) -> Plan {
     let name = daemonset.metadata.name.clone().unwrap_or_default();
     let namespace = daemonset.metadata.namespace.clone();
     let spec = daemonset.spec.clone().unwrap_or_default();
@@ -47,13 +56,30 @@ pub fn plan(daemonset: &DaemonSet, nodes: &[Node], pods: &[Pod], revisions: &[Co
         plan.new_revision = Some(revision_object(daemonset, &hash, next));
     }
 
-    let fitting: BTreeSet<&str> = nodes
-        .iter()
-        .filter(|node| daemon_pod_fits(node, &template_spec).is_ok())
-        .filter_map(|node| node.metadata.name.as_deref())
-        .collect();
+    // `fitting`: nodes that should run a pod (`desiredNumberScheduled`); `keeping`: nodes whose pod may
+    // go on running although no new one would be placed there (a NoSchedule taint added later).
+    let mut fitting: BTreeSet<&str> = BTreeSet::new();
+    let mut keeping: BTreeSet<&str> = BTreeSet::new();
+    for node in nodes.iter().map(Borrow::borrow) {
+        let Some(name) = node.metadata.name.as_deref() else {
+            continue;
+        };
+        match daemon_pod_fits(node, &template_spec) {
+            Ok(()) => {
+                fitting.insert(name);
+            }
+            Err(Misfit::Taint(_)) if !evicted_by_taints(node, &template_spec) => {
+                keeping.insert(name);
+            }
+            Err(_) => {}
+        }
+    }
     let mut by_node: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
-    for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+    for pod in pods
+        .iter()
+        .map(Borrow::borrow)
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+    {
         if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
             by_node.entry(node).or_default().push(pod);
         }
@@ -68,8 +94,10 @@ pub fn plan(daemonset: &DaemonSet, nodes: &[Node], pods: &[Pod], revisions: &[Co
     for (node, node_pods) in &by_node {
         if !fitting.contains(node) {
             status.number_misscheduled += 1;
-            plan.delete
-                .extend(node_pods.iter().filter_map(|p| p.metadata.name.clone()));
+            if !keeping.contains(node) {
+                plan.delete
+                    .extend(node_pods.iter().filter_map(|p| p.metadata.name.clone()));
+            }
             continue;
         }
         // One pod per node: keep the newest-looking (a ready one if any), delete the rest and failed ones.
@@ -146,6 +174,21 @@ pub fn plan(daemonset: &DaemonSet, nodes: &[Node], pods: &[Pod], revisions: &[Co
     plan.delete.dedup();
     plan.status = status;
     plan
+}
+
+/// Whether the node has a `NoExecute` taint that a pod of this spec (with the tolerations the controller
+/// adds) does not tolerate: such a taint evicts a running pod; `NoSchedule` taints do not.
+fn evicted_by_taints(node: &Node, spec: &PodSpec) -> bool {
+    let mut tolerant = spec.clone();
+    tolerant
+        .tolerations
+        .get_or_insert_with(Vec::new)
+        .extend(["NoSchedule", "PreferNoSchedule"].map(|effect| Toleration {
+            operator: Some("Exists".to_owned()),
+            effect: Some(effect.to_owned()),
+            ..Toleration::default()
+        }));
+    matches!(daemon_pod_fits(node, &tolerant), Err(Misfit::Taint(_)))
 }
 
 /// The hash naming a pod template's revision: FNV-1a of its JSON, as the real controller hashes it (the
@@ -416,7 +459,7 @@ mod tests {
             node("gpu-tainted", &[("gpu", "true")], Some("dedicated"), false),
             node("cpu", &[], None, false),
         ];
-        let plan = plan(&ds, &nodes, &[], &[]);
+        let plan = plan(&ds, &nodes, &[] as &[Pod], &[]);
         assert_eq!(nodes_of(&plan.create), ["gpu-a", "gpu-cordoned"]);
         assert_eq!(
             plan.status.desired_number_scheduled, 2,
@@ -462,6 +505,28 @@ mod tests {
         assert!(
             plan.delete.contains(&"p-c".to_owned()),
             "a node that stopped matching loses its pod"
+        );
+    }
+
+    #[test]
+    fn a_later_no_schedule_taint_keeps_the_running_pod_and_no_execute_evicts_it() {
+        let ds = daemonset("v1", "RollingUpdate", None);
+        let hash = hash_of(&ds);
+        let no_schedule = node("a", &[("gpu", "true")], Some("maintenance"), false);
+        let mut no_execute = node("b", &[("gpu", "true")], None, false);
+        no_execute.spec.as_mut().unwrap().taints = Some(vec![Taint {
+            key: "maintenance".into(),
+            effect: "NoExecute".into(),
+            ..Taint::default()
+        }]);
+        let pods = [pod("p-a", "a", &hash, true), pod("p-b", "b", &hash, true)];
+        let plan = plan(&ds, &[no_schedule, no_execute], &pods, &[]);
+        assert_eq!(plan.delete, ["p-b"], "only NoExecute evicts a running pod");
+        assert!(plan.create.is_empty());
+        assert_eq!(plan.status.desired_number_scheduled, 0);
+        assert_eq!(
+            plan.status.number_misscheduled, 2,
+            "both run where they should not"
         );
     }
 

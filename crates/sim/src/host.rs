@@ -33,6 +33,9 @@ pub struct Host {
     pub mig_config: Option<String>,
     /// GPU indices an XID error marked unhealthy.
     pub unhealthy: BTreeSet<u32>,
+    /// Whether a device plugin has registered with the kubelet since the node started: until then the
+    /// node shows no `nvidia.com/*` resources at all; after a plugin goes, the kubelet keeps them at 0.
+    pub plugin_registered: bool,
 }
 
 /// How the running device plugin advertises GPUs.
@@ -73,6 +76,7 @@ impl Host {
             mig_layout: BTreeMap::new(),
             mig_config: None,
             unhealthy: BTreeSet::new(),
+            plugin_registered: false,
         }
     }
 
@@ -108,18 +112,31 @@ impl Host {
             .count() as u32
     }
 
-    /// Extended resources the device plugin advertises (all zero when none runs).
+    /// Extended resources the device plugin makes allocatable: its healthy devices (all zero when none
+    /// runs any more, none before one registered).
     pub fn advertised(&self, plugin: Option<&PluginSettings>) -> BTreeMap<String, u64> {
+        self.resources(plugin, u64::from(self.healthy_gpus()))
+    }
+
+    /// Extended resources in the node's capacity: the kubelet counts every device the plugin registered,
+    /// healthy or not, so an XID lowers allocatable and leaves capacity as it was.
+    pub fn capacity(&self, plugin: Option<&PluginSettings>) -> BTreeMap<String, u64> {
+        self.resources(plugin, u64::from(self.gpu_count))
+    }
+
+    fn resources(&self, plugin: Option<&PluginSettings>, healthy: u64) -> BTreeMap<String, u64> {
         let mut resources = BTreeMap::new();
         let Some(model) = self.model else { return resources };
         let Some(plugin) = plugin else {
+            if !self.plugin_registered {
+                return resources;
+            }
             resources.insert(labels::RESOURCE_GPU.to_owned(), 0);
             for profile in model.mig_profiles() {
                 resources.insert(mig_resource(profile.name), 0);
             }
             return resources;
         };
-        let healthy = u64::from(self.healthy_gpus());
         let replicas = u64::from(plugin.replicas.max(1));
         let gpu_resource = if plugin.rename && replicas > 1 {
             "nvidia.com/gpu.shared"
@@ -204,11 +221,16 @@ mod tests {
 
     #[test]
     fn the_plugin_advertises_whole_gpus_times_replicas() {
-        let host = a100(8);
+        let mut host = a100(8);
+        assert!(
+            host.advertised(None).is_empty(),
+            "nothing before a device plugin registers"
+        );
+        host.plugin_registered = true;
         assert_eq!(
             host.advertised(None)["nvidia.com/gpu"],
             0,
-            "nothing without a device plugin"
+            "zero once the plugin has gone"
         );
         let plain = PluginSettings::default();
         assert_eq!(host.advertised(Some(&plain))["nvidia.com/gpu"], 8);
@@ -229,6 +251,11 @@ mod tests {
             sick.advertised(Some(&plain))["nvidia.com/gpu"],
             7,
             "an XID takes a GPU away"
+        );
+        assert_eq!(
+            sick.capacity(Some(&plain))["nvidia.com/gpu"],
+            8,
+            "but not from the capacity"
         );
         assert!(Host::new(None, 0, None).advertised(Some(&plain)).is_empty());
     }

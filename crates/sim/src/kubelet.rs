@@ -6,7 +6,8 @@
 //! `COMPONENT` environment variable runs the validator's step (with `WITH_WAIT=true` it retries inside the
 //! container, otherwise it fails and the kubelet restarts it with a back-off); main containers of operand
 //! pods may fail the way the real ones do (a driver container on a host that has a driver, an injected
-//! crash loop). Pods go Pending, through their init containers one by one, to Running and Ready.
+//! crash loop, a device plugin or feature discovery starting where there is no driver to load NVML from).
+//! Pods go Pending, through their init containers one by one, to Running and Ready.
 
 use std::time::Duration;
 
@@ -170,6 +171,25 @@ pub fn main_container_failure(operand: Option<Operand>, host: &Host, faults: &Po
     }
 }
 
+/// Why an operand's main container exits as it starts on this host, if it does. Unlike
+/// [`main_container_failure`] this does not touch a container already running: the device plugin, feature
+/// discovery and the DCGM pair load NVML at start (`FAIL_ON_INIT_ERROR=true` in the operator's DaemonSets)
+/// and exit when no driver is there, but one that started keeps running if the driver goes later.
+pub fn start_failure(operand: Option<Operand>, host: &Host) -> Option<String> {
+    match operand {
+        Some(
+            Operand::DevicePlugin
+            | Operand::GpuFeatureDiscovery
+            | Operand::MpsControlDaemon
+            | Operand::Dcgm
+            | Operand::DcgmExporter,
+        ) if host.driver_version().is_none() => Some(
+            "failed to initialize NVML: ERROR_LIBRARY_NOT_FOUND (no NVIDIA driver on the host)".to_owned(),
+        ),
+        _ => None,
+    }
+}
+
 /// The kubelet's next step for a pod bound to this node.
 pub fn step(
     pod: &Pod,
@@ -223,40 +243,47 @@ pub fn step(
         if succeeded(container_status) {
             continue;
         }
-        let outcome = match behaviour(container) {
-            Behaviour::WaitsFor(file) => {
-                if host.has_file(&file) {
-                    Some(Ok(()))
-                } else {
-                    None
+        // A failed init container waits out its back-off before it runs again, however often the
+        // kubelet looks at the pod meanwhile.
+        let backoff = backoff_end(container_status, timing).filter(|ends| now < *ends);
+        let wake = if let Some(ends) = backoff {
+            until(now, ends)
+        } else {
+            let outcome = match behaviour(container) {
+                Behaviour::WaitsFor(file) => {
+                    if host.has_file(&file) {
+                        Some(Ok(()))
+                    } else {
+                        None
+                    }
                 }
-            }
-            Behaviour::Validates { component, wait } => {
-                if host.validation_passes(&component, allocatable_gpus) {
-                    writes.extend(validation_file(&component));
-                    Some(Ok(()))
-                } else if wait {
-                    None
-                } else {
-                    Some(Err(format!("{component} validation failed")))
+                Behaviour::Validates { component, wait } => {
+                    if host.validation_passes(&component, allocatable_gpus) {
+                        writes.extend(validation_file(&component));
+                        Some(Ok(()))
+                    } else if wait {
+                        None
+                    } else {
+                        Some(Err(format!("{component} validation failed")))
+                    }
                 }
-            }
-            Behaviour::Runs => Some(Ok(())),
-        };
-        let wake = match outcome {
-            Some(Ok(())) => {
-                container_status.state = Some(terminated(0, "Completed", None, now));
-                container_status.ready = true;
-                continue;
-            }
-            // Still waiting inside the container.
-            None => {
-                if !is_running(container_status) {
-                    container_status.state = Some(running(now));
+                Behaviour::Runs => Some(Ok(())),
+            };
+            match outcome {
+                Some(Ok(())) => {
+                    container_status.state = Some(terminated(0, "Completed", None, now));
+                    container_status.ready = true;
+                    continue;
                 }
-                timing.poll
+                // Still waiting inside the container.
+                None => {
+                    if !is_running(container_status) {
+                        container_status.state = Some(running(now));
+                    }
+                    timing.poll
+                }
+                Some(Err(message)) => crash(container_status, &message, timing, now),
             }
-            Some(Err(message)) => crash(container_status, &message, timing, now),
         };
         status.init_container_statuses = Some(init_statuses);
         status.phase = Some("Pending".into());
@@ -274,6 +301,7 @@ pub fn step(
     // Main containers.
     let operand = operand_of(pod);
     let failure = main_container_failure(operand, host, faults);
+    let at_start = start_failure(operand, host);
     let mut statuses = status.container_statuses.clone().unwrap_or_default();
     statuses.resize_with(spec.containers.len(), ContainerStatus::default);
     let mut wake = None;
@@ -283,7 +311,11 @@ pub fn step(
         container_status.name.clone_from(&container.name);
         container_status.image = container.image.clone().unwrap_or_default();
         // Only the first (main) container of an operand pod carries the operand's failure.
-        let fails = if index == 0 { failure.as_deref() } else { None };
+        let starting = running_since(container_status).is_none();
+        let fails = match index {
+            0 => failure.as_deref().or(at_start.as_deref().filter(|_| starting)),
+            _ => None,
+        };
         match (fails, running_since(container_status)) {
             (Some(message), _) => {
                 if let Some(backoff_ends) = backoff_end(container_status, timing)
@@ -424,6 +456,11 @@ fn running_since(status: &ContainerStatus) -> Option<Timestamp> {
 }
 
 /// When the back-off after the last failure ends, if the container is waiting in one.
+///
+/// The exit time comes back from the API server in whole seconds, so the back-off counts from the end of
+/// that second: it lasts between `crash_backoff` and a second more, never less. (Counted from the
+/// truncated time, a back-off under a second would be over before it began, and a crash-looping container
+/// would restart, and be reported, at every look.)
 fn backoff_end(status: &ContainerStatus, timing: Timing) -> Option<Timestamp> {
     let waiting = status.state.as_ref()?.waiting.as_ref()?;
     if waiting.reason.as_deref() != Some("CrashLoopBackOff") {
@@ -437,8 +474,11 @@ fn backoff_end(status: &ContainerStatus, timing: Timing) -> Option<Timestamp> {
         .finished_at
         .as_ref()?
         .0;
-    Some(finished + timing.crash_backoff)
+    Some(finished + (API_TIME_PRECISION + timing.crash_backoff))
 }
+
+/// The precision of the times the API server keeps (`metav1.Time` is RFC 3339 in whole seconds).
+const API_TIME_PRECISION: Duration = Duration::from_secs(1);
 
 /// Records a failure: the last state is the exit, the container waits in CrashLoopBackOff.
 fn crash(status: &mut ContainerStatus, message: &str, timing: Timing, now: Timestamp) -> Duration {
@@ -505,6 +545,7 @@ mod tests {
     }
 
     /// Runs the kubelet on the pod until it stops changing or the time runs out; returns the last step.
+    /// The status goes through JSON between steps, as it does through the API server.
     fn run(mut pod: Pod, host: &mut Host, faults: &PodFaults, seconds: i64) -> Step {
         let timing = Timing::instant();
         let mut last = None;
@@ -514,7 +555,8 @@ mod tests {
             for file in &step.writes {
                 host.validations.insert((*file).to_owned());
             }
-            pod.status = Some(step.status.clone());
+            let stored = serde_json::to_value(&step.status).expect("serializes");
+            pod.status = Some(serde_json::from_value(stored).expect("deserializes"));
             last = Some(step);
         }
         last.unwrap()
@@ -583,7 +625,7 @@ mod tests {
             ],
             &[],
         );
-        let mut host = Host::new(Some(GpuModel::A100_80GB), 8, None);
+        let mut host = Host::new(Some(GpuModel::A100_80GB), 8, Some("580.82.07".into()));
         let stuck = run(
             pod("nvidia-device-plugin-daemonset", vec![waits.clone()]),
             &mut host,
@@ -650,6 +692,11 @@ mod tests {
                 .as_deref(),
             Some("CrashLoopBackOff")
         );
+        assert!(
+            toolkit.restart_count <= 2,
+            "in 2 s, restarts follow the back-off (at least a second apart), not the kubelet's looks: {}",
+            toolkit.restart_count
+        );
         host.runtime_wired = true;
         let done = run(validator, &mut host, &PodFaults::default(), 3);
         assert_eq!(state(&done.status), "Running/Ready");
@@ -694,6 +741,39 @@ mod tests {
             1,
         );
         assert_eq!(state(&ok.status), "Running/Ready");
+    }
+
+    #[test]
+    fn a_device_plugin_without_a_driver_exits_at_start_until_one_is_there() {
+        let mut host = Host::new(Some(GpuModel::H100_80GB), 8, None);
+        let plugin = pod("nvidia-device-plugin-daemonset", vec![]);
+        let crashing = run(plugin.clone(), &mut host, &PodFaults::default(), 1);
+        let main = &crashing.status.container_statuses.as_ref().unwrap()[0];
+        assert!(main.restart_count >= 1);
+        assert!(
+            main.last_state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .and_then(|t| t.message.as_deref())
+                .is_some_and(|m| m.contains("ERROR_LIBRARY_NOT_FOUND"))
+        );
+        assert_eq!(state(&crashing.status), "Running");
+        host.loaded_driver = Some("580.82.07".into());
+        let running = run(plugin, &mut host, &PodFaults::default(), 1);
+        assert_eq!(state(&running.status), "Running/Ready");
+        // A running plugin is not killed when the driver goes.
+        host.loaded_driver = None;
+        let mut pod = pod("nvidia-device-plugin-daemonset", vec![]);
+        pod.status = Some(running.status);
+        let later = step(
+            &pod,
+            &host,
+            8,
+            &PodFaults::default(),
+            Timing::instant(),
+            at(2_000),
+        );
+        assert_eq!(state(&later.status), "Running/Ready");
     }
 
     #[test]

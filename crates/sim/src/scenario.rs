@@ -2,6 +2,7 @@
 //! NotReady, a driver install failing, an XID error taking a GPU away, an operand crash-looping, slow
 //! image pulls, a person labelling or tainting a node.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -105,20 +106,64 @@ fn one() -> u32 {
     1
 }
 
+impl Action {
+    /// The node the action is about, if it is about one existing node.
+    pub fn node(&self) -> Option<&str> {
+        match self {
+            Action::NodeJoins { .. } => None,
+            Action::NodeLeaves(node)
+            | Action::NodeNotReady(node)
+            | Action::NodeReady(node)
+            | Action::DriverInstallFails(node)
+            | Action::Xid { node, .. }
+            | Action::CrashLoop { node, .. }
+            | Action::SlowImagePulls { node, .. }
+            | Action::Label { node, .. }
+            | Action::Taint { node, .. } => Some(node),
+        }
+    }
+}
+
+/// Names of `count` nodes joining `pool`: `<pool>-<index>` with the lowest indices not taken, as the
+/// simulation names them.
+pub fn joining_names(taken: &BTreeSet<String>, pool: &str, count: u32) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut index = 0;
+    while names.len() < count as usize {
+        let name = format!("{pool}-{index}");
+        if !taken.contains(&name) {
+            names.push(name);
+        }
+        index += 1;
+    }
+    names
+}
+
 fn default_xid() -> u32 {
     79
 }
 
 impl Scenario {
-    /// Parses a scenario and checks its cluster and that every event names a known pool or operand.
+    /// Parses a scenario and checks its cluster and that every event names a known pool, operand or node:
+    /// a node of the cluster, or one that joined earlier in the timeline and has not left.
     pub fn from_yaml(text: &str) -> Result<Self, SpecError> {
         let scenario: Scenario = serde_saphyr::from_str(text).map_err(|e| SpecError::Parse(e.to_string()))?;
         let cluster = scenario.cluster();
         cluster.check()?;
-        for (index, event) in scenario.timeline.iter().enumerate() {
-            let problem = match &event.action {
-                Action::NodeJoins { pool, .. } if !cluster.node_pools.iter().any(|p| &p.name == pool) => {
-                    Some(format!("pool {pool:?} is not in the cluster"))
+        let mut nodes: BTreeSet<String> = cluster.nodes().map(|(name, _)| name).collect();
+        // Events happen in time order; at equal times, in the order written (as `gpu-sim up` plays them).
+        let mut order: Vec<usize> = (0..scenario.timeline.len()).collect();
+        order.sort_by_key(|index| scenario.timeline[*index].at);
+        for index in order {
+            let action = &scenario.timeline[index].action;
+            let problem = match action {
+                Action::NodeJoins { pool, count } => {
+                    if cluster.node_pools.iter().any(|p| &p.name == pool) {
+                        nodes.extend(joining_names(&nodes, pool, *count));
+                        None
+                    } else {
+                        Some(format!("pool {pool:?} is not in the cluster"))
+                    }
                 }
                 Action::CrashLoop { operand, .. } if gpuop_api::Operand::from_id(operand).is_none() => Some(
                     format!("{operand:?} is not an operand id (e.g. device-plugin, gpu-feature-discovery)"),
@@ -132,8 +177,20 @@ impl Scenario {
                 }
                 _ => None,
             };
+            let problem = problem.or_else(|| {
+                let node = action.node()?;
+                (!nodes.contains(node)).then(|| {
+                    format!(
+                        "node {node:?} is not in the cluster at {}",
+                        duration_text::format(scenario.timeline[index].at)
+                    )
+                })
+            });
             if let Some(problem) = problem {
                 return Err(SpecError::Parse(format!("timeline[{index}]: {problem}")));
+            }
+            if let Action::NodeLeaves(node) = action {
+                nodes.remove(node);
             }
         }
         Ok(scenario)
@@ -167,6 +224,18 @@ pub mod duration_text {
             _ => Err(format!(
                 "{text:?} has an unknown unit {unit:?}; use ms, s, m or h"
             )),
+        }
+    }
+
+    /// Writes a duration as a person would: `1500ms`, `10s`, `2m`.
+    pub fn format(duration: Duration) -> String {
+        let millis = duration.as_millis();
+        if millis > 0 && millis.is_multiple_of(60_000) {
+            format!("{}m", millis / 60_000)
+        } else if millis.is_multiple_of(1000) {
+            format!("{}s", millis / 1000)
+        } else {
+            format!("{millis}ms")
         }
     }
 
@@ -238,6 +307,19 @@ mod tests {
                 .contains(r#""plugin" is not an operand id"#)
         );
         assert!(error("timeline: [{at: soon, nodeLeaves: x}]").contains(r#""soon" is not a duration"#));
+        assert!(
+            error("timeline: [{at: 1s, xid: {node: a100-7, gpu: 0}}]")
+                .contains(r#"timeline[0]: node "a100-7" is not in the cluster at 1s"#)
+        );
+        // A node that joined earlier may be named; one that left may not.
+        Scenario::from_yaml(
+            "timeline: [{at: 2s, xid: {node: a100-2, gpu: 0}}, {at: 1s, nodeJoins: {pool: a100}}]",
+        )
+        .unwrap();
+        assert!(
+            error("timeline: [{at: 1s, nodeLeaves: h100-0}, {at: 1m, nodeReady: h100-0}]")
+                .contains(r#"timeline[1]: node "h100-0" is not in the cluster at 1m"#)
+        );
         assert!(error("timeline: [{at: 1s, explode: x}]").contains("explode"));
     }
 }

@@ -22,7 +22,7 @@ use crate::actors;
 use crate::cluster_spec::{ClusterSpec, NodePool, node_object};
 use crate::host::Host;
 use crate::kubelet::{PodFaults, Timing};
-use crate::scenario::Action;
+use crate::scenario::{Action, joining_names};
 
 /// Field manager of the simulator's own writes.
 pub const SIM_MANAGER: &str = "gpu-sim";
@@ -123,10 +123,34 @@ impl std::fmt::Debug for Simulation {
     }
 }
 
+/// Which parts of a cluster a simulation plays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plays {
+    /// Everything the fake API server lacks: the DaemonSet controller, the scheduler and the nodes.
+    Cluster,
+    /// Only the nodes (kubelets, NFD, the hardware and the operands' effects on it), next to a real
+    /// cluster's own DaemonSet controller and scheduler, which would otherwise be doubled.
+    NodesOnly,
+}
+
 impl Simulation {
-    /// Creates the cluster's nodes (and the built-in PriorityClasses a real cluster has) and starts the actors.
+    /// Creates the cluster's nodes (and the built-in PriorityClasses a real cluster has) and starts every
+    /// actor: the simulation plays the whole cluster on the fake API server.
     pub async fn start(client: Client, spec: ClusterSpec, timing: Timing) -> Result<Self, SimError> {
-        ensure_priority_classes(&client).await?;
+        Self::start_playing(client, spec, timing, Plays::Cluster).await
+    }
+
+    /// Creates the cluster's nodes and starts the actors of the parts it plays; with [`Plays::NodesOnly`]
+    /// it leaves the PriorityClasses, DaemonSet pods and scheduling to the cluster it joins.
+    pub async fn start_playing(
+        client: Client,
+        spec: ClusterSpec,
+        timing: Timing,
+        plays: Plays,
+    ) -> Result<Self, SimError> {
+        if plays == Plays::Cluster {
+            ensure_priority_classes(&client).await?;
+        }
         let state = Arc::new(SimState {
             spec: Mutex::new(spec.clone()),
             hosts: Mutex::new(BTreeMap::new()),
@@ -138,7 +162,7 @@ impl Simulation {
             add_node(&client, &state, &name, pool, spec.nfd, index as u32).await?;
         }
         let shutdown = CancellationToken::new();
-        let tasks = actors::spawn(client.clone(), state.clone(), shutdown.clone());
+        let tasks = actors::spawn(client.clone(), state.clone(), plays, shutdown.clone());
         info!(nodes = state.hosts().len(), "simulated cluster started");
         Ok(Self {
             client,
@@ -183,13 +207,8 @@ impl Simulation {
                     (pool, spec.nfd, self.state.hosts().len())
                 };
                 let taken: BTreeSet<String> = self.state.hosts().keys().cloned().collect();
-                let mut index = 0;
-                for added in 0..*count {
-                    while taken.contains(&format!("{}-{index}", pool.name)) {
-                        index += 1;
-                    }
-                    let name = format!("{}-{index}", pool.name);
-                    index += 1;
+                let names = joining_names(&taken, &pool.name, *count);
+                for (added, name) in (0u32..).zip(names) {
                     add_node(
                         &self.client,
                         &self.state,

@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use gpuop_fakeserver::FakeServer;
-use gpuop_operator::labeler::GpuDetection;
 use gpuop_operator::run::{self, Config};
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -20,7 +19,7 @@ use crate::cli::UpArgs;
 use crate::demo::{NAMESPACE, install};
 use crate::kubelet::Timing;
 use crate::scenario::Scenario;
-use crate::simulation::Simulation;
+use crate::simulation::{Plays, Simulation};
 
 /// Reads a scenario file, or the demo cluster with no events.
 pub fn load_scenario(path: Option<&Path>) -> anyhow::Result<Scenario> {
@@ -92,25 +91,19 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     } else {
         Timing::demo()
     };
-    let simulation = Arc::new(Simulation::start(client.clone(), scenario.cluster(), timing).await?);
+    // Against an existing API server its own DaemonSet controller and scheduler are at work already.
+    let plays = if args.kubeconfig.is_some() {
+        Plays::NodesOnly
+    } else {
+        Plays::Cluster
+    };
+    let simulation =
+        Arc::new(Simulation::start_playing(client.clone(), scenario.cluster(), timing, plays).await?);
     let operator = match (args.with_operator, server_for_operator) {
         (false, _) => None,
         (true, operator_client) => {
             let operator_client = operator_client.unwrap_or(client.clone());
-            Some(
-                run::start(
-                    operator_client,
-                    Config {
-                        namespace: NAMESPACE.into(),
-                        detection: GpuDetection::Nfd,
-                        image_defaults: Default::default(),
-                        leader_election: None,
-                        metrics_address: None,
-                        health_address: None,
-                    },
-                )
-                .await?,
-            )
+            Some(run::start(operator_client, Config::in_process(NAMESPACE)).await?)
         }
     };
     let timeline = {

@@ -1,5 +1,5 @@
-//! Black-box tests: `gpu-sim serve` driven by the real `/usr/bin/kubectl`, as a person or a script would
-//! use it. Every test skips, saying so, where kubectl is not installed.
+//! Black-box tests: `gpu-sim serve` and `gpu-sim up` driven by the real `/usr/bin/kubectl`, as a person or
+//! a script would use them. Every test skips, saying so, where kubectl is not installed.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -18,15 +18,43 @@ fn testdata(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// `gpu-sim serve` in a temporary directory, with kubectl pointed at it; stopped when dropped.
+/// How long a test waits for what it expects before failing: a guard against hanging, not a timing.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Runs `check` until it succeeds; fails the test with what it saw last once [`PATIENCE`] is spent.
+fn eventually<T>(what: &str, mut check: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        match check() {
+            Ok(value) => return value,
+            Err(seen) => assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: still not so after {PATIENCE:?}; last seen: {seen}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `gpu-sim serve` (or `up`) in a temporary directory, with kubectl pointed at it; stopped when dropped.
 struct Cluster {
     server: Child,
     dir: TempDir,
 }
 
 impl Cluster {
-    /// Starts a server, or returns `None` (having said so) when kubectl is missing.
+    /// Starts `gpu-sim serve`, or returns `None` (having said so) when kubectl is missing.
     fn start(extra: &[&str]) -> Option<Self> {
+        Self::launch(&["serve", "--port", "0"], extra)
+    }
+
+    /// Starts `gpu-sim up --instant` (the demo cluster unless `extra` names a scenario), or returns `None`
+    /// when kubectl is missing.
+    fn up(extra: &[&str]) -> Option<Self> {
+        Self::launch(&["up", "--instant"], extra)
+    }
+
+    fn launch(command: &[&str], extra: &[&str]) -> Option<Self> {
         if !Path::new(KUBECTL).exists() {
             eprintln!("skipping: {KUBECTL} is not installed; this test drives gpu-sim with the real kubectl");
             return None;
@@ -34,7 +62,8 @@ impl Cluster {
         let dir = tempfile::tempdir().expect("temporary directory");
         let kubeconfig = dir.path().join("kubeconfig");
         let mut server = Command::new(env!("CARGO_BIN_EXE_gpu-sim"))
-            .args(["serve", "--port", "0", "--kubeconfig-out"])
+            .args(command)
+            .arg("--kubeconfig-out")
             .arg(&kubeconfig)
             .args(extra)
             .env("RUST_LOG", "warn")
@@ -95,6 +124,11 @@ impl Cluster {
         let mut args = args.to_vec();
         args.extend(["-o", "json"]);
         serde_json::from_str(&self.ok(&args)).expect("kubectl prints JSON")
+    }
+
+    /// The items of `kubectl get <what> -o json`.
+    fn items(&self, args: &[&str]) -> Vec<Value> {
+        self.json(args)["items"].as_array().cloned().unwrap_or_default()
     }
 
     fn write(&self, name: &str, text: &str) -> String {
@@ -348,4 +382,114 @@ fn custom_resources_are_validated_as_by_the_api_server() {
         message.contains(r#"spec.mig.strategy: Unsupported value: "double""#),
         "{message}"
     );
+}
+
+/// A node's name, and a label of it (`None` when absent).
+fn node_label<'a>(node: &'a Value, key: &str) -> Option<&'a str> {
+    node["metadata"]["labels"][key].as_str()
+}
+
+fn names(items: &[Value]) -> Vec<String> {
+    let mut names: Vec<String> = items
+        .iter()
+        .filter_map(|item| item["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn up_serves_the_demo_cluster_and_plays_the_scenario() {
+    let scenario = testdata("up-scenario.yaml");
+    let Some(cluster) = Cluster::up(&["--scenario", scenario.to_str().expect("utf-8")]) else {
+        return;
+    };
+    // The scenario names no cluster: the demo cluster's seven nodes, as NFD and the kubelets left them.
+    let nodes = eventually("the demo cluster's nodes", || {
+        let nodes = cluster.items(&["get", "nodes"]);
+        if nodes.len() == 7 {
+            Ok(nodes)
+        } else {
+            Err(format!("{:?}", names(&nodes)))
+        }
+    });
+    assert_eq!(
+        names(&nodes),
+        [
+            "a100-0",
+            "a100-1",
+            "cpu-0",
+            "h100-0",
+            "h100-1",
+            "l4-host-driver-0",
+            "t4-reserved-0"
+        ]
+    );
+    for node in &nodes {
+        let name = node["metadata"]["name"].as_str().unwrap_or_default();
+        let gpu = node_label(node, "feature.node.kubernetes.io/pci-10de.present");
+        assert_eq!(
+            gpu,
+            (name != "cpu-0").then_some("true"),
+            "NFD's GPU label on {name}"
+        );
+        assert_eq!(
+            node_label(node, "feature.node.kubernetes.io/system-os_release.ID"),
+            Some("ubuntu"),
+            "{name}"
+        );
+        let ready = node["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        assert!(ready, "{name} is Ready");
+        assert!(
+            node["status"]["nodeInfo"]["containerRuntimeVersion"]
+                .as_str()
+                .is_some_and(|v| v.starts_with("containerd://")),
+            "{name}"
+        );
+    }
+    let preinstalled = nodes
+        .iter()
+        .find(|n| n["metadata"]["name"] == "l4-host-driver-0")
+        .expect("the node with a host driver");
+    assert_eq!(
+        node_label(preinstalled, "nvidia.com/gpu.deploy.driver"),
+        Some("false")
+    );
+
+    // The timeline: a person labels a100-0 and taints h100-1.
+    eventually("the scenario's label and taint", || {
+        let labelled = cluster.json(&["get", "node", "a100-0"]);
+        let tainted = cluster.json(&["get", "node", "h100-1"]);
+        let has_taint = tainted["spec"]["taints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["key"] == "maintenance" && t["effect"] == "NoSchedule");
+        match (node_label(&labelled, "example.com/team"), has_taint) {
+            (Some("vision"), true) => Ok(()),
+            (label, _) => Err(format!("label {label:?}, taints {}", tainted["spec"]["taints"])),
+        }
+    });
+
+    // The simulated cluster runs what kubectl applies: a DaemonSet for GPU nodes rolls out to those it
+    // tolerates (not the two tainted ones), and kubectl's own rollout check agrees.
+    let monitor = testdata("gpu-monitor.yaml");
+    cluster.ok(&["apply", "-f", monitor.to_str().expect("utf-8")]);
+    let rollout = cluster.ok(&["rollout", "status", "daemonset/gpu-monitor", "--timeout=60s"]);
+    assert!(rollout.contains("successfully rolled out"), "{rollout}");
+    let status = cluster.json(&["get", "daemonset", "gpu-monitor"])["status"].clone();
+    assert_eq!(status["desiredNumberScheduled"], 4, "{status}");
+    assert_eq!(status["numberReady"], 4, "{status}");
+    let pods = cluster.items(&["get", "pods", "-l", "app=gpu-monitor"]);
+    let mut on: Vec<&str> = pods
+        .iter()
+        .filter(|p| p["status"]["phase"] == "Running")
+        .filter_map(|p| p["spec"]["nodeName"].as_str())
+        .collect();
+    on.sort_unstable();
+    assert_eq!(on, ["a100-0", "a100-1", "h100-0", "l4-host-driver-0"]);
 }
