@@ -1547,9 +1547,9 @@ mod live {
 }
 
 mod simulated {
-    //! The operator converges a simulated cluster on the fake API server; the simulator then breaks things
-    //! the way real clusters break, and the doctor, reading the live API like `kubectl gpu doctor` does,
-    //! must name exactly those nodes and links.
+    //! The operator converges a simulated cluster on the fake API server; a scenario, in the format
+    //! `gpu-sim up --scenario` plays, then breaks things the way real clusters break, and the doctor,
+    //! reading the live API as `kubectl gpu doctor` does, must name exactly those nodes and links.
 
     use super::*;
     use std::net::{Ipv4Addr, SocketAddr};
@@ -1559,15 +1559,35 @@ mod simulated {
     use gpuop_doctor::pod_state::StateName;
     use gpuop_fakeserver::FakeServer;
     use gpuop_operator::run::{self, Config};
-    use gpuop_sim::cluster_spec::{ClusterSpec, GpuSpec};
     use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install};
-    use gpuop_sim::hardware::GpuModel;
     use gpuop_sim::kubelet::Timing;
-    use gpuop_sim::scenario::Action;
+    use gpuop_sim::scenario::Scenario;
     use gpuop_sim::simulation::Simulation;
 
     /// A failure guard on a loaded two-core machine, not a performance assertion.
     const PATIENCE: Duration = Duration::from_secs(90);
+
+    /// Four T4 nodes; once the operator has converged them, each of the first three breaks differently.
+    const SCENARIO: &str = r#"
+cluster:
+  nfd: true
+  nodePools:
+    - name: gpu
+      count: 4
+      gpu: {model: T4, count: 4}
+      os: ubuntu-22.04
+      runtime: containerd-1.7
+timeline:
+  # The metrics exporter crash-loops: a not-ready operand at the health link.
+  - at: 0s
+    crashLoop: {node: gpu-0, operand: dcgm-exporter}
+  # The toolkit crash-loops under a running device plugin: broken order, GPUs without a runtime.
+  - at: 0s
+    crashLoop: {node: gpu-1, operand: container-toolkit}
+  # A NoExecute taint the operands do not tolerate drives them off the node.
+  - at: 0s
+    taint: {node: gpu-2, key: maintenance, value: disk, effect: NoExecute}
+"#;
 
     /// Polls the doctor until `done` holds for its report; panics with the last report after [`PATIENCE`].
     async fn doctor_until(live: &Live, what: &str, done: impl Fn(&Report) -> bool) -> Report {
@@ -1585,8 +1605,18 @@ mod simulated {
         }
     }
 
+    fn has(report: &Report, node: &str, kind: FindingKind, operand: Option<Operand>) -> bool {
+        report.nodes.iter().any(|n| {
+            n.name == node
+                && n.findings
+                    .iter()
+                    .any(|f| f.kind == kind && (operand.is_none() || f.operand == operand))
+        })
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_doctor_names_the_nodes_and_links_the_simulator_broke() {
+    async fn the_doctor_agrees_with_the_faults_a_scenario_injected() {
+        let scenario = Scenario::from_yaml(SCENARIO).expect("the scenario parses");
         let server = FakeServer::new();
         let served = server
             .serve(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
@@ -1598,18 +1628,7 @@ mod simulated {
 
         let client = server.client_as("gpu-sim");
         install(&client).await.expect("CRDs and namespace install");
-        let mut pool = ClusterSpec::demo().node_pools.remove(0);
-        pool.name = "gpu".into();
-        pool.count = 3;
-        pool.gpu = Some(GpuSpec {
-            model: GpuModel::T4,
-            count: 4,
-        });
-        let spec = ClusterSpec {
-            nfd: true,
-            node_pools: vec![pool],
-        };
-        let simulation = Simulation::start(client.clone(), spec, Timing::instant())
+        let simulation = Simulation::start(client.clone(), scenario.cluster(), Timing::instant())
             .await
             .expect("the simulation starts");
         let operator = run::start(server.client_as("gpu-operator"), Config::in_process(NAMESPACE))
@@ -1626,7 +1645,7 @@ mod simulated {
         .await
         .expect("the doctor connects");
         let healthy = doctor_until(&live, "a converged cluster is clean", |report| {
-            report.summary.gpu_nodes == 3
+            report.summary.gpu_nodes == 4
                 && !report.has_findings()
                 && report.nodes.iter().all(|n| {
                     n.operands
@@ -1637,48 +1656,35 @@ mod simulated {
         .await;
         assert_eq!(healthy.cluster_policy.as_deref(), Some("cluster-policy"));
 
-        // gpu-0: the metrics exporter crash-loops. gpu-1: the container toolkit crash-loops under a running
-        // device plugin, the broken order the doctor exists to catch. gpu-2 stays healthy.
-        simulation
-            .apply(&Action::CrashLoop {
-                node: "gpu-0".into(),
-                operand: "dcgm-exporter".into(),
-            })
-            .await
-            .unwrap();
-        simulation
-            .apply(&Action::CrashLoop {
-                node: "gpu-1".into(),
-                operand: "container-toolkit".into(),
-            })
-            .await
-            .unwrap();
-        let report = doctor_until(&live, "the doctor sees both faults", |report| {
-            let has = |node: &str, kind: FindingKind, operand: Operand| {
-                report.nodes.iter().any(|n| {
-                    n.name == node
-                        && n.findings
-                            .iter()
-                            .any(|f| f.kind == kind && f.operand == Some(operand))
-                })
-            };
-            has("gpu-0", FindingKind::NotReady, Operand::DcgmExporter)
-                && has("gpu-1", FindingKind::Order, Operand::DevicePlugin)
+        for event in &scenario.timeline {
+            simulation.apply(&event.action).await.expect("the event plays");
+        }
+        let report = doctor_until(&live, "the doctor sees every injected fault", |report| {
+            has(
+                report,
+                "gpu-0",
+                FindingKind::NotReady,
+                Some(Operand::DcgmExporter),
+            ) && has(report, "gpu-1", FindingKind::Order, Some(Operand::DevicePlugin))
+                && has(
+                    report,
+                    "gpu-2",
+                    FindingKind::Excluded,
+                    Some(Operand::DevicePlugin),
+                )
         })
         .await;
         assert_eq!(node(&report, "gpu-0").first_broken_link, Some(Link::Health));
         assert_eq!(node(&report, "gpu-1").first_broken_link, Some(Link::Toolkit));
         assert!(
-            kinds(&report, "gpu-1")
-                .iter()
-                .any(|(kind, _)| *kind == FindingKind::GpuWithoutRuntime),
+            has(&report, "gpu-1", FindingKind::GpuWithoutRuntime, None),
             "gpu-1 advertises GPUs without a runtime: {:#?}",
             node(&report, "gpu-1").findings
         );
         assert!(
-            node(&report, "gpu-2").findings.is_empty(),
+            node(&report, "gpu-3").findings.is_empty(),
             "the untouched node is clean: {:#?}",
-            node(&report, "gpu-2").findings
+            node(&report, "gpu-3").findings
         );
 
         operator.stop().await;
