@@ -1053,6 +1053,15 @@ fn check_tolerations(path: &str, tolerations: Option<&[Toleration]>, errors: &mu
     }
 }
 
+impl ClusterPolicySpec {
+    /// The image part of a policy section, by its path (`spec.devicePlugin`, `spec.driver.manager`).
+    pub fn image_spec(&self, section: &str) -> Option<&ImageSpec> {
+        all_image_sections(self)
+            .into_iter()
+            .find_map(|(path, image)| (path == section).then_some(image))
+    }
+}
+
 /// Every section of the policy that names an image, with its path.
 fn all_image_sections(spec: &ClusterPolicySpec) -> Vec<(&'static str, &ImageSpec)> {
     let mut sections: Vec<(&str, Option<&ImageSpec>)> = vec![

@@ -6,38 +6,9 @@
 //! `<image>-<kernel>-<osTag>` for precompiled drivers. A digest gets no suffix.
 
 use gpuop_api::ClusterPolicySpec;
-use gpuop_api::component::{ContainerSpec, ImageSpec};
+use gpuop_api::component::ContainerSpec;
 
 use crate::{OsPool, RenderError};
-
-/// The image part of a policy section, by its path (`spec.devicePlugin`, `spec.driver.manager`).
-// A public `ClusterPolicySpec::image_spec(section)` in gpuop-api would replace this mapping (its
-// `all_image_sections` is private).
-pub(crate) fn image_spec<'a>(spec: &'a ClusterPolicySpec, section: &str) -> Option<&'a ImageSpec> {
-    Some(match section {
-        "spec.driver" => &spec.driver.image,
-        "spec.driver.manager" => &spec.driver.manager.as_ref()?.image,
-        "spec.toolkit" => &spec.toolkit.component.image,
-        "spec.devicePlugin" => &spec.device_plugin.component.image,
-        "spec.dcgmExporter" => &spec.dcgm_exporter.component.image,
-        "spec.dcgm" => &spec.dcgm.component.image,
-        "spec.nodeStatusExporter" => &spec.node_status_exporter.component.image,
-        "spec.gfd" => &spec.gpu_feature_discovery.component.image,
-        "spec.migManager" => &spec.mig_manager.as_ref()?.component.image,
-        "spec.validator" => &spec.validator.as_ref()?.image,
-        "spec.gds" => &spec.gds.as_ref()?.image,
-        "spec.gdrcopy" => &spec.gdrcopy.as_ref()?.image,
-        "spec.vfioManager" => &spec.vfio_manager.as_ref()?.component.image,
-        "spec.vfioManager.driverManager" => &spec.vfio_manager.as_ref()?.driver_manager.as_ref()?.image,
-        "spec.sandboxDevicePlugin" => &spec.sandbox_device_plugin.as_ref()?.image,
-        "spec.vgpuManager" => &spec.vgpu_manager.as_ref()?.component.image,
-        "spec.vgpuManager.driverManager" => &spec.vgpu_manager.as_ref()?.driver_manager.as_ref()?.image,
-        "spec.vgpuDeviceManager" => &spec.vgpu_device_manager.as_ref()?.component.image,
-        "spec.ccManager" => &spec.cc_manager.as_ref()?.component.image,
-        "spec.kataSandboxDevicePlugin" => &spec.kata_sandbox_device_plugin.as_ref()?.image,
-        _ => return None,
-    })
-}
 
 /// The container settings (resources, args, env, hostNetwork) of a policy section, by its path.
 pub(crate) fn container_spec<'a>(spec: &'a ClusterPolicySpec, section: &str) -> Option<&'a ContainerSpec> {

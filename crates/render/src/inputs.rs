@@ -9,7 +9,7 @@ use gpuop_api::{OperandInfo, ValidatedPolicy};
 use k8s_openapi::api::core::v1::{Container, LocalObjectReference, PodSpec, ResourceRequirements};
 
 use crate::daemonset::OperandPod;
-use crate::image::{container_spec, image_spec};
+use crate::image::container_spec;
 use crate::pod::set_env;
 use crate::{ClusterFacts, ContainerRuntime, RenderError};
 
@@ -69,12 +69,15 @@ impl<'a> Inputs<'a> {
 
     /// The pull policy of a section: `Always`, `Never`, else `IfNotPresent` (as NVIDIA maps it).
     pub fn pull_policy(&self, section: &str) -> &'static str {
-        image_spec(self.spec, section).map_or("IfNotPresent", ImageSpec::pull_policy)
+        self.spec
+            .image_spec(section)
+            .map_or("IfNotPresent", ImageSpec::pull_policy)
     }
 
     /// The pull secrets of a section.
     pub fn pull_secrets(&self, section: &str) -> &'a [String] {
-        image_spec(self.spec, section)
+        self.spec
+            .image_spec(section)
             .and_then(|image| image.image_pull_secrets.as_deref())
             .unwrap_or_default()
     }
