@@ -960,6 +960,30 @@ impl HostPathsSpec {
 }
 
 /// Defaults for the optional sections, as NVIDIA's operator applies them when a section is absent.
+impl ClusterPolicy {
+    /// The order in which ClusterPolicies claim the cluster: the oldest first, the name breaking ties; one
+    /// without a creation time (never stored by an API server, e.g. in a hand-written snapshot) counts as
+    /// the newest. The first of them not being deleted is the one the operator acts on.
+    pub fn activation_order(a: &ClusterPolicy, b: &ClusterPolicy) -> std::cmp::Ordering {
+        let created = |p: &ClusterPolicy| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let by_age = match (created(a), created(b)) {
+            (Some(x), Some(y)) => x.cmp(&y),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => std::cmp::Ordering::Equal,
+        };
+        by_age.then_with(|| a.metadata.name.cmp(&b.metadata.name))
+    }
+
+    /// The ClusterPolicy the operator acts on: the first in [`Self::activation_order`] not being deleted.
+    pub fn active<'a>(policies: impl IntoIterator<Item = &'a ClusterPolicy>) -> Option<&'a ClusterPolicy> {
+        policies
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .min_by(|a, b| Self::activation_order(a, b))
+    }
+}
+
 impl ClusterPolicySpec {
     /// MIG strategy as written (validation checks it is one of the accepted values).
     pub fn mig_strategy(&self) -> Option<&str> {
@@ -1261,5 +1285,44 @@ mod tests {
             EnvVar::new("A", "b")
         );
         assert_eq!(spec.host_paths.unwrap().root_fs(), "/host");
+    }
+
+    fn policy(name: &str, created: Option<&str>, deleting: bool) -> ClusterPolicy {
+        let mut policy = ClusterPolicy::new(name, ClusterPolicySpec::default());
+        let time = |t: &str| k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t.parse().unwrap());
+        policy.metadata.creation_timestamp = created.map(time);
+        policy.metadata.deletion_timestamp = deleting.then(|| time("2026-11-30T00:00:00Z"));
+        policy
+    }
+
+    #[test]
+    fn the_oldest_live_policy_is_active_and_names_break_ties() {
+        let policies = [
+            policy("hand-written", None, false),
+            policy("newer", Some("2026-11-02T00:00:00Z"), false),
+            policy("b-first", Some("2026-11-01T00:00:00Z"), false),
+            policy("a-first", Some("2026-11-01T00:00:00Z"), false),
+            policy("oldest-but-deleting", Some("2026-10-01T00:00:00Z"), true),
+        ];
+        let active = ClusterPolicy::active(&policies).unwrap();
+        assert_eq!(active.metadata.name.as_deref(), Some("a-first"));
+
+        let mut order: Vec<&ClusterPolicy> = policies.iter().collect();
+        order.sort_by(|a, b| ClusterPolicy::activation_order(a, b));
+        let names: Vec<&str> = order
+            .iter()
+            .map(|p| p.metadata.name.as_deref().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "oldest-but-deleting",
+                "a-first",
+                "b-first",
+                "newer",
+                "hand-written"
+            ]
+        );
+        assert!(ClusterPolicy::active(&policies[4..]).is_none());
     }
 }

@@ -72,21 +72,9 @@ pub fn operand_of(daemon_set: &DaemonSet) -> Option<Operand> {
         })
 }
 
-/// The ClusterPolicy the operator acts on: the oldest one not being deleted (ties by name).
+/// The ClusterPolicy the operator acts on (the operator's own rule).
 pub fn active_policy(policies: &[ClusterPolicy]) -> Option<&ClusterPolicy> {
-    policies
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .min_by(|a, b| {
-            let created = |p: &ClusterPolicy| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
-            match (created(a), created(b)) {
-                (Some(x), Some(y)) => x.cmp(&y),
-                (Some(_), None) => std::cmp::Ordering::Less,
-                (None, Some(_)) => std::cmp::Ordering::Greater,
-                (None, None) => std::cmp::Ordering::Equal,
-            }
-            .then_with(|| a.metadata.name.cmp(&b.metadata.name))
-        })
+    ClusterPolicy::active(policies)
 }
 
 /// An operand DaemonSet.

@@ -206,12 +206,7 @@ pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .collect();
-    policies.sort_by(|a, b| {
-        let created = |p: &ClusterPolicy| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
-        created(a)
-            .cmp(&created(b))
-            .then_with(|| a.name_any().cmp(&b.name_any()))
-    });
+    policies.sort_by(|a, b| ClusterPolicy::activation_order(a, b));
     let Some((active, others)) = policies.split_first() else {
         context
             .labelling
