@@ -114,6 +114,26 @@ pub const GPU_TAINT: &str = "nvidia.com/gpu";
 /// Directory of the on-node status files.
 pub const VALIDATIONS_DIR: &str = "/run/nvidia/validations";
 
+/// Whether the node's GPUs support MIG, as NVIDIA's operator decides it: never on vGPU hosts; feature
+/// discovery's `nvidia.com/mig.capable` when present; else the product is an A100, A30 or H100.
+pub fn is_mig_capable(labels: &std::collections::BTreeMap<String, String>) -> bool {
+    if labels
+        .get(VGPU_HOST_DRIVER_VERSION)
+        .is_some_and(|v| !v.is_empty())
+    {
+        return false;
+    }
+    if let Some(capable) = labels.get(MIG_CAPABLE) {
+        return capable == "true";
+    }
+    labels.get(GPU_PRODUCT).is_some_and(|product| {
+        let product = product.to_lowercase();
+        ["h100", "a100", "a30"]
+            .iter()
+            .any(|model| product.contains(model))
+    })
+}
+
 /// Whether a node's labels show an NVIDIA GPU, as NFD reports it.
 pub fn has_nfd_gpu<'a>(mut labels: impl Iterator<Item = (&'a str, &'a str)>) -> bool {
     labels.any(|(key, value)| value == "true" && NFD_NVIDIA_PCI.contains(&key))

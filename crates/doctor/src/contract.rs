@@ -8,9 +8,9 @@
 use gpuop_api::catalogue::status_file;
 use gpuop_api::choice::{MigStrategy, WorkloadConfig};
 use gpuop_api::labels::{
-    DEPLOY_OPERANDS, GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, GPU_REPLICAS, MIG_CAPABLE, MIG_CONFIG,
-    MIG_CONFIG_STATE, MIG_STRATEGY, PAUSED_FOR_DRIVER_UPGRADE, PAUSED_FOR_MIG_CHANGE, RESOURCE_GPU,
-    RESOURCE_MIG_PREFIX, UPGRADE_STATE,
+    DEPLOY_OPERANDS, GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, GPU_REPLICAS, MIG_CONFIG, MIG_CONFIG_STATE,
+    MIG_STRATEGY, PAUSED_FOR_DRIVER_UPGRADE, PAUSED_FOR_MIG_CHANGE, RESOURCE_GPU, RESOURCE_MIG_PREFIX,
+    UPGRADE_STATE,
 };
 use gpuop_api::{OPERANDS, Operand};
 
@@ -487,9 +487,10 @@ fn resource(context: &NodeContext<'_>, findings: &mut Vec<Finding>, notes: &mut 
     )
 }
 
-/// Whether the node's GPUs support MIG, as feature discovery reports it.
+/// Whether the node's GPUs support MIG, by the operator's rule (so the MIG manager is expected where the
+/// operator switches it on).
 fn mig_capable(context: &NodeContext<'_>) -> bool {
-    context.label(MIG_CAPABLE) == Some("true")
+    gpuop_api::labels::is_mig_capable(context.labels)
 }
 
 fn upgrade_in_progress<'r>(context: &NodeContext<'r>) -> Option<&'r str> {

@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 use gpuop_api::catalogue::deploy_labels_for;
 use gpuop_api::choice::{SandboxMode, WorkloadConfig};
 use gpuop_api::labels::{
-    DEPLOY_OPERANDS, DEPLOY_PREFIX, GPU_PRESENT, GPU_PRODUCT, LEGACY_DEPLOY_LABELS, MIG_CAPABLE, MIG_CONFIG,
-    VGPU_HOST_DRIVER_VERSION, WORKLOAD_CONFIG, has_nfd_gpu,
+    DEPLOY_OPERANDS, DEPLOY_PREFIX, GPU_PRESENT, LEGACY_DEPLOY_LABELS, MIG_CONFIG, WORKLOAD_CONFIG,
+    has_nfd_gpu, is_mig_capable,
 };
 use gpuop_api::selector::LabelSelector;
 use gpuop_api::validate::{Sandbox, ValidatedPolicy};
@@ -221,30 +221,11 @@ pub fn workload_of(
     }
 }
 
-/// Whether the node's GPUs support MIG, as NVIDIA's operator decides it: never on vGPU hosts; feature
-/// discovery's `nvidia.com/mig.capable` when present; else the product is an A100, A30 or H100.
-pub fn is_mig_capable(labels: &BTreeMap<String, String>) -> bool {
-    if labels
-        .get(VGPU_HOST_DRIVER_VERSION)
-        .is_some_and(|v| !v.is_empty())
-    {
-        return false;
-    }
-    if let Some(capable) = labels.get(MIG_CAPABLE) {
-        return capable == "true";
-    }
-    labels.get(GPU_PRODUCT).is_some_and(|product| {
-        let product = product.to_lowercase();
-        ["h100", "a100", "a30"]
-            .iter()
-            .any(|model| product.contains(model))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use gpuop_api::choice::{SandboxMode, WorkloadConfig};
+    use gpuop_api::labels::{GPU_PRODUCT, MIG_CAPABLE, VGPU_HOST_DRIVER_VERSION};
 
     const NFD_GPU: &str = "feature.node.kubernetes.io/pci-10de.present";
     const CONTAINER_IDS: &[&str] = &[
