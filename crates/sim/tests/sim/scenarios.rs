@@ -816,15 +816,7 @@ async fn a_device_plugin_without_the_toolkit_advertises_gpus_the_runtime_cannot_
 
     // So GPU pods are scheduled there and start, without a GPU inside.
     cluster.create(&workload("train", 2)).await;
-    let pod = eventually("the workload runs", async || {
-        let pod = cluster.workload("train").await;
-        if is_ready(&pod) {
-            Ok(pod)
-        } else {
-            Err(describe(&pod))
-        }
-    })
-    .await;
+    let pod = running(&cluster, "train").await;
     assert_eq!(node_of(&pod), Some("l4-0"));
     cluster.stop().await;
 }
@@ -1298,6 +1290,19 @@ async fn the_mig_manager_reports_failed_for_a_layout_the_gpu_cannot_hold() {
 // ---------------------------------------------------------------------------------------------------
 // Workloads.
 
+/// Waits until the workload pod runs and is ready; returns it.
+async fn running(cluster: &Cluster, name: &str) -> Pod {
+    eventually(&format!("{name} runs"), async || {
+        let pod = cluster.workload(name).await;
+        if is_ready(&pod) {
+            Ok(pod)
+        } else {
+            Err(describe(&pod))
+        }
+    })
+    .await
+}
+
 /// Waits until the scheduler reports the workload pod unschedulable; returns it and the message.
 async fn unschedulable(cluster: &Cluster, name: &str) -> (Pod, String) {
     eventually(&format!("{name} reported unschedulable"), async || {
@@ -1338,15 +1343,7 @@ async fn gpu_workloads_are_scheduled_only_where_gpus_are_free() {
     assert_eq!(message, "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.");
 
     cluster.create(&workload("fits", 8)).await;
-    let running = eventually("the pod that fits runs", async || {
-        let pod = cluster.workload("fits").await;
-        if is_ready(&pod) {
-            Ok(pod)
-        } else {
-            Err(describe(&pod))
-        }
-    })
-    .await;
+    let running = running(&cluster, "fits").await;
     assert_eq!(node_of(&running), Some("h100-0"));
 
     // Its GPUs are taken now: one more GPU is nowhere to be had.
