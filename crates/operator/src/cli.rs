@@ -179,10 +179,10 @@ fn run_operator(args: RunArgs) -> ExitCode {
 /// server audit logs and request metrics tell the operator's requests from everyone else's.
 async fn client() -> Result<kube::Client, Box<dyn std::error::Error>> {
     let mut config = kube::Config::infer().await?;
-    let agent = concat!("gpu-operator/", env!("CARGO_PKG_VERSION"));
-    config
-        .headers
-        .push((http::header::USER_AGENT, http::HeaderValue::from_static(agent)));
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(crate::USER_AGENT),
+    ));
     Ok(kube::Client::try_from(config)?)
 }
 

@@ -19,3 +19,7 @@ pub mod readiness;
 pub mod render_command;
 pub mod run;
 pub mod status;
+
+/// The operator's `User-Agent`. Its product token is this project's alone: NVIDIA's operator sends
+/// `gpu-operator/<version>`, so audit logs and request metrics can tell the two apart when both run.
+pub const USER_AGENT: &str = concat!("gpu-operator-rs/", env!("CARGO_PKG_VERSION"));
