@@ -689,13 +689,14 @@ impl MigManagerSpec {
         self.component.enabled_or(true)
     }
 
-    /// The layout stamped on MIG-capable nodes without one: `all-disabled` unless set to `""`.
+    /// The layout stamped on MIG-capable nodes without one: `config.default` when it is `all-disabled`,
+    /// else none, as NVIDIA's operator decides it. The CRD defaults `config.default` to `all-disabled` only
+    /// where `config` is given, so a policy without `migManager.config` stamps nothing.
     pub fn default_layout(&self) -> Option<&str> {
-        match self.config.as_ref().and_then(|config| config.default.as_deref()) {
-            None => Some(MigDefault::AllDisabled.as_str()),
-            Some("") => None,
-            Some(layout) => Some(layout),
-        }
+        self.config
+            .as_ref()
+            .and_then(|config| config.default.as_deref())
+            .filter(|layout| *layout == MigDefault::AllDisabled.as_str())
     }
 }
 
@@ -1251,11 +1252,16 @@ mod tests {
     }
 
     #[test]
-    fn mig_default_layout_is_all_disabled_unless_emptied() {
+    fn mig_default_layout_follows_config_default_as_nvidia_reads_it() {
         let manager = |yaml: &str| spec(yaml).mig_manager.unwrap_or_default();
-        assert_eq!(manager("{}").default_layout(), Some("all-disabled"));
+        assert_eq!(manager("{}").default_layout(), None);
         assert_eq!(
             manager("migManager: {config: {name: custom}}").default_layout(),
+            None,
+            "no default given (the API server's CRD default fills it in where config is given)"
+        );
+        assert_eq!(
+            manager("migManager: {config: {default: all-disabled}}").default_layout(),
             Some("all-disabled")
         );
         assert_eq!(

@@ -139,6 +139,29 @@ pub fn has_nfd_gpu<'a>(mut labels: impl Iterator<Item = (&'a str, &'a str)>) -> 
     labels.any(|(key, value)| value == "true" && NFD_NVIDIA_PCI.contains(&key))
 }
 
+/// How GPU nodes are recognised: the one rule the labeller, the facts for rendering and the status judge
+/// share. Never by the operator's own `nvidia.com/gpu.present` echo, which lags the node by a watch round
+/// trip and would make a fresh cluster look GPU-less.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum GpuDetection {
+    /// By NFD's NVIDIA PCI labels (the default, as NVIDIA's operator does).
+    #[default]
+    Nfd,
+    /// By NFD's labels or a label selector, for clusters without NFD.
+    NfdOrSelector(crate::selector::LabelSelector),
+}
+
+impl GpuDetection {
+    /// Whether a node with these labels has an NVIDIA GPU.
+    pub fn has_gpu(&self, labels: &std::collections::BTreeMap<String, String>) -> bool {
+        let nfd = has_nfd_gpu(labels.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        match self {
+            GpuDetection::Nfd => nfd,
+            GpuDetection::NfdOrSelector(selector) => nfd || selector.matches(labels),
+        }
+    }
+}
+
 /// Whether a resource name is one the NVIDIA device plugin advertises.
 pub fn is_gpu_resource(name: &str) -> bool {
     name == RESOURCE_GPU || name.starts_with(RESOURCE_MIG_PREFIX) || name.starts_with("nvidia.com/gpu.")

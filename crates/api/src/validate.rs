@@ -433,9 +433,7 @@ fn check_sandbox(spec: &ClusterPolicySpec, errors: &mut Vec<FieldError>) -> Opti
 }
 
 fn check_mig_manager(spec: &ClusterPolicySpec, errors: &mut Vec<FieldError>) -> Option<String> {
-    let Some(manager) = &spec.mig_manager else {
-        return Some(MigDefault::AllDisabled.as_str().to_owned());
-    };
+    let manager = spec.mig_manager.as_ref()?;
     if let Some(default) = manager.config.as_ref().and_then(|c| c.default.as_deref()) {
         choice(
             Some(default),

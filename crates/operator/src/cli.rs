@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::check;
-use crate::labeler::GpuDetection;
 use crate::lease::Timing;
 use crate::run::{self, DEFAULT_LEASE_NAME, LeaderElection};
+use gpuop_api::labels::GpuDetection;
 
 /// The GPU operator: makes nodes with NVIDIA GPUs usable by Kubernetes workloads, and keeps them so.
 #[derive(Debug, Parser)]

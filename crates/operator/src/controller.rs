@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gpuop_api::labels::GpuDetection;
 use gpuop_api::status::{PolicyStatus, State};
 use gpuop_api::validate::{ImageDefaults, validate_with};
 use gpuop_api::{ClusterPolicy, FieldError};
@@ -31,12 +32,12 @@ use tracing::{info, warn};
 
 use crate::apply::{self, ApplyPlan, ObjectKey};
 use crate::caches::Caches;
-use crate::facts::{Census, NodeFacts, cluster_facts};
-use crate::labeler::{GpuDetection, LabelPolicy, NodePatch, desired_labels};
+use crate::facts::{FactsInput, NodeFacts, cluster_facts};
+use crate::labeler::{LabelPolicy, NodePatch, desired_labels};
 use crate::lease::Leadership;
 use crate::metrics::{Metrics, ReconciliationStatus};
 use crate::readiness::{Observed, observe};
-use crate::status::{Outcome, policy_status};
+use crate::status::{Outcome, policy_status, transition};
 
 /// How long a write the caches have not shown yet is trusted before it is made again.
 const IN_FLIGHT: Duration = Duration::from_secs(10);
@@ -44,6 +45,9 @@ const IN_FLIGHT: Duration = Duration::from_secs(10);
 const MIN_PASS_INTERVAL: Duration = Duration::from_millis(200);
 /// How often the reconciler runs with nothing changed, to repair what it cannot watch.
 const RESYNC: Duration = Duration::from_secs(300);
+/// The shortest time between two status writes of one policy that change only counts and node lists; a
+/// change of state or of a condition's status or reason is written at once.
+const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Everything the controllers share.
 pub struct Context {
@@ -237,14 +241,18 @@ pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
     let label_policy = LabelPolicy::from_policy(&validated);
     context
         .labelling
-        .send_if_modified(|current| replace(current, Some(Some(label_policy))));
+        .send_if_modified(|current| replace(current, Some(Some(label_policy.clone()))));
 
     let nodes: Vec<Arc<Node>> = context.caches.nodes.state();
     let (mut facts, census) = cluster_facts(
         nodes.iter().map(|node| NodeFacts::of(node)),
-        &context.namespace,
-        validated.spec.driver.use_precompiled(),
-        context.service_monitor_crd,
+        FactsInput {
+            namespace: &context.namespace,
+            precompiled: validated.spec.driver.use_precompiled(),
+            service_monitor_crd: context.service_monitor_crd,
+            detection: &context.detection,
+            labelling: &label_policy,
+        },
     );
     facts.config_map_keys = config_map_keys(context, &validated.spec).await?;
     context.metrics.census(census.gpu_nodes, census.nfd_labels);
@@ -276,6 +284,7 @@ pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
             pods: &pods,
             revisions: &revisions,
         },
+        &context.detection,
     );
     context.metrics.operands(operands.iter().filter_map(|o| {
         Some((
@@ -284,17 +293,15 @@ pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
             o.ready.intersection(&o.expected).count() as i64,
         ))
     }));
-    let outcome = Outcome::Applied {
-        operands,
-        census: census.clone(),
-    };
-    let status = write_status(context, active, &outcome, leader).await?;
-    let reconciliation = match status.state {
+    let outcome = Outcome::Applied { operands, census };
+    let written = write_status(context, active, &outcome, leader).await?;
+    let reconciliation = match written.status.state {
         State::Ready => ReconciliationStatus::Success,
         _ => ReconciliationStatus::NotReady,
     };
     context.metrics.reconciled(reconciliation, now_seconds());
-    Ok(if awaiting_echo { IN_FLIGHT } else { RESYNC })
+    let next = if awaiting_echo { IN_FLIGHT } else { RESYNC };
+    Ok(written.deferred.map_or(next, |deferred| deferred.min(next)))
 }
 
 fn replace<T: PartialEq>(current: &mut T, new: T) -> bool {
@@ -370,13 +377,23 @@ fn applied_hash(object: &serde_json::Value) -> &str {
         .unwrap_or_default()
 }
 
-/// Writes a policy's status when it differs from the stored one; returns the status.
+/// A status the reconciler computed, and whether writing it was put off.
+#[derive(Debug)]
+struct StatusWrite {
+    status: PolicyStatus,
+    /// Set when only counts changed within [`STATUS_INTERVAL`] of the last write: the pass must run
+    /// again after this long to write them.
+    deferred: Option<Duration>,
+}
+
+/// Writes a policy's status when it differs from the stored one, at most once per [`STATUS_INTERVAL`]
+/// unless the state or a condition changes.
 async fn write_status(
     context: &Context,
     policy: &ClusterPolicy,
     outcome: &Outcome,
     leader: bool,
-) -> Result<PolicyStatus, ReconcileError> {
+) -> Result<StatusWrite, ReconcileError> {
     let name = policy.name_any();
     let status = policy_status(
         outcome,
@@ -385,14 +402,29 @@ async fn write_status(
         policy.status.as_ref(),
         &now(),
     );
-    let unchanged = policy.status.as_ref() == Some(&status)
-        || context
-            .recent()
-            .statuses
-            .get(&name)
+    let stored = policy.status.as_ref();
+    let last_write = context.recent().statuses.get(&name).cloned();
+    let unchanged = stored == Some(&status)
+        || last_write
+            .as_ref()
             .is_some_and(|(written, at)| *written == status && at.elapsed() < IN_FLIGHT);
     if unchanged || !leader {
-        return Ok(status);
+        return Ok(StatusWrite {
+            status,
+            deferred: None,
+        });
+    }
+    // Whether a reader of the status would see something other than counts move: a state or condition
+    // that changed since the last write, or a write not yet echoed.
+    let baseline = last_write.as_ref().map(|(written, _)| written).or(stored);
+    if let Some((_, at)) = &last_write
+        && baseline.is_some_and(|baseline| same_conditions(baseline, &status))
+        && at.elapsed() < STATUS_INTERVAL
+    {
+        return Ok(StatusWrite {
+            status,
+            deferred: Some(STATUS_INTERVAL - at.elapsed()),
+        });
     }
     let api: Api<ClusterPolicy> = Api::all(context.client.clone());
     let patch = serde_json::json!({
@@ -414,48 +446,51 @@ async fn write_status(
         .recent()
         .statuses
         .insert(name.clone(), (status.clone(), Instant::now()));
-    let previous = policy.status.as_ref().map(|s| s.state);
-    if previous != Some(status.state) {
-        transition_event(context, policy, &status).await;
+    if baseline.map(|b| b.state) != Some(status.state) {
+        transition_event(context, policy, outcome, &status).await;
     }
-    Ok(status)
+    Ok(StatusWrite {
+        status,
+        deferred: None,
+    })
 }
 
-/// Publishes an event when a policy's state changes, with the `Ready` condition's reason and message.
-async fn transition_event(context: &Context, policy: &ClusterPolicy, status: &PolicyStatus) {
-    let ready = status.conditions.iter().flatten().find(|c| c.type_ == "Ready");
-    let error = status
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == "Error" && c.status == "True");
-    let (type_, reason, note) = match (status.state, error, ready) {
-        (_, Some(error), _) => (EventType::Warning, error.reason.clone(), error.message.clone()),
-        (_, None, Some(ready)) => (EventType::Normal, ready.reason.clone(), ready.message.clone()),
-        _ => (EventType::Normal, "StateChanged".to_owned(), String::new()),
+/// Whether two statuses have the same state and the same conditions but for their messages.
+fn same_conditions(a: &PolicyStatus, b: &PolicyStatus) -> bool {
+    let key = |status: &PolicyStatus| -> Vec<(String, String, String)> {
+        status
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+            .collect()
     };
-    info!(policy = %policy.name_any(), state = ?status.state, %reason, "policy state changed");
+    a.state == b.state && key(a) == key(b)
+}
+
+/// Publishes an event when a policy's state changes, with the condition's reason and a short note.
+async fn transition_event(
+    context: &Context,
+    policy: &ClusterPolicy,
+    outcome: &Outcome,
+    status: &PolicyStatus,
+) {
+    let transition = transition(outcome, status);
+    info!(policy = %policy.name_any(), state = ?status.state, reason = %transition.reason, "policy state changed");
     let event = Event {
-        type_,
-        reason,
-        note: Some(truncate(&note, 1024)),
+        type_: if transition.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: transition.reason,
+        note: Some(transition.note),
         action: "Reconcile".into(),
         secondary: None,
     };
     if let Err(error) = context.recorder.publish(&event, &policy.object_ref(&())).await {
         warn!(%error, "cannot publish an event");
     }
-}
-
-fn truncate(text: &str, limit: usize) -> String {
-    if text.len() <= limit {
-        return text.to_owned();
-    }
-    let mut end = limit;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
 }
 
 /// Keys of the ConfigMaps the driver mounts file by file, read from the operator namespace.
@@ -504,7 +539,6 @@ async fn config_map_keys(
     Ok(keys)
 }
 
-/// The facts of a cached node.
 /// Runs the node labeller until `shutdown`: one patch per node whose labels differ from the desired ones.
 pub async fn run_labeller(
     context: Arc<Context>,
@@ -632,9 +666,4 @@ fn now() -> Time {
 
 fn now_seconds() -> i64 {
     k8s_openapi::jiff::Timestamp::now().as_second()
-}
-
-/// The census alone, for callers that only need counts.
-pub fn census_of(nodes: &[Node]) -> Census {
-    cluster_facts(nodes.iter().map(NodeFacts::of), "", false, false).1
 }

@@ -1,12 +1,19 @@
 //! Cluster facts the renderer needs, derived purely from the operator's node cache: the container runtime
 //! of the GPU nodes and their OS (and kernel) pools, plus a census of GPU and NFD-labelled nodes for the
 //! status conditions.
+//!
+//! GPU nodes are those [`GpuDetection`] recognises (NFD's labels or the operator's selector), the same rule
+//! the labeller follows, never the operator's own `nvidia.com/gpu.present` echo: on a fresh cluster that
+//! label arrives a watch round trip after the first pass, which would otherwise render no driver and
+//! report a GPU cluster as having no GPU nodes.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuop_api::labels::{GPU_PRESENT, NFD_KERNEL_VERSION, NFD_OS_ID, NFD_OS_VERSION, NFD_PREFIX};
+use gpuop_api::labels::{GpuDetection, NFD_KERNEL_VERSION, NFD_OS_ID, NFD_OS_VERSION, NFD_PREFIX};
 use gpuop_render::{ClusterFacts, ContainerRuntime, OsPool};
 use k8s_openapi::api::core::v1::Node;
+
+use crate::labeler::{LabelPolicy, desired_labels};
 
 /// The fields of a cached Node the facts come from, borrowed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,6 +22,8 @@ pub struct NodeFacts<'a> {
     pub name: &'a str,
     /// All labels.
     pub labels: &'a BTreeMap<String, String>,
+    /// All annotations.
+    pub annotations: &'a BTreeMap<String, String>,
     /// `status.nodeInfo.containerRuntimeVersion`, e.g. `containerd://1.7.27`.
     pub runtime_version: Option<&'a str>,
 }
@@ -22,21 +31,17 @@ pub struct NodeFacts<'a> {
 impl<'a> NodeFacts<'a> {
     /// The facts of a node.
     pub fn of(node: &'a Node) -> Self {
-        static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+        static EMPTY: BTreeMap<String, String> = BTreeMap::new();
         Self {
             name: node.metadata.name.as_deref().unwrap_or_default(),
-            labels: node.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
+            labels: node.metadata.labels.as_ref().unwrap_or(&EMPTY),
+            annotations: node.metadata.annotations.as_ref().unwrap_or(&EMPTY),
             runtime_version: node
                 .status
                 .as_ref()
                 .and_then(|s| s.node_info.as_ref())
                 .map(|i| i.container_runtime_version.as_str()),
         }
-    }
-
-    /// Whether the labeller marked the node as having a GPU.
-    pub fn has_gpu(&self) -> bool {
-        self.labels.get(GPU_PRESENT).is_some_and(|v| v == "true")
     }
 
     /// The runtime named by `containerRuntimeVersion`, if it is one the toolkit knows.
@@ -54,12 +59,30 @@ impl<'a> NodeFacts<'a> {
 /// Counts the status conditions are built from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Census {
-    /// Nodes labelled `nvidia.com/gpu.present=true`.
+    /// Nodes with an NVIDIA GPU.
     pub gpu_nodes: usize,
+    /// GPU nodes whose labels are not yet what the labeller wants (the patch is not written, or its
+    /// echo has not reached the cache): their operands cannot be judged yet.
+    pub gpu_nodes_unlabelled: Vec<String>,
     /// Whether any node carries an NFD label.
     pub nfd_labels: bool,
     /// GPU nodes without the NFD OS labels a driver image needs.
     pub gpu_nodes_without_os: Vec<String>,
+}
+
+/// What the facts depend on besides the nodes.
+#[derive(Clone, Copy, Debug)]
+pub struct FactsInput<'a> {
+    /// Namespace the operands run in.
+    pub namespace: &'a str,
+    /// Whether drivers are precompiled per kernel.
+    pub precompiled: bool,
+    /// Whether the ServiceMonitor CRD is installed.
+    pub service_monitor_crd: bool,
+    /// How GPU nodes are recognised.
+    pub detection: &'a GpuDetection,
+    /// The labeller's inputs, to tell which GPU nodes still wait for their labels.
+    pub labelling: &'a LabelPolicy,
 }
 
 /// The facts for rendering, and the census, from the cached nodes.
@@ -69,26 +92,33 @@ pub struct Census {
 /// precompiled.
 pub fn cluster_facts<'a>(
     nodes: impl IntoIterator<Item = NodeFacts<'a>>,
-    namespace: &str,
-    precompiled: bool,
-    service_monitor_crd: bool,
+    input: FactsInput<'_>,
 ) -> (ClusterFacts, Census) {
     let mut census = Census::default();
     let mut runtimes = Vec::new();
     let mut pools = BTreeSet::new();
     for node in nodes {
         census.nfd_labels |= node.labels.keys().any(|key| key.starts_with(NFD_PREFIX));
-        if !node.has_gpu() {
+        if !input.detection.has_gpu(node.labels) {
             continue;
         }
         census.gpu_nodes += 1;
+        let patch = desired_labels(
+            node.labels,
+            node.annotations,
+            Some(input.labelling),
+            input.detection,
+        );
+        if !patch.labels.is_empty() {
+            census.gpu_nodes_unlabelled.push(node.name.to_owned());
+        }
         if let Some(runtime) = node.runtime().filter(|runtime| !runtimes.contains(runtime)) {
             runtimes.push(runtime);
         }
         let label = |key: &str| node.labels.get(key).filter(|v| !v.is_empty());
         match (label(NFD_OS_ID), label(NFD_OS_VERSION)) {
             (Some(os_id), Some(os_version)) => {
-                let kernel = if precompiled {
+                let kernel = if input.precompiled {
                     label(NFD_KERNEL_VERSION)
                 } else {
                     None
@@ -118,10 +148,10 @@ pub fn cluster_facts<'a>(
     .unwrap_or_default();
     let facts = ClusterFacts {
         config_map_keys: BTreeMap::new(),
-        namespace: namespace.to_owned(),
+        namespace: input.namespace.to_owned(),
         runtime,
         driver_pools: pools.into_iter().collect(),
-        service_monitor_crd,
+        service_monitor_crd: input.service_monitor_crd,
     };
     (facts, census)
 }
@@ -129,7 +159,10 @@ pub fn cluster_facts<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuop_api::labels::GPU_PRESENT;
     use k8s_openapi::api::core::v1::{NodeStatus, NodeSystemInfo};
+
+    const NFD_GPU: &str = "feature.node.kubernetes.io/pci-10de.present";
 
     fn node(name: &str, labels: &[(&str, &str)], runtime: &str) -> Node {
         let mut node = Node::default();
@@ -150,19 +183,30 @@ mod tests {
         node
     }
 
-    fn of(nodes: &[Node]) -> impl Iterator<Item = NodeFacts<'_>> {
-        nodes.iter().map(NodeFacts::of)
+    fn facts(
+        nodes: &[Node],
+        namespace: &str,
+        precompiled: bool,
+        service_monitor_crd: bool,
+    ) -> (ClusterFacts, Census) {
+        let input = FactsInput {
+            namespace,
+            precompiled,
+            service_monitor_crd,
+            detection: &GpuDetection::Nfd,
+            labelling: &LabelPolicy::default(),
+        };
+        cluster_facts(nodes.iter().map(NodeFacts::of), input)
     }
 
     fn gpu(name: &str, os: &str, version: &str, kernel: &str, runtime: &str) -> Node {
         node(
             name,
             &[
-                (GPU_PRESENT, "true"),
                 (NFD_OS_ID, os),
                 (NFD_OS_VERSION, version),
                 (NFD_KERNEL_VERSION, kernel),
-                ("feature.node.kubernetes.io/pci-10de.present", "true"),
+                (NFD_GPU, "true"),
             ],
             runtime,
         )
@@ -180,9 +224,9 @@ mod tests {
                 "containerd://2.0.0",
             ),
         ];
-        let (facts, census) = cluster_facts(of(&nodes), "gpu-operator", false, true);
+        let (rendered, census) = facts(&nodes, "gpu-operator", false, true);
         assert_eq!(
-            facts.driver_pools,
+            rendered.driver_pools,
             [
                 OsPool {
                     os_id: "rhel".into(),
@@ -197,15 +241,15 @@ mod tests {
             ]
         );
         assert_eq!(
-            facts.runtime,
+            rendered.runtime,
             ContainerRuntime::Containerd,
             "any containerd GPU node wins"
         );
-        assert_eq!(facts.namespace, "gpu-operator");
-        assert!(facts.service_monitor_crd);
+        assert_eq!(rendered.namespace, "gpu-operator");
+        assert!(rendered.service_monitor_crd);
         assert_eq!(census.gpu_nodes, 3);
         assert!(census.nfd_labels);
-        let (precompiled, _) = cluster_facts(of(&nodes), "gpu-operator", true, false);
+        let (precompiled, _) = facts(&nodes, "gpu-operator", true, false);
         assert_eq!(precompiled.driver_pools.len(), 3, "one pool per kernel");
     }
 
@@ -215,13 +259,10 @@ mod tests {
             gpu("a", "rhel", "9.4", "k", "cri-o://1.30.1"),
             gpu("b", "rhel", "9.4", "k", "docker://27.1"),
         ];
-        assert_eq!(
-            cluster_facts(of(&crio), "ns", false, false).0.runtime,
-            ContainerRuntime::Crio
-        );
+        assert_eq!(facts(&crio, "ns", false, false).0.runtime, ContainerRuntime::Crio);
         let unknown = [gpu("a", "rhel", "9.4", "k", "something://1")];
         assert_eq!(
-            cluster_facts(of(&unknown), "ns", false, false).0.runtime,
+            facts(&unknown, "ns", false, false).0.runtime,
             ContainerRuntime::Containerd
         );
     }
@@ -229,14 +270,63 @@ mod tests {
     #[test]
     fn the_census_sees_missing_nfd_and_missing_os_labels() {
         let nodes = [
-            node("a", &[(GPU_PRESENT, "true")], "containerd://1.7.0"),
+            node("a", &[(NFD_GPU, "true")], "containerd://1.7.0"),
             node("b", &[], "containerd://1.7.0"),
         ];
-        let (facts, census) = cluster_facts(of(&nodes), "ns", false, false);
-        assert!(facts.driver_pools.is_empty());
+        let (rendered, census) = facts(&nodes, "ns", false, false);
+        assert!(rendered.driver_pools.is_empty());
         assert_eq!(census.gpu_nodes_without_os, ["a"]);
-        assert!(!census.nfd_labels);
-        let (_, empty) = cluster_facts(of(&[]), "ns", false, false);
+        let (_, empty) = facts(&[], "ns", false, false);
         assert_eq!(empty.gpu_nodes, 0);
+        assert!(!empty.nfd_labels);
+    }
+
+    #[test]
+    fn gpu_nodes_are_recognised_by_nfd_not_by_the_operators_own_label() {
+        // A fresh cluster: NFD has labelled the node, the operator has not yet.
+        let fresh = [gpu("a", "ubuntu", "22.04", "k", "containerd://1.7.27")];
+        let (rendered, census) = facts(&fresh, "ns", false, false);
+        assert_eq!(census.gpu_nodes, 1);
+        assert_eq!(
+            rendered.driver_pools.len(),
+            1,
+            "the first pass renders the driver"
+        );
+        // The operator's echo alone, without NFD's label, is no GPU.
+        let echo_only = [node("b", &[(GPU_PRESENT, "true")], "containerd://1.7.0")];
+        assert_eq!(facts(&echo_only, "ns", false, false).1.gpu_nodes, 0);
+    }
+
+    #[test]
+    fn gpu_nodes_wait_for_their_labels_until_the_cache_shows_them() {
+        let mut fresh = gpu("a", "ubuntu", "22.04", "k", "containerd://1.7.27");
+        let (_, census) = facts(std::slice::from_ref(&fresh), "ns", false, false);
+        assert_eq!(census.gpu_nodes_unlabelled, ["a"]);
+
+        // The labeller's patch, as the cache shows it once echoed.
+        let patch = desired_labels(
+            fresh.metadata.labels.as_ref().unwrap(),
+            &BTreeMap::new(),
+            Some(&LabelPolicy::default()),
+            &GpuDetection::Nfd,
+        );
+        let labels = fresh.metadata.labels.get_or_insert_default();
+        for (key, value) in patch.labels {
+            match value {
+                Some(value) => labels.insert(key, value),
+                None => labels.remove(&key),
+            };
+        }
+        let (_, census) = facts(std::slice::from_ref(&fresh), "ns", false, false);
+        assert!(census.gpu_nodes_unlabelled.is_empty(), "{census:?}");
+
+        // A value a person chose, which the labeller leaves alone, is no reason to wait.
+        fresh
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert("nvidia.com/gpu.deploy.dcgm-exporter".into(), "false".into());
+        let (_, census) = facts(std::slice::from_ref(&fresh), "ns", false, false);
+        assert!(census.gpu_nodes_unlabelled.is_empty(), "{census:?}");
     }
 }

@@ -16,10 +16,9 @@ use std::collections::BTreeMap;
 use gpuop_api::catalogue::deploy_labels_for;
 use gpuop_api::choice::{SandboxMode, WorkloadConfig};
 use gpuop_api::labels::{
-    DEPLOY_OPERANDS, DEPLOY_PREFIX, GPU_PRESENT, LEGACY_DEPLOY_LABELS, MIG_CONFIG, WORKLOAD_CONFIG,
-    has_nfd_gpu, is_mig_capable,
+    DEPLOY_OPERANDS, DEPLOY_PREFIX, GPU_PRESENT, GpuDetection, LEGACY_DEPLOY_LABELS, MIG_CONFIG,
+    WORKLOAD_CONFIG, is_mig_capable,
 };
-use gpuop_api::selector::LabelSelector;
 use gpuop_api::validate::{Sandbox, ValidatedPolicy};
 
 /// Node annotation recording the labels the operator wrote on this node and their values, as
@@ -44,27 +43,6 @@ impl LabelPolicy {
             sandbox: policy.sandbox,
             mig_manager: policy.spec.mig_manager_enabled(),
             mig_default_layout: policy.mig_default_layout.clone(),
-        }
-    }
-}
-
-/// How GPU nodes are recognised.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum GpuDetection {
-    /// By NFD's NVIDIA PCI labels (the default, as NVIDIA's operator does).
-    #[default]
-    Nfd,
-    /// By NFD's labels or a label selector, for clusters without NFD.
-    NfdOrSelector(LabelSelector),
-}
-
-impl GpuDetection {
-    /// Whether a node with these labels has an NVIDIA GPU.
-    pub fn has_gpu(&self, labels: &BTreeMap<String, String>) -> bool {
-        let nfd = has_nfd_gpu(labels.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        match self {
-            GpuDetection::Nfd => nfd,
-            GpuDetection::NfdOrSelector(selector) => nfd || selector.matches(labels),
         }
     }
 }

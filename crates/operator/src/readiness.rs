@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use gpuop_api::labels::GPU_PRESENT;
+use gpuop_api::labels::GpuDetection;
 use gpuop_api::placement::{Misfit, daemon_pod_fits};
 use gpuop_api::{OPERANDS, Operand};
 use gpuop_render::Rendered;
@@ -34,8 +34,12 @@ pub struct Observed<'a> {
     pub revisions: &'a [Arc<ControllerRevision>],
 }
 
-/// One observation per enabled operand, in catalogue order.
-pub fn observe(rendered: &Rendered, observed: Observed<'_>) -> Vec<OperandObservation> {
+/// One observation per enabled operand, in catalogue order; `detection` tells which nodes have a GPU.
+pub fn observe(
+    rendered: &Rendered,
+    observed: Observed<'_>,
+    detection: &GpuDetection,
+) -> Vec<OperandObservation> {
     let mut templates: BTreeMap<Operand, Vec<(&str, PodTemplateSpec)>> = BTreeMap::new();
     for manifest in rendered.objects.iter().filter(|m| m.kind() == "DaemonSet") {
         let Some(operand) = manifest.operand else { continue };
@@ -82,7 +86,7 @@ pub fn observe(rendered: &Rendered, observed: Observed<'_>) -> Vec<OperandObserv
                     None => {
                         // Wanted here (a GPU node with the deploy switch on) but the pods cannot come.
                         let switched_on = labels(node).get(info.deploy_label).is_some_and(|v| v == "true");
-                        let gpu = labels(node).get(GPU_PRESENT).is_some_and(|v| v == "true");
+                        let gpu = detection.has_gpu(labels(node));
                         let blocked = fits
                             .iter()
                             .any(|(_, fit)| matches!(fit, Err(Misfit::Taint(_) | Misfit::NodeAffinity)));
@@ -259,7 +263,7 @@ mod tests {
     }
 
     const ON: (&str, &str) = ("nvidia.com/gpu.deploy.device-plugin", "true");
-    const GPU: (&str, &str) = (GPU_PRESENT, "true");
+    const GPU: (&str, &str) = ("feature.node.kubernetes.io/pci-10de.present", "true");
 
     #[test]
     fn expected_nodes_come_from_the_templates_and_tainted_ones_are_excluded() {
@@ -290,6 +294,7 @@ mod tests {
                 pods: &pods,
                 revisions: &[],
             },
+            &GpuDetection::Nfd,
         );
         assert_eq!(observations.len(), 1);
         let plugin = &observations[0];
@@ -325,6 +330,7 @@ mod tests {
                 pods: &pods,
                 revisions: &revisions,
             },
+            &GpuDetection::Nfd,
         );
         assert_eq!(observations[0].ready, ["a"].map(String::from).into());
     }
@@ -340,6 +346,7 @@ mod tests {
                 pods: &[],
                 revisions: &[],
             },
+            &GpuDetection::Nfd,
         );
         assert!(observations.is_empty());
     }

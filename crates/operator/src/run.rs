@@ -20,9 +20,9 @@ use tracing::{info, warn};
 
 use crate::caches::Caches;
 use crate::controller::{Context, run_labeller, run_policies};
-use crate::labeler::GpuDetection;
 use crate::lease::{self, Leadership, Timing};
 use crate::metrics::Metrics;
+use gpuop_api::labels::GpuDetection;
 
 /// The lease NVIDIA's operator elects its leader on; sharing it keeps the two from leading at once.
 pub const DEFAULT_LEASE_NAME: &str = "53822513.nvidia.com";

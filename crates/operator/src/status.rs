@@ -51,7 +51,18 @@ pub enum Outcome {
     },
 }
 
+/// Most node names an event note lists per operand; the condition lists [`MAX_LISTED_NODES`].
+pub const EVENT_LISTED_NODES: usize = 3;
+/// The longest event note kube-apiserver accepts, in bytes.
+pub const EVENT_NOTE_LIMIT: usize = 1024;
+/// The longest condition message kube-apiserver accepts for a `metav1.Condition`, in bytes.
+pub const CONDITION_MESSAGE_LIMIT: usize = 32 * 1024;
+
 /// The status to write, keeping the transition times of conditions that did not change.
+///
+/// `ready` needs proof: every GPU node carries the labels the labeller wants (so the operands that should
+/// run there are known) and every operand is ready on every node that should run it. Until the caches show
+/// both, the state is `notReady`, never a `ready` that a pipeline waiting for it would believe.
 pub fn policy_status(
     outcome: &Outcome,
     namespace: &str,
@@ -62,48 +73,7 @@ pub fn policy_status(
     let (state, ready, error, operands) = match outcome {
         Outcome::Applied { operands, census } => {
             let statuses: Vec<OperandStatus> = operands.iter().filter_map(operand_status).collect();
-            let lagging: Vec<&OperandStatus> = statuses.iter().filter(|s| s.ready < s.expected).collect();
-            let (state, ready) = if census.gpu_nodes == 0 && !census.nfd_labels {
-                (
-                    State::Ready,
-                    (
-                        true,
-                        reason::NFD_LABELS_MISSING,
-                        "no node has NFD labels; no GPU node can be detected".to_owned(),
-                    ),
-                )
-            } else if census.gpu_nodes == 0 {
-                (
-                    State::Ready,
-                    (true, reason::NO_GPU_NODES, "no node has an NVIDIA GPU".to_owned()),
-                )
-            } else if lagging.is_empty() {
-                let mut message = "all operands are ready on every node that should run them".to_owned();
-                let excluded: BTreeSet<&String> = operands.iter().flat_map(|o| o.excluded.iter()).collect();
-                if !excluded.is_empty() {
-                    let names: Vec<&str> = excluded
-                        .iter()
-                        .take(MAX_LISTED_NODES)
-                        .map(|n| n.as_str())
-                        .collect();
-                    message.push_str(&format!(
-                        "; {} GPU node(s) cannot run operands switched on for them (untolerated taint or selector): {}",
-                        excluded.len(),
-                        names.join(", ")
-                    ));
-                }
-                (State::Ready, (true, reason::RECONCILED, message))
-            } else {
-                let summary: Vec<String> = lagging.iter().map(|s| describe(s)).collect();
-                (
-                    State::NotReady,
-                    (
-                        false,
-                        reason::OPERAND_NOT_READY,
-                        format!("not ready: {}", summary.join("; ")),
-                    ),
-                )
-            };
+            let (state, ready) = readiness(operands, &statuses, census, MAX_LISTED_NODES);
             (
                 state,
                 ready,
@@ -111,23 +81,16 @@ pub fn policy_status(
                 Some(statuses),
             )
         }
-        Outcome::Invalid(errors) => {
-            let problems: Vec<String> = errors.iter().map(ToString::to_string).collect();
-            let message = format!(
-                "the ClusterPolicy is invalid and was not applied; running operands are unchanged: {}",
-                problems.join("; ")
-            );
-            (
-                State::NotReady,
-                (false, reason::ERROR, String::new()),
-                (true, reason::RECONCILE_FAILED, message),
-                None,
-            )
-        }
-        Outcome::Failed(message) => (
+        Outcome::Invalid(_) => (
             State::NotReady,
             (false, reason::ERROR, String::new()),
-            (true, reason::RECONCILE_FAILED, message.clone()),
+            (true, reason::RECONCILE_FAILED, failure(outcome)),
+            None,
+        ),
+        Outcome::Failed(_) => (
+            State::NotReady,
+            (false, reason::ERROR, String::new()),
+            (true, reason::RECONCILE_FAILED, failure(outcome)),
             previous.and_then(|p| p.operands.clone()),
         ),
         Outcome::Ignored { active } => {
@@ -155,6 +118,127 @@ pub fn policy_status(
     }
 }
 
+/// What the Event for a change of state says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    /// A `Warning` event rather than a `Normal` one.
+    pub warning: bool,
+    /// The condition's reason.
+    pub reason: String,
+    /// The note: the condition's message, shortened to a few node names per operand and to what
+    /// kube-apiserver accepts ([`EVENT_NOTE_LIMIT`]).
+    pub note: String,
+}
+
+/// The event for a change of state to `status`, which `outcome` produced.
+pub fn transition(outcome: &Outcome, status: &PolicyStatus) -> Transition {
+    let condition = |type_: &str| status.conditions.iter().flatten().find(|c| c.type_ == type_);
+    let (warning, reason, note) = match outcome {
+        Outcome::Applied { operands, census } => {
+            let statuses = status.operands.as_deref().unwrap_or_default();
+            let (_, (_, reason, note)) = readiness(operands, statuses, census, EVENT_LISTED_NODES);
+            (false, reason.to_owned(), note)
+        }
+        Outcome::Invalid(_) | Outcome::Failed(_) => {
+            (true, reason::RECONCILE_FAILED.to_owned(), failure(outcome))
+        }
+        Outcome::Ignored { .. } => {
+            let ready = condition(CONDITION_READY);
+            (
+                false,
+                ready.map(|c| c.reason.clone()).unwrap_or_default(),
+                ready.map(|c| c.message.clone()).unwrap_or_default(),
+            )
+        }
+    };
+    Transition {
+        warning,
+        reason,
+        note: bounded(&note, EVENT_NOTE_LIMIT),
+    }
+}
+
+/// The state and the `Ready` condition of an applied policy, listing up to `names` nodes per operand.
+fn readiness(
+    operands: &[OperandObservation],
+    statuses: &[OperandStatus],
+    census: &Census,
+    names: usize,
+) -> (State, (bool, &'static str, String)) {
+    if census.gpu_nodes == 0 {
+        let (reason, message) = if census.nfd_labels {
+            (reason::NO_GPU_NODES, "no node has an NVIDIA GPU")
+        } else {
+            (
+                reason::NFD_LABELS_MISSING,
+                "no node has NFD labels; no GPU node can be detected",
+            )
+        };
+        return (State::Ready, (true, reason, message.to_owned()));
+    }
+    let mut waiting = Vec::new();
+    if !census.gpu_nodes_unlabelled.is_empty() {
+        waiting.push(format!(
+            "{} of {} GPU nodes do not show their operator labels yet ({})",
+            census.gpu_nodes_unlabelled.len(),
+            census.gpu_nodes,
+            listed(
+                &census.gpu_nodes_unlabelled,
+                census.gpu_nodes_unlabelled.len(),
+                names
+            )
+        ));
+    }
+    for status in statuses.iter().filter(|s| s.ready < s.expected) {
+        waiting.push(describe(status, names));
+    }
+    if !waiting.is_empty() {
+        let message = format!("not ready: {}", waiting.join("; "));
+        return (
+            State::NotReady,
+            (
+                false,
+                reason::OPERAND_NOT_READY,
+                bounded(&message, CONDITION_MESSAGE_LIMIT),
+            ),
+        );
+    }
+    let mut message = "all operands are ready on every node that should run them".to_owned();
+    let excluded: BTreeSet<&String> = operands.iter().flat_map(|o| o.excluded.iter()).collect();
+    if !excluded.is_empty() {
+        let excluded: Vec<&String> = excluded.into_iter().collect();
+        message.push_str(&format!(
+            "; {} GPU node(s) cannot run operands switched on for them (untolerated taint or selector): {}",
+            excluded.len(),
+            listed(&excluded, excluded.len(), names)
+        ));
+    }
+    (
+        State::Ready,
+        (
+            true,
+            reason::RECONCILED,
+            bounded(&message, CONDITION_MESSAGE_LIMIT),
+        ),
+    )
+}
+
+/// The `Error` condition's message for a policy that could not be applied.
+fn failure(outcome: &Outcome) -> String {
+    let message = match outcome {
+        Outcome::Invalid(errors) => {
+            let problems: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            format!(
+                "the ClusterPolicy is invalid and was not applied; running operands are unchanged: {}",
+                problems.join("; ")
+            )
+        }
+        Outcome::Failed(message) => message.clone(),
+        Outcome::Applied { .. } | Outcome::Ignored { .. } => String::new(),
+    };
+    bounded(&message, CONDITION_MESSAGE_LIMIT)
+}
+
 fn operand_status(observation: &OperandObservation) -> Option<OperandStatus> {
     let operand = observation.operand?;
     let listed = |nodes: &mut dyn Iterator<Item = &String>| -> Option<Vec<String>> {
@@ -170,21 +254,41 @@ fn operand_status(observation: &OperandObservation) -> Option<OperandStatus> {
     })
 }
 
-fn describe(status: &OperandStatus) -> String {
+fn describe(status: &OperandStatus, names: usize) -> String {
+    let lagging = (status.expected - status.ready).max(0) as usize;
     let nodes = status.not_ready_nodes.as_deref().unwrap_or_default();
-    let more = (status.expected - status.ready) as usize - nodes.len();
-    let suffix = if more > 0 {
-        format!(" and {more} more")
-    } else {
-        String::new()
-    };
     format!(
-        "{} on {} of {} nodes ({}{suffix})",
+        "{} on {lagging} of {} nodes ({})",
         status.name,
-        status.expected - status.ready,
         status.expected,
-        nodes.join(", ")
+        listed(nodes, lagging, names)
     )
+}
+
+/// The first `names` of `nodes`, and how many more of `total` there are.
+fn listed(nodes: &[impl AsRef<str>], total: usize, names: usize) -> String {
+    let shown: Vec<&str> = nodes.iter().take(names).map(AsRef::as_ref).collect();
+    let more = total.saturating_sub(shown.len());
+    if more > 0 {
+        format!("{} and {more} more", shown.join(", "))
+    } else {
+        shown.join(", ")
+    }
+}
+
+/// `text` cut to at most `limit` bytes at a character boundary, ending in `…` when cut.
+fn bounded(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_owned();
+    }
+    const ELLIPSIS: char = '…';
+    let mut end = limit.saturating_sub(ELLIPSIS.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut cut = text.get(..end).unwrap_or_default().to_owned();
+    cut.push(ELLIPSIS);
+    cut
 }
 
 fn count(n: usize) -> i32 {
@@ -234,7 +338,7 @@ mod tests {
         Census {
             gpu_nodes,
             nfd_labels: true,
-            gpu_nodes_without_os: Vec::new(),
+            ..Census::default()
         }
     }
 
@@ -446,5 +550,78 @@ mod tests {
             time(10),
             "Error stayed False"
         );
+    }
+
+    #[test]
+    fn gpu_nodes_without_their_labels_keep_the_policy_not_ready() {
+        // The first pass of a fresh cluster: no deploy label is visible yet, so no operand expects a node.
+        let outcome = Outcome::Applied {
+            operands: vec![observation(Operand::Driver, &[], &[])],
+            census: Census {
+                gpu_nodes: 2,
+                nfd_labels: true,
+                gpu_nodes_unlabelled: vec!["a".into(), "b".into()],
+                ..Census::default()
+            },
+        };
+        let status = policy_status(&outcome, "ns", None, None, &time(1));
+        assert_eq!(status.state, State::NotReady);
+        let ready = ready_condition(&status);
+        assert_eq!(ready.reason, "OperandNotReady");
+        assert_eq!(
+            ready.message,
+            "not ready: 2 of 2 GPU nodes do not show their operator labels yet (a, b)"
+        );
+    }
+
+    #[test]
+    fn an_event_note_fits_what_kube_apiserver_accepts() {
+        let names: Vec<String> = (0..1000)
+            .map(|i| format!("gpu-node-with-a-long-pool-name-{i:04}"))
+            .collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let outcome = Outcome::Applied {
+            operands: gpuop_api::OPERANDS
+                .iter()
+                .map(|info| observation(info.operand, &names, &[]))
+                .collect(),
+            census: Census {
+                gpu_nodes: 1000,
+                nfd_labels: true,
+                gpu_nodes_unlabelled: names.iter().map(|n| (*n).to_owned()).collect(),
+                ..Census::default()
+            },
+        };
+        let status = policy_status(&outcome, "ns", None, None, &time(1));
+        assert!(ready_condition(&status).message.len() > EVENT_NOTE_LIMIT);
+        let event = transition(&outcome, &status);
+        assert!(!event.warning);
+        assert_eq!(event.reason, "OperandNotReady");
+        assert!(event.note.len() <= EVENT_NOTE_LIMIT, "{} bytes", event.note.len());
+        assert!(
+            event.note.starts_with(
+                "not ready: 1000 of 1000 GPU nodes do not show their operator labels yet \
+                 (gpu-node-with-a-long-pool-name-0000, gpu-node-with-a-long-pool-name-0001, \
+                 gpu-node-with-a-long-pool-name-0002 and 997 more); driver on 1000 of 1000 nodes"
+            ),
+            "{}",
+            event.note
+        );
+    }
+
+    #[test]
+    fn a_long_failure_is_cut_within_the_limits_at_a_character_boundary() {
+        let errors: Vec<FieldError> = (0..2000)
+            .map(|i| FieldError::invalid(format!("spec.daemonsets.labels.ключ-{i}"), "ü", "not allowed"))
+            .collect();
+        let outcome = Outcome::Invalid(errors);
+        let status = policy_status(&outcome, "ns", None, None, &time(1));
+        let message = &error_condition(&status).message;
+        assert!(message.len() <= CONDITION_MESSAGE_LIMIT && message.ends_with('…'));
+        let event = transition(&outcome, &status);
+        assert!(event.warning);
+        assert_eq!(event.reason, "ReconcileFailed");
+        assert!(event.note.len() <= EVENT_NOTE_LIMIT && event.note.ends_with('…'));
+        assert!(event.note.starts_with("the ClusterPolicy is invalid"));
     }
 }
