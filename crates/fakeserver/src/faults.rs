@@ -1,6 +1,7 @@
 //! Faults injected on purpose, deterministically from a seed: errors at a rate per verb and resource (500,
-//! 429 with `Retry-After`, 409), added latency, and watch streams that end after N events. Forced
-//! compaction is [`FakeServer::compact`](crate::FakeServer::compact).
+//! 429 with `Retry-After`, 409), added latency, watch events of a resource delivered late (a lagging
+//! informer cache), and watch streams that end after N events. Forced compaction is
+//! [`FakeServer::compact`](crate::FakeServer::compact).
 //!
 //! Each rule keeps its own count of the requests it matched, and whether the n-th one fails is a hash of
 //! (seed, rule, n): the same client doing the same thing meets the same faults, whatever else runs.
@@ -8,7 +9,7 @@
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use crate::accounting::Verb;
@@ -65,6 +66,8 @@ pub enum Effect {
     Error(InjectedError),
     /// Serve the request after this delay.
     Latency(Duration),
+    /// Deliver watch events of the rule's resource this long after the change; requests are not touched.
+    WatchDelay(Duration),
 }
 
 /// One fault: which requests it hits, how often, and what it does.
@@ -89,7 +92,7 @@ impl FaultRule {
 /// A fault rule that could not be parsed from its command-line form.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "invalid fault {text:?}: {problem}; expected e.g. \"verb=patch,resource=nodes,rate=0.1,code=429,retry-after=2\" or \"verb=list,latency-ms=50\""
+    "invalid fault {text:?}: {problem}; expected e.g. \"verb=patch,resource=nodes,rate=0.1,code=429,retry-after=2\", \"verb=list,latency-ms=50\" or \"resource=nodes,watch-delay-ms=3000\""
 )]
 pub struct FaultParseError {
     text: String,
@@ -99,14 +102,16 @@ pub struct FaultParseError {
 impl FromStr for FaultRule {
     type Err = FaultParseError;
 
-    /// `verb=V,resource=R,rate=F,code=500|429|409[,retry-after=S]` or `...,latency-ms=MS`.
+    /// `verb=V,resource=R,rate=F,code=500|429|409[,retry-after=S]`, `...,latency-ms=MS`, or
+    /// `resource=R,watch-delay-ms=MS`.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let fail = |problem: String| FaultParseError {
             text: text.to_owned(),
             problem,
         };
         let (mut verb, mut resource, mut rate, mut code, mut retry, mut latency) =
-            (None, None, 1.0, None, 1, None);
+            (None, None, None, None, 1, None);
+        let mut watch_delay = None;
         for part in text.split(',').filter(|p| !p.is_empty()) {
             let (key, value) = part
                 .split_once('=')
@@ -117,11 +122,13 @@ impl FromStr for FaultRule {
                 }
                 "resource" => resource = Some(value.to_owned()),
                 "rate" => {
-                    rate = value
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|r| (0.0..=1.0).contains(r))
-                        .ok_or_else(|| fail(format!("rate {value:?} is not a number from 0 to 1")))?;
+                    rate = Some(
+                        value
+                            .parse::<f64>()
+                            .ok()
+                            .filter(|r| (0.0..=1.0).contains(r))
+                            .ok_or_else(|| fail(format!("rate {value:?} is not a number from 0 to 1")))?,
+                    );
                 }
                 "code" => {
                     code = Some(
@@ -142,9 +149,34 @@ impl FromStr for FaultRule {
                             .map_err(|_| fail(format!("latency-ms {value:?} is not a number")))?,
                     );
                 }
+                "watch-delay-ms" => {
+                    watch_delay =
+                        Some(value.parse().map_err(|_| {
+                            fail(format!("watch-delay-ms {value:?} is not whole milliseconds"))
+                        })?);
+                }
                 other => return Err(fail(format!("unknown key {other:?}"))),
             }
         }
+        if let Some(ms) = watch_delay {
+            // A delay applies to every watch event of one resource: a verb, rate or second effect would
+            // suggest a selectivity it does not have.
+            return match (resource, verb, rate, code, latency) {
+                (None, ..) => Err(fail("watch-delay-ms needs resource=<plural>".into())),
+                (_, Some(_), ..) => Err(fail("watch-delay-ms applies to watches; leave out verb".into())),
+                (_, _, Some(_), ..) => Err(fail("watch-delay-ms delays every event; leave out rate".into())),
+                (_, _, _, Some(_), _) | (_, _, _, _, Some(_)) => Err(fail(
+                    "give watch-delay-ms alone, not with code or latency-ms".into(),
+                )),
+                (Some(resource), None, None, None, None) => Ok(Self {
+                    verb: None,
+                    resource: Some(resource),
+                    rate: 1.0,
+                    effect: Effect::WatchDelay(Duration::from_millis(ms)),
+                }),
+            };
+        }
+        let rate = rate.unwrap_or(1.0);
         let effect = match (code, latency) {
             (Some(500), None) => Effect::Error(InjectedError::Internal),
             (Some(429), None) => Effect::Error(InjectedError::TooManyRequests {
@@ -154,7 +186,7 @@ impl FromStr for FaultRule {
             (Some(other), None) => return Err(fail(format!("code {other} is not one of 500, 429, 409"))),
             (None, Some(ms)) => Effect::Latency(Duration::from_millis(ms)),
             (Some(_), Some(_)) => return Err(fail("give either code or latency-ms, not both".into())),
-            (None, None) => return Err(fail("give code or latency-ms".into())),
+            (None, None) => return Err(fail("give code, latency-ms or watch-delay-ms".into())),
         };
         Ok(Self {
             verb,
@@ -219,6 +251,20 @@ impl Faults {
         self
     }
 
+    /// Delivers every watch event of objects of the plural `resource` `delay` after the change, in order,
+    /// on every watch stream of it: what a lagging informer cache sees. Writes are acknowledged at once and
+    /// GETs and LISTs see them at once; bookmarks never claim a version past an event not yet delivered.
+    #[must_use]
+    pub fn delay_watch_events(mut self, resource: &str, delay: Duration) -> Self {
+        self.rules.push(FaultRule {
+            verb: None,
+            resource: Some(resource.to_owned()),
+            rate: 1.0,
+            effect: Effect::WatchDelay(delay),
+        });
+        self
+    }
+
     /// Ends every watch stream after it has sent `events` object events (bookmarks do not count).
     #[must_use]
     pub fn drop_watches_after(mut self, events: usize) -> Self {
@@ -253,9 +299,35 @@ struct Active {
     counters: Vec<AtomicU64>,
 }
 
-/// The faults in force, shared by all requests.
+/// The faults in force, shared by all requests and by open watch streams.
 #[derive(Debug, Default)]
-pub(crate) struct FaultInjector(RwLock<Active>);
+pub(crate) struct FaultInjector(Arc<RwLock<Active>>);
+
+/// The watch delay of one resource, read at each event so that [`FakeServer::set_faults`]
+/// (crate::FakeServer::set_faults) reaches streams already open.
+#[derive(Clone, Debug)]
+pub(crate) struct WatchDelay {
+    active: Arc<RwLock<Active>>,
+    resource: String,
+}
+
+impl WatchDelay {
+    /// The delay in force now (zero when none).
+    pub(crate) fn current(&self) -> Duration {
+        let active = self.active.read().unwrap_or_else(PoisonError::into_inner);
+        active
+            .faults
+            .rules
+            .iter()
+            .filter(|rule| rule.resource.as_deref().is_none_or(|r| r == self.resource))
+            .filter_map(|rule| match rule.effect {
+                Effect::WatchDelay(delay) => Some(delay),
+                Effect::Error(_) | Effect::Latency(_) => None,
+            })
+            .max()
+            .unwrap_or_default()
+    }
+}
 
 impl FaultInjector {
     pub(crate) fn set(&self, faults: Faults) {
@@ -267,7 +339,7 @@ impl FaultInjector {
         let active = self.0.read().unwrap_or_else(PoisonError::into_inner);
         let mut decision = Decision::default();
         for (index, rule) in active.faults.rules.iter().enumerate() {
-            if !rule.matches(verb, resource) {
+            if !rule.matches(verb, resource) || matches!(rule.effect, Effect::WatchDelay(_)) {
                 continue;
             }
             let n = active.counters[index].fetch_add(1, Ordering::Relaxed);
@@ -277,12 +349,21 @@ impl FaultInjector {
             }
             match rule.effect {
                 Effect::Latency(delay) => decision.latency += delay,
+                Effect::WatchDelay(_) => {}
                 Effect::Error(error) => {
                     decision.error.get_or_insert(error);
                 }
             }
         }
         decision
+    }
+
+    /// The handle a watch stream of `resource` reads its delay from.
+    pub(crate) fn watch_delay(&self, resource: &str) -> WatchDelay {
+        WatchDelay {
+            active: self.0.clone(),
+            resource: resource.to_owned(),
+        }
     }
 
     pub(crate) fn drop_watches_after(&self) -> Option<usize> {
@@ -330,6 +411,21 @@ mod tests {
     }
 
     #[test]
+    fn watch_delays_touch_no_request_and_follow_set_faults() {
+        let injector = FaultInjector::default();
+        let nodes = injector.watch_delay("nodes");
+        assert_eq!(nodes.current(), Duration::ZERO);
+        injector.set(Faults::new(0).delay_watch_events("nodes", Duration::from_secs(2)));
+        assert_eq!(
+            nodes.current(),
+            Duration::from_secs(2),
+            "an open stream sees new faults"
+        );
+        assert_eq!(injector.watch_delay("pods").current(), Duration::ZERO);
+        assert_eq!(injector.decide(Verb::Watch, "nodes"), Decision::default());
+    }
+
+    #[test]
     fn rules_parse_from_the_command_line() {
         let rule: FaultRule = "verb=patch,resource=nodes,rate=0.5,code=429,retry-after=3"
             .parse()
@@ -347,6 +443,29 @@ mod tests {
         );
         let latency: FaultRule = "verb=list,latency-ms=20".parse().expect("parses");
         assert_eq!(latency.effect, Effect::Latency(Duration::from_millis(20)));
+        let delay: FaultRule = "resource=nodes,watch-delay-ms=3000".parse().expect("parses");
+        assert_eq!(
+            delay,
+            FaultRule {
+                verb: None,
+                resource: Some("nodes".into()),
+                rate: 1.0,
+                effect: Effect::WatchDelay(Duration::from_secs(3)),
+            }
+        );
+        for bad in [
+            "watch-delay-ms=3000",
+            "resource=nodes,watch-delay-ms=soon",
+            "verb=patch,resource=nodes,watch-delay-ms=5",
+            "resource=nodes,watch-delay-ms=5,rate=0.5",
+            "resource=nodes,watch-delay-ms=5,code=500",
+        ] {
+            let error = bad.parse::<FaultRule>().expect_err(bad).to_string();
+            assert!(
+                error.contains(bad) && error.contains("watch-delay-ms"),
+                "{bad}: {error}"
+            );
+        }
         assert!("code=418".parse::<FaultRule>().is_err());
         assert!("rate=2,code=500".parse::<FaultRule>().is_err());
     }

@@ -767,6 +767,7 @@ fn watch(request: &ResourceRequest<'_>) -> Result<Response, ApiError> {
         drop_after: request.shared.faults.drop_watches_after(),
         projection: request.projection(),
         committed: request.shared.store.committed(),
+        delay: request.shared.faults.watch_delay(&request.info().plural),
     };
     let body = Body::from_stream(watch::stream(start, spec));
     let mut response = Response::new(body);

@@ -86,6 +86,8 @@ pub(crate) struct Change {
     pub(crate) kind: ChangeKind,
     pub(crate) object: Arc<Stored>,
     pub(crate) previous: Option<Arc<Stored>>,
+    /// When the change was stored: a delayed watch delivers it a fixed time after this.
+    pub(crate) at: tokio::time::Instant,
     line: OnceLock<Bytes>,
 }
 
@@ -95,6 +97,7 @@ impl Change {
             kind,
             object,
             previous,
+            at: tokio::time::Instant::now(),
             line: OnceLock::new(),
         }
     }

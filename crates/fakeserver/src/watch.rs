@@ -4,6 +4,10 @@
 //! selectors (an object that stops matching is reported `DELETED`, one that starts matching `ADDED`),
 //! periodic bookmarks, an in-stream `ERROR` with code 410 for an expired version, and the end of the stream
 //! at `timeoutSeconds`.
+//!
+//! Changes wait in `backlog` until they are due: at once, or a fixed time after they happened when a
+//! [`crate::faults::Faults::delay_watch_events`] fault holds the resource back. A bookmark claims at most the
+//! version just before the first change still waiting, so a client resuming from it misses nothing.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -17,6 +21,7 @@ use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::time::Instant;
 
 use crate::encode::{self, Projection};
+use crate::faults::WatchDelay;
 use crate::object::Stored;
 use crate::registry::ResourceInfo;
 use crate::selector::{FieldSelector, LabelSelector};
@@ -36,6 +41,8 @@ pub(crate) struct WatchSpec {
     pub(crate) drop_after: Option<usize>,
     pub(crate) projection: Projection,
     pub(crate) committed: Arc<AtomicU64>,
+    /// Fault injection: how long after a change its event is delivered.
+    pub(crate) delay: WatchDelay,
 }
 
 #[derive(Debug)]
@@ -43,9 +50,13 @@ struct Watcher {
     spec: WatchSpec,
     start: WatchStart,
     initial: std::vec::IntoIter<Arc<Stored>>,
+    /// Changes taken from history or the live feed, not yet delivered, oldest first.
     backlog: VecDeque<Arc<Change>>,
     queued: VecDeque<Bytes>,
+    /// The newest version delivered (or passed over by the filters); bookmarks claim no more.
     last: u64,
+    /// The newest version taken into `backlog`, so a change is never taken twice.
+    received: u64,
     sent: usize,
     deadline: Instant,
     next_bookmark: Instant,
@@ -59,11 +70,15 @@ pub(crate) fn stream(
 ) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
     let now = Instant::now();
     let initial = std::mem::take(&mut start.initial).into_iter();
-    let backlog = std::mem::take(&mut start.backlog).into();
+    let backlog: VecDeque<Arc<Change>> = std::mem::take(&mut start.backlog).into();
+    let received = backlog
+        .back()
+        .map_or(start.from, |c| c.resource_version().max(start.from));
     let watcher = Watcher {
         deadline: now + spec.timeout,
         next_bookmark: now + spec.bookmark_interval,
         last: start.from,
+        received,
         spec,
         start,
         initial,
@@ -138,20 +153,37 @@ impl Watcher {
         self.spec.drop_after.is_some_and(|limit| self.sent >= limit)
     }
 
+    /// Takes a live change into the backlog unless it came already (from history).
+    fn take(&mut self, change: Arc<Change>) {
+        if change.resource_version() > self.received {
+            self.received = change.resource_version();
+            self.backlog.push_back(change);
+        }
+    }
+
+    /// The first waiting change if it is due now; otherwise when it will be.
+    fn due(&mut self) -> Result<Option<Arc<Change>>, Instant> {
+        let Some(front) = self.backlog.front() else {
+            return Ok(None);
+        };
+        let due = front.at + self.spec.delay.current();
+        if due > Instant::now() {
+            return Err(due);
+        }
+        let change = self.backlog.pop_front();
+        if let Some(change) = &change {
+            self.last = self.last.max(change.resource_version());
+        }
+        Ok(change)
+    }
+
     fn bookmark(&mut self) -> Bytes {
         // Everything up to `committed` has been handed to our receiver: take it first, so the bookmark
         // never claims a version whose events this watcher has not sent.
         let committed = self.spec.committed.load(Ordering::Acquire);
         loop {
             match self.start.receiver.try_recv() {
-                Ok(change) => {
-                    if change.resource_version() > self.last {
-                        self.last = change.resource_version();
-                        if let Some(line) = self.change_line(&change) {
-                            self.queued.push_back(line);
-                        }
-                    }
-                }
+                Ok(change) => self.take(change),
                 Err(TryRecvError::Lagged(_)) => {
                     self.done = true;
                     break;
@@ -159,7 +191,17 @@ impl Watcher {
                 Err(TryRecvError::Empty | TryRecvError::Closed) => break,
             }
         }
-        self.last = self.last.max(committed);
+        while let Ok(Some(change)) = self.due() {
+            if let Some(line) = self.change_line(&change) {
+                self.queued.push_back(line);
+            }
+        }
+        // A change still waiting (a delayed resource) caps the claim just below it.
+        let claim = self
+            .backlog
+            .front()
+            .map_or(committed, |next| next.resource_version() - 1);
+        self.last = self.last.max(claim);
         encode::bookmark(&self.spec.info, self.last, false, self.spec.projection)
     }
 
@@ -191,13 +233,16 @@ impl Watcher {
             if let Some(at) = self.start.initial_end.take() {
                 return Some(encode::bookmark(&self.spec.info, at, true, self.spec.projection));
             }
-            if let Some(change) = self.backlog.pop_front() {
-                self.last = self.last.max(change.resource_version());
-                if let Some(line) = self.change_line(&change) {
-                    return self.count(line);
+            let waiting = match self.due() {
+                Ok(Some(change)) => {
+                    if let Some(line) = self.change_line(&change) {
+                        return self.count(line);
+                    }
+                    continue;
                 }
-                continue;
-            }
+                Ok(None) => None,
+                Err(due) => Some(due),
+            };
             let bookmarks = self.spec.bookmarks;
             tokio::select! {
                 () = tokio::time::sleep_until(self.deadline) => {
@@ -209,16 +254,11 @@ impl Watcher {
                     let line = self.bookmark();
                     self.queued.push_back(line);
                 }
-                received = self.start.receiver.recv() => match received {
-                    Ok(change) => {
-                        if change.resource_version() <= self.last {
-                            continue;
-                        }
-                        self.last = change.resource_version();
-                        if let Some(line) = self.change_line(&change) {
-                            return self.count(line);
-                        }
-                    }
+                () = tokio::time::sleep_until(waiting.unwrap_or(self.deadline)), if waiting.is_some() => {}
+                // While a change waits, newer ones stay in the channel: a watcher held back long enough
+                // to fill it is closed like any slow watcher.
+                received = self.start.receiver.recv(), if waiting.is_none() => match received {
+                    Ok(change) => self.take(change),
                     // A watcher that cannot keep up is closed, as the API server does; the client
                     // resumes from its last version.
                     Err(RecvError::Lagged(_) | RecvError::Closed) => {

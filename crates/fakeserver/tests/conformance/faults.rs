@@ -1,13 +1,14 @@
-//! Fault injection: errors at a rate with the chosen code, deterministic per seed; latency; watches
-//! dropped after N events.
+//! Fault injection: errors at a rate with the chosen code, deterministic per seed; latency; watch events
+//! delivered late; watches dropped after N events.
 
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use gpuop_fakeserver::{FakeServer, Faults, InjectedError, Verb};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams, PostParams, WatchParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
+use tokio::time::Instant;
 
 use super::support::{configmap, failure, within};
 
@@ -107,4 +108,137 @@ async fn watches_are_dropped_after_n_events() {
     )
     .await;
     assert_eq!(events.len(), 2, "{events:?}");
+}
+
+/// The delay of the tests below: long enough that "not yet" can be checked in a fraction of it on a busy
+/// machine.
+const WATCH_DELAY: Duration = Duration::from_secs(2);
+
+fn added_name<K: kube::Resource>(event: &WatchEvent<K>) -> Option<String> {
+    match event {
+        WatchEvent::Added(object) => object.meta().name.clone(),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn delayed_watch_events_arrive_late_in_order_while_lists_see_the_write_at_once() {
+    let server = FakeServer::builder()
+        .faults(Faults::new(0).delay_watch_events("configmaps", WATCH_DELAY))
+        .build();
+    let configmaps: Api<ConfigMap> = Api::default_namespaced(server.client());
+    let secrets: Api<Secret> = Api::default_namespaced(server.client());
+    let from = server.resource_version().to_string();
+    let params = WatchParams::default().disable_bookmarks();
+    let mut delayed = configmaps.watch(&params, &from).await.expect("watch").boxed();
+    let mut prompt = secrets.watch(&params, &from).await.expect("watch").boxed();
+
+    let written = Instant::now();
+    for name in ["a", "b"] {
+        configmaps
+            .create(&PostParams::default(), &configmap(name))
+            .await
+            .expect("the write is acknowledged at once");
+    }
+    let listed = configmaps.list(&ListParams::default()).await.expect("listed");
+    let names: Vec<_> = listed
+        .items
+        .iter()
+        .filter_map(|cm| cm.metadata.name.clone())
+        .collect();
+    assert_eq!(names, ["a", "b"], "a fresh LIST sees the writes at once");
+
+    // Another resource's stream is not held back: its event comes while the config maps still wait.
+    let mut secret = Secret::default();
+    secret.metadata.name = Some("s".into());
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("created");
+    let event = within("secret event", prompt.try_next())
+        .await
+        .expect("ok")
+        .expect("event");
+    assert_eq!(added_name(&event).as_deref(), Some("s"), "{event:?}");
+    assert!(
+        written.elapsed() < WATCH_DELAY,
+        "the secret's event took {:?}, as long as the delay of config maps",
+        written.elapsed()
+    );
+    let early = tokio::time::timeout(Duration::from_millis(300), delayed.next()).await;
+    assert!(early.is_err(), "a delayed event came early: {early:?}");
+
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let event = within("delayed events", delayed.try_next())
+            .await
+            .expect("ok")
+            .expect("event");
+        seen.extend(added_name(&event));
+    }
+    assert_eq!(seen, ["a", "b"], "delivered in order");
+    assert!(
+        written.elapsed() >= WATCH_DELAY,
+        "delivered after {:?}, before the {WATCH_DELAY:?} delay",
+        written.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn bookmarks_never_claim_a_delayed_change() {
+    let server = FakeServer::builder()
+        .bookmark_interval(Duration::from_millis(50))
+        .faults(Faults::new(0).delay_watch_events("configmaps", WATCH_DELAY))
+        .build();
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client());
+    let from = server.resource_version().to_string();
+    let mut stream = api
+        .watch(&WatchParams::default(), &from)
+        .await
+        .expect("watch")
+        .boxed();
+    let created = api
+        .create(&PostParams::default(), &configmap("a"))
+        .await
+        .expect("created");
+    let version: u64 = created
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .expect("a numeric version");
+    let mut bookmarks = Vec::new();
+    let added = loop {
+        match within("the delayed event", stream.try_next())
+            .await
+            .expect("ok")
+            .expect("event")
+        {
+            WatchEvent::Bookmark(bookmark) => {
+                bookmarks.push(
+                    bookmark
+                        .metadata
+                        .resource_version
+                        .parse::<u64>()
+                        .expect("numeric"),
+                );
+            }
+            other => break other,
+        }
+    };
+    assert_eq!(added_name(&added).as_deref(), Some("a"), "{added:?}");
+    assert!(!bookmarks.is_empty(), "bookmarks came while the event waited");
+    assert!(
+        bookmarks.iter().all(|at| *at < version),
+        "a bookmark claimed {bookmarks:?} before the change at {version} was delivered"
+    );
+    // Once delivered, bookmarks move on past it.
+    let next = within("a later bookmark", stream.try_next())
+        .await
+        .expect("ok")
+        .expect("event");
+    assert!(
+        matches!(&next, WatchEvent::Bookmark(b) if b.metadata.resource_version.parse::<u64>().is_ok_and(|at| at >= version)),
+        "{next:?}"
+    );
 }
