@@ -5,17 +5,20 @@
 //! - `gpu-sim bench converge --nodes N`: run the `gpu-operator` binary as its own process against the fake
 //!   API server, apply the default ClusterPolicy, and measure the time until every operand is ready on
 //!   every node, the operator's API requests by verb, its writes during a steady window that follows
-//!   (the target is zero) and its peak memory.
+//!   (the target is zero) and its peak memory. A watch on the ClusterPolicy sees every status the operator
+//!   writes: the benchmark reports how often it wrote, and whether any `ready` came before every operand
+//!   ran on every node (the target is none).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use gpuop_api::ClusterPolicy;
-use gpuop_api::status::State;
+use gpuop_api::status::{PolicyStatus, State};
 use gpuop_fakeserver::FakeServer;
 use gpuop_fakeserver::accounting::RequestCounts;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
@@ -217,6 +220,82 @@ fn operator_binary() -> anyhow::Result<PathBuf> {
     Ok(binary)
 }
 
+/// Every status write of the ClusterPolicy, as a watch sees it.
+#[derive(Debug, Default)]
+struct StatusLog {
+    /// When each write showed up, and whether it changed the state or a condition's status or reason
+    /// (rather than only counts and messages).
+    writes: Vec<(Instant, bool)>,
+    /// `ready` writes seen while some node did not run every operand it should.
+    premature_ready: usize,
+    /// Whether a `ready` write was seen at all.
+    ready_seen: bool,
+}
+
+impl StatusLog {
+    fn summary(&self) -> String {
+        let changes = self.writes.iter().filter(|(_, changed)| *changed).count();
+        let closest = self
+            .writes
+            .windows(2)
+            .filter(|pair| !pair[1].1)
+            .map(|pair| pair[1].0.duration_since(pair[0].0))
+            .min();
+        let spacing = closest.map_or(String::new(), |gap| {
+            format!(
+                "; count-only writes at least {:.2} s after the previous write",
+                gap.as_secs_f64()
+            )
+        });
+        format!(
+            "{} ({changes} changes of state or condition{spacing})",
+            self.writes.len()
+        )
+    }
+}
+
+fn lock(log: &Mutex<StatusLog>) -> std::sync::MutexGuard<'_, StatusLog> {
+    log.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Records every status write of the ClusterPolicy; a `ready` is checked against a fresh snapshot.
+async fn watch_statuses(client: Client, log: Arc<Mutex<StatusLog>>) {
+    use futures::TryStreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+
+    let outline = |status: &PolicyStatus| {
+        let conditions: Vec<(String, String, String)> = status
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+            .collect();
+        (status.state, conditions)
+    };
+    let policies: Api<ClusterPolicy> = Api::all(client.clone());
+    let mut events = std::pin::pin!(watcher(policies, watcher::Config::default()).applied_objects());
+    let mut last: Option<PolicyStatus> = None;
+    while let Ok(Some(policy)) = events.try_next().await {
+        let Some(status) = policy.status else { continue };
+        if last.as_ref() == Some(&status) {
+            continue;
+        }
+        let at = Instant::now();
+        let changed = last.as_ref().is_none_or(|last| outline(last) != outline(&status));
+        let ready = status.state == State::Ready;
+        let premature = ready
+            && !snapshot(&client)
+                .await
+                .is_ok_and(|(rows, _)| rows.iter().all(|row| !row.operands.is_empty() && row.converged()));
+        let mut log = lock(&log);
+        log.writes.push((at, changed));
+        log.premature_ready += usize::from(premature);
+        log.ready_seen |= ready;
+        drop(log);
+        last = Some(status);
+    }
+}
+
 /// `gpu-sim bench converge`.
 pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
     let binary = operator_binary()?;
@@ -246,6 +325,8 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
     let pid = operator.id().map(|p| p.to_string()).unwrap_or_default();
     let before = server.requests();
     let started = Instant::now();
+    let statuses = Arc::new(Mutex::new(StatusLog::default()));
+    let status_watch = tokio::spawn(watch_statuses(client.clone(), statuses.clone()));
     apply_policy(&client, DEFAULT_POLICY).await?;
     loop {
         let (rows, policy) = snapshot(&client).await?;
@@ -267,6 +348,13 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
     }
     let converged = started.elapsed();
     let at_convergence = server.requests();
+    // The watch delivers the ready write moments after the snapshot above saw it; wait for its verdict.
+    let judged = Instant::now();
+    while !lock(&statuses).ready_seen && judged.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    status_watch.abort();
+    let statuses = std::mem::take(&mut *lock(&statuses));
     let rollout = by_verb(&at_convergence.since(&before), "gpu-operator");
     tokio::time::sleep(Duration::from_secs(args.steady_seconds)).await;
     let after = server.requests();
@@ -313,6 +401,18 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
         }
     );
     println!("| operator writes in the steady window | {steady_writes} |");
+    println!(
+        "| ClusterPolicy status writes during the rollout | {} |",
+        statuses.summary()
+    );
+    println!(
+        "| `ready` written before every operand ran on every node | {} |",
+        match (statuses.ready_seen, statuses.premature_ready) {
+            (false, _) => "ready never seen by the status watch".to_owned(),
+            (true, 0) => "never".to_owned(),
+            (true, n) => format!("{n} time(s)"),
+        }
+    );
     println!("| operator peak memory (its own process) | {peak:.0} MiB |");
     println!(
         "| operands ready | {} |",

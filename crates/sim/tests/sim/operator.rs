@@ -734,3 +734,132 @@ async fn only_the_leader_writes_and_a_second_replica_takes_over_when_it_stops() 
     second.stop().await;
     cluster.stop().await;
 }
+
+/// Every operand of [`CONTAINER_STACK`] runs Ready on each of `nodes`, as a fresh LIST shows it; the error
+/// names what is missing.
+async fn stack_ready_on(client: &Client, nodes: &[&str]) -> Result<(), String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let pods = pods
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut missing = Vec::new();
+    for node in nodes {
+        let ready: BTreeSet<String> = pods
+            .items
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(*node))
+            .filter(|p| {
+                p.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .flatten()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+                })
+            })
+            .filter_map(|p| gpuop_sim::kubelet::operand_of(p).map(|o| o.id().to_owned()))
+            .collect();
+        let lacking: Vec<&str> = CONTAINER_STACK
+            .iter()
+            .copied()
+            .filter(|id| !ready.contains(*id))
+            .collect();
+        if !lacking.is_empty() {
+            missing.push(format!("{node}: {lacking:?}"));
+        }
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(missing.join("; "))
+    }
+}
+
+#[tokio::test]
+async fn no_ready_is_ever_written_before_the_operands_run_even_when_node_events_lag() {
+    // On a real API server the operator's own node labels come back through its watch seconds after it
+    // wrote them; here every node event reaches every watcher two seconds late.
+    let mut cluster =
+        Cluster::without_operator(vec![pool("l4", 2, Some(GpuModel::L4)), pool("cpu", 1, None)]).await;
+    cluster
+        .server
+        .set_faults(Faults::new(9).delay_watch_events("nodes", Duration::from_secs(2)));
+
+    // Every status the operator writes, in order, judged against the cluster at the moment it shows up.
+    let client = cluster.client.clone();
+    let (written, mut writes) = tokio::sync::mpsc::unbounded_channel();
+    let observer = tokio::spawn(async move {
+        use futures::TryStreamExt;
+        use kube::runtime::WatchStreamExt;
+        let policies: Api<ClusterPolicy> = Api::all(client.clone());
+        let mut events =
+            std::pin::pin!(kube::runtime::watcher(policies, Default::default()).applied_objects());
+        let mut last = None;
+        while let Ok(Some(policy)) = events.try_next().await {
+            let Some(status) = policy.status else { continue };
+            let ready = status.conditions.iter().flatten().find(|c| c.type_ == "Ready");
+            let seen = (status.state, ready.map(|c| c.reason.clone()));
+            if last.as_ref() == Some(&seen) {
+                continue;
+            }
+            last = Some(seen.clone());
+            let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
+            let driver = daemonsets
+                .get_opt("nvidia-driver-daemonset")
+                .await
+                .ok()
+                .flatten()
+                .is_some();
+            let operands = stack_ready_on(&client, &["l4-0", "l4-1"]).await;
+            if written.send((seen, driver, operands)).is_err() {
+                return;
+            }
+        }
+    });
+
+    let started = tokio::time::Instant::now();
+    cluster.start_operator().await;
+    cluster.apply(DEFAULT_POLICY).await;
+    cluster.converged("cluster-policy").await;
+    let elapsed = started.elapsed();
+
+    // The observer judges each write after it shows up; wait for its verdict on the ready one.
+    let mut seen = Vec::new();
+    while !seen.iter().any(|((state, _), _, _)| *state == State::Ready) {
+        match tokio::time::timeout(PATIENCE, writes.recv()).await {
+            Ok(Some(write)) => seen.push(write),
+            _ => panic!("the observer never saw the ready status: {seen:#?}"),
+        }
+    }
+    observer.abort();
+    let first = seen.first().expect("the operator wrote a status");
+    assert!(
+        first.1,
+        "the driver DaemonSet is applied in the first pass, before the first status: {seen:#?}"
+    );
+    for ((state, reason), _, operands) in &seen {
+        assert_ne!(
+            reason.as_deref(),
+            Some("NoGPUNodes"),
+            "a GPU cluster reported GPU-less: {seen:#?}"
+        );
+        if *state == State::Ready {
+            assert!(
+                operands.is_ok(),
+                "ready written before the operands run ({operands:?}): {seen:#?}"
+            );
+        }
+    }
+
+    // Counts are written at most once a second; changes of state at once.
+    let status_writes = cluster.server.requests().matching(|key| {
+        key.resource == "clusterpolicies" && key.subresource == "status" && key.verb.is_write()
+    });
+    let allowed = elapsed.as_secs() + 1 + seen.len() as u64;
+    assert!(
+        status_writes <= allowed,
+        "{status_writes} status writes in {elapsed:?} with {} changes of state",
+        seen.len()
+    );
+    cluster.stop().await;
+}
