@@ -37,7 +37,7 @@ use crate::labeler::{LabelPolicy, NodePatch, desired_labels};
 use crate::lease::Leadership;
 use crate::metrics::{Metrics, ReconciliationStatus};
 use crate::readiness::{Observed, observe};
-use crate::status::{Outcome, policy_status, transition};
+use crate::status::{Outcome, only_counts_differ, policy_status, transition};
 
 /// How long a write the caches have not shown yet is trusted before it is made again.
 const IN_FLIGHT: Duration = Duration::from_secs(10);
@@ -231,11 +231,11 @@ pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
         Ok(validated) => validated,
         Err(errors) => {
             // Leave everything running as it is; say which fields are wrong.
-            invalid(context, active, errors, leader).await?;
+            let next = invalid(context, active, errors, leader).await?;
             context
                 .metrics
                 .reconciled(ReconciliationStatus::PolicyUnavailable, now_seconds());
-            return Ok(RESYNC);
+            return Ok(next);
         }
     };
     let label_policy = LabelPolicy::from_policy(&validated);
@@ -264,11 +264,11 @@ pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
         Ok(rendered) => rendered,
         Err(error) => {
             let outcome = Outcome::Failed(error.to_string());
-            write_status(context, active, &outcome, leader).await?;
+            let written = write_status(context, active, &outcome, leader).await?;
             context
                 .metrics
                 .reconciled(ReconciliationStatus::OperatorError, now_seconds());
-            return Ok(RESYNC);
+            return Ok(written.deferred.unwrap_or(RESYNC));
         }
     };
     let awaiting_echo = leader && apply_rendered(context, active, &rendered).await?;
@@ -313,15 +313,16 @@ fn replace<T: PartialEq>(current: &mut T, new: T) -> bool {
     }
 }
 
+/// Writes the status of an invalid policy; returns when the pass must run again.
 async fn invalid(
     context: &Context,
     policy: &ClusterPolicy,
     errors: Vec<FieldError>,
     leader: bool,
-) -> Result<(), ReconcileError> {
+) -> Result<Duration, ReconcileError> {
     let outcome = Outcome::Invalid(errors);
-    write_status(context, policy, &outcome, leader).await?;
-    Ok(())
+    let written = write_status(context, policy, &outcome, leader).await?;
+    Ok(written.deferred.unwrap_or(RESYNC))
 }
 
 /// Applies what changed and prunes what is gone, skipping writes the caches have not echoed yet. Returns
@@ -418,7 +419,7 @@ async fn write_status(
     // that changed since the last write, or a write not yet echoed.
     let baseline = last_write.as_ref().map(|(written, _)| written).or(stored);
     if let Some((_, at)) = &last_write
-        && baseline.is_some_and(|baseline| same_conditions(baseline, &status))
+        && baseline.is_some_and(|baseline| only_counts_differ(baseline, &status))
         && at.elapsed() < STATUS_INTERVAL
     {
         return Ok(StatusWrite {
@@ -453,19 +454,6 @@ async fn write_status(
         status,
         deferred: None,
     })
-}
-
-/// Whether two statuses have the same state and the same conditions but for their messages.
-fn same_conditions(a: &PolicyStatus, b: &PolicyStatus) -> bool {
-    let key = |status: &PolicyStatus| -> Vec<(String, String, String)> {
-        status
-            .conditions
-            .iter()
-            .flatten()
-            .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
-            .collect()
-    };
-    a.state == b.state && key(a) == key(b)
 }
 
 /// Publishes an event when a policy's state changes, with the condition's reason and a short note.

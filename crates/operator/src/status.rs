@@ -118,6 +118,20 @@ pub fn policy_status(
     }
 }
 
+/// Whether `b` tells a reader nothing `a` did not, but for counts, node lists and messages: the same
+/// generation, state, and conditions with the same status and reason. Such a write can wait a moment.
+pub fn only_counts_differ(a: &PolicyStatus, b: &PolicyStatus) -> bool {
+    fn outline(status: &PolicyStatus) -> Vec<(&str, &str, &str)> {
+        status
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_str()))
+            .collect()
+    }
+    a.state == b.state && a.observed_generation == b.observed_generation && outline(a) == outline(b)
+}
+
 /// What the Event for a change of state says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Transition {
@@ -623,5 +637,29 @@ mod tests {
         assert_eq!(event.reason, "ReconcileFailed");
         assert!(event.note.len() <= EVENT_NOTE_LIMIT && event.note.ends_with('…'));
         assert!(event.note.starts_with("the ClusterPolicy is invalid"));
+    }
+
+    #[test]
+    fn only_counts_and_messages_can_wait() {
+        let progress = |ready: &[&str], generation| {
+            let outcome = Outcome::Applied {
+                operands: vec![observation(Operand::Driver, &["a", "b", "c"], ready)],
+                census: census(3),
+            };
+            policy_status(&outcome, "ns", Some(generation), None, &time(1))
+        };
+        let (one, two, all) = (
+            progress(&["a"], 1),
+            progress(&["a", "b"], 1),
+            progress(&["a", "b", "c"], 1),
+        );
+        assert!(only_counts_differ(&one, &two), "a count moved");
+        assert!(!only_counts_differ(&two, &all), "the state changed");
+        assert!(
+            !only_counts_differ(&one, &progress(&["a"], 2)),
+            "a new generation was observed"
+        );
+        let invalid = policy_status(&Outcome::Invalid(vec![]), "ns", Some(1), None, &time(1));
+        assert!(!only_counts_differ(&one, &invalid), "the Error condition changed");
     }
 }

@@ -21,6 +21,7 @@ use gpuop_api::ClusterPolicy;
 use gpuop_api::status::{PolicyStatus, State};
 use gpuop_fakeserver::FakeServer;
 use gpuop_fakeserver::accounting::RequestCounts;
+use gpuop_operator::status::only_counts_differ;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
 use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, PodTemplateSpec, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -263,15 +264,6 @@ async fn watch_statuses(client: Client, log: Arc<Mutex<StatusLog>>) {
     use futures::TryStreamExt;
     use kube::runtime::{WatchStreamExt, watcher};
 
-    let outline = |status: &PolicyStatus| {
-        let conditions: Vec<(String, String, String)> = status
-            .conditions
-            .iter()
-            .flatten()
-            .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
-            .collect();
-        (status.state, conditions)
-    };
     let policies: Api<ClusterPolicy> = Api::all(client.clone());
     let mut events = std::pin::pin!(watcher(policies, watcher::Config::default()).applied_objects());
     let mut last: Option<PolicyStatus> = None;
@@ -281,7 +273,7 @@ async fn watch_statuses(client: Client, log: Arc<Mutex<StatusLog>>) {
             continue;
         }
         let at = Instant::now();
-        let changed = last.as_ref().is_none_or(|last| outline(last) != outline(&status));
+        let changed = last.as_ref().is_none_or(|last| !only_counts_differ(last, &status));
         let ready = status.state == State::Ready;
         let premature = ready
             && !snapshot(&client)
