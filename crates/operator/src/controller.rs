@@ -415,17 +415,19 @@ async fn write_status(
             deferred: None,
         });
     }
-    // Whether a reader of the status would see something other than counts move: a state or condition
-    // that changed since the last write, or a write not yet echoed.
+    // Compared with what was last written (the cache may not show it yet), only counts moved: they wait
+    // for the interval to pass, so a rollout costs a write a second, not one per pass.
     let baseline = last_write.as_ref().map(|(written, _)| written).or(stored);
     if let Some((_, at)) = &last_write
         && baseline.is_some_and(|baseline| only_counts_differ(baseline, &status))
-        && at.elapsed() < STATUS_INTERVAL
     {
-        return Ok(StatusWrite {
-            status,
-            deferred: Some(STATUS_INTERVAL - at.elapsed()),
-        });
+        let wait = STATUS_INTERVAL.saturating_sub(at.elapsed());
+        if !wait.is_zero() {
+            return Ok(StatusWrite {
+                status,
+                deferred: Some(wait),
+            });
+        }
     }
     let api: Api<ClusterPolicy> = Api::all(context.client.clone());
     let patch = serde_json::json!({

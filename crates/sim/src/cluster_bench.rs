@@ -273,7 +273,9 @@ async fn watch_statuses(client: Client, log: Arc<Mutex<StatusLog>>) {
             continue;
         }
         let at = Instant::now();
-        let changed = last.as_ref().is_none_or(|last| !only_counts_differ(last, &status));
+        let changed = last
+            .as_ref()
+            .is_none_or(|last| !only_counts_differ(last, &status));
         let ready = status.state == State::Ready;
         let premature = ready
             && !snapshot(&client)
