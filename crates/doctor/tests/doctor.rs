@@ -1626,14 +1626,17 @@ timeline:
         let kubeconfig = dir.path().join("kubeconfig");
         served.write_kubeconfig(&kubeconfig).unwrap();
 
-        let client = server.client_as("gpu-sim");
+        let client = server.client_as(gpuop_sim::USER_AGENT);
         install(&client).await.expect("CRDs and namespace install");
         let simulation = Simulation::start(client.clone(), scenario.cluster(), Timing::instant())
             .await
             .expect("the simulation starts");
-        let operator = run::start(server.client_as("gpu-operator"), Config::in_process(NAMESPACE))
-            .await
-            .expect("the operator starts");
+        let operator = run::start(
+            server.client_as(gpuop_operator::USER_AGENT),
+            Config::in_process(NAMESPACE),
+        )
+        .await
+        .expect("the operator starts");
         apply_policy(&client, DEFAULT_POLICY)
             .await
             .expect("the policy applies");

@@ -166,7 +166,11 @@ impl ServerProcess {
 
     async fn client(&self) -> anyhow::Result<kube::Client> {
         let kubeconfig = kube::config::Kubeconfig::from_yaml(&gpuop_fakeserver::kubeconfig_yaml(&self.url))?;
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+        config.headers.push((
+            http::header::USER_AGENT,
+            http::HeaderValue::from_static(crate::USER_AGENT),
+        ));
         Ok(kube::Client::try_from(config)?)
     }
 }

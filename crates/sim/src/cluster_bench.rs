@@ -109,7 +109,7 @@ fn bench_daemonset(name: &str) -> DaemonSet {
 /// `gpu-sim bench nodes`.
 pub async fn nodes(args: NodesBenchArgs) -> anyhow::Result<()> {
     let server = FakeServer::new();
-    let client = server.client_as("gpu-sim");
+    let client = server.client_as(crate::USER_AGENT);
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let namespace = Namespace {
         metadata: ObjectMeta {
@@ -298,7 +298,7 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
     running.write_kubeconfig(&kubeconfig)?;
-    let client: Client = server.client_as("gpu-sim");
+    let client: Client = server.client_as(crate::USER_AGENT);
     install(&client).await?;
     let simulation = Simulation::start(client.clone(), gpu_cluster(args.nodes), Timing::instant()).await?;
     let mut operator = tokio::process::Command::new(&binary)
@@ -349,10 +349,12 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
     }
     status_watch.abort();
     let statuses = std::mem::take(&mut *lock(&statuses));
-    let rollout = by_verb(&at_convergence.since(&before), "gpu-operator");
+    // The operator process names itself with its own User-Agent; its product token is what is counted.
+    let operator_client = crate::product_token(gpuop_operator::USER_AGENT);
+    let rollout = by_verb(&at_convergence.since(&before), operator_client);
     tokio::time::sleep(Duration::from_secs(args.steady_seconds)).await;
     let after = server.requests();
-    let steady = by_verb(&after.since(&at_convergence), "gpu-operator");
+    let steady = by_verb(&after.since(&at_convergence), operator_client);
     let steady_writes: u64 = steady
         .iter()
         .filter(|(verb, _)| !["get", "list", "watch"].contains(&verb.as_str()))

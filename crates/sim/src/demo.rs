@@ -139,10 +139,14 @@ pub async fn demo(settings: DemoSettings) -> anyhow::Result<()> {
         println!("  {} × {:<15} {gpu}, {}{notes}", pool.count, pool.name, pool.os);
     }
     let server = FakeServer::new();
-    let client = server.client_as("gpu-sim");
+    let client = server.client_as(crate::USER_AGENT);
     install(&client).await?;
     let simulation = Simulation::start(client.clone(), spec, settings.timing).await?;
-    let operator = run::start(server.client_as("gpu-operator"), Config::in_process(NAMESPACE)).await?;
+    let operator = run::start(
+        server.client_as(gpuop_operator::USER_AGENT),
+        Config::in_process(NAMESPACE),
+    )
+    .await?;
     let started = Instant::now();
     let name = apply_policy(&client, DEFAULT_POLICY).await?;
     println!(
@@ -225,10 +229,11 @@ pub async fn demo(settings: DemoSettings) -> anyhow::Result<()> {
         }
     }
     let requests = server.requests();
+    let operator_client = crate::product_token(gpuop_operator::USER_AGENT);
     println!(
         "  API requests by the operator: {} ({} writes)",
-        requests.by_client("gpu-operator"),
-        requests.writes_by("gpu-operator")
+        requests.by_client(operator_client),
+        requests.writes_by(operator_client)
     );
     operator.stop().await;
     simulation.stop().await;

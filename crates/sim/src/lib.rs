@@ -28,6 +28,17 @@ pub mod up;
 
 use cli::{Bench, Cli, Command};
 
+/// The `User-Agent` of every client the simulator makes, in process or from a kubeconfig: API server audit
+/// logs, request metrics and the fake server's request accounting tell its requests from the operator's
+/// (`gpuop_operator::USER_AGENT`) and from people's.
+pub const USER_AGENT: &str = concat!("gpu-sim/", env!("CARGO_PKG_VERSION"));
+
+/// The product token of a `User-Agent` (`gpu-sim/0.1.0` → `gpu-sim`): what the fake server's request
+/// accounting matches a client by (`writes_by`, `by_client`), so counts hold across versions.
+pub fn product_token(user_agent: &str) -> &str {
+    user_agent.split('/').next().unwrap_or(user_agent)
+}
+
 /// Runs a `gpu-sim` command to completion.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     let default_level = if matches!(cli.command, Command::Demo(_)) {

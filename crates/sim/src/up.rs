@@ -15,6 +15,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use crate::USER_AGENT;
 use crate::cli::UpArgs;
 use crate::demo::{NAMESPACE, install};
 use crate::kubelet::Timing;
@@ -36,13 +37,18 @@ pub fn load_scenario(path: Option<&Path>) -> anyhow::Result<Scenario> {
     }
 }
 
-/// A client for an existing API server from a kubeconfig file.
+/// A client for an existing API server from a kubeconfig file, naming itself [`USER_AGENT`] so that the
+/// cluster's audit log tells the simulated kubelets' requests from everyone else's.
 pub async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<Client> {
     let kubeconfig =
         Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .with_context(|| format!("using kubeconfig {}", path.display()))?;
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(USER_AGENT),
+    ));
     Client::try_from(config).context("building a Kubernetes client")
 }
 
@@ -79,9 +85,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
                     .with_context(|| format!("writing {}", path.display()))?;
             }
             println!("{}", running.url());
-            let client = server.client_as("gpu-sim");
+            let client = server.client_as(USER_AGENT);
             install(&client).await?;
-            server_for_operator = Some(server.client_as("gpu-operator"));
+            server_for_operator = Some(server.client_as(gpuop_operator::USER_AGENT));
             served = Some((server, running));
             client
         }

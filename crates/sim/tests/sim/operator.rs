@@ -53,7 +53,7 @@ impl Cluster {
 
     async fn without_operator(pools: Vec<NodePool>) -> Self {
         let server = FakeServer::new();
-        let client = server.client_as("gpu-sim");
+        let client = server.client_as(gpuop_sim::USER_AGENT);
         install(&client).await.expect("CRDs and namespace install");
         let spec = ClusterSpec {
             nfd: true,
@@ -97,7 +97,7 @@ impl Cluster {
     async fn start_operator(&mut self) {
         let config = Config::in_process(NAMESPACE);
         self.operator = Some(
-            run::start(self.server.client_as("gpu-operator"), config)
+            run::start(self.server.client_as(gpuop_operator::USER_AGENT), config)
                 .await
                 .expect("operator starts"),
         );
@@ -405,7 +405,9 @@ async fn a_joining_node_is_labelled_and_its_operands_come_up_in_chain_order() {
     // One patch per node: its deploy switches (a MIG-capable GPU would add a second, once feature
     // discovery reports it), however many times the node changed meanwhile.
     let node_patches = cluster.server.requests().matching(|key| {
-        key.verb == Verb::Patch && key.resource == "nodes" && key.client.starts_with("gpu-operator")
+        key.verb == Verb::Patch
+            && key.resource == "nodes"
+            && gpuop_sim::product_token(&key.client) == gpuop_sim::product_token(gpuop_operator::USER_AGENT)
     });
     assert_eq!(node_patches, 2, "node label patches for two T4 nodes");
     cluster.stop().await;
@@ -656,7 +658,7 @@ async fn a_restarted_operator_converges_without_duplicates_and_then_writes_nothi
     tokio::time::sleep(Duration::from_secs(3)).await;
     let window = cluster.server.requests().since(&before);
     assert_eq!(
-        window.writes_by("gpu-operator"),
+        window.writes_by(gpuop_sim::product_token(gpuop_operator::USER_AGENT)),
         0,
         "writes in a steady window: {:?}",
         window.iter().collect::<Vec<_>>()

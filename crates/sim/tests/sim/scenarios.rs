@@ -355,9 +355,14 @@ impl Cluster {
             node_pools: pools.into_iter().map(|pool| pool.0).collect(),
         };
         spec.check().expect("a valid cluster spec");
-        let sim = Simulation::start_playing(server.client_as("gpu-sim"), spec, Timing::instant(), plays)
-            .await
-            .expect("the simulation starts");
+        let sim = Simulation::start_playing(
+            server.client_as(gpuop_sim::USER_AGENT),
+            spec,
+            Timing::instant(),
+            plays,
+        )
+        .await
+        .expect("the simulation starts");
         Self { client, sim }
     }
 
