@@ -897,9 +897,22 @@ async fn report_node(
         return;
     };
     let nodes: Api<Node> = Api::all(client.clone());
-    let allocatable = host.advertised(plugin);
-    let capacity = host.capacity(plugin);
     let status = node.status.as_ref();
+    // A resource the plugin no longer advertises (`nvidia.com/gpu.shared` after sharing is switched
+    // off, a MIG profile after a new layout) stays on the node at 0, as the kubelet keeps it.
+    let gone = |mut wanted: BTreeMap<String, u64>, reported: Option<&BTreeMap<String, Quantity>>| {
+        for resource in reported.into_iter().flat_map(BTreeMap::keys) {
+            if labels::is_gpu_resource(resource) {
+                wanted.entry(resource.clone()).or_insert(0);
+            }
+        }
+        wanted
+    };
+    let allocatable = gone(
+        host.advertised(plugin),
+        status.and_then(|s| s.allocatable.as_ref()),
+    );
+    let capacity = gone(host.capacity(plugin), status.and_then(|s| s.capacity.as_ref()));
     let differs = |wanted: &BTreeMap<String, u64>, reported: Option<&BTreeMap<String, Quantity>>| {
         wanted.iter().any(|(resource, count)| {
             reported.and_then(|r| r.get(resource)).map(|q| q.0.as_str()) != Some(count.to_string().as_str())
@@ -938,7 +951,9 @@ async fn report_node(
     for key in node.labels().keys() {
         let ours =
             every_key.contains_key(key) || key.starts_with("nvidia.com/mig-") || key == labels::MIG_STRATEGY;
-        if ours && !wanted.contains_key(key) && discovery.is_none() {
+        // Feature discovery publishes its whole label set each time, so a label it no longer writes (a
+        // MIG profile's after a new layout) goes, as it does when discovery stops.
+        if ours && !wanted.contains_key(key) {
             changes.insert(key.clone(), serde_json::Value::Null);
         }
     }

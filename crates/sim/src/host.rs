@@ -9,6 +9,7 @@ use gpuop_api::catalogue::status_file;
 use gpuop_api::labels;
 
 use crate::hardware::{GpuModel, mig_resource};
+use crate::sharing::{Sharing, Strategy, unshared_resource_labels};
 
 /// One node's host.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,26 +39,21 @@ pub struct Host {
     pub plugin_registered: bool,
 }
 
-/// How the running device plugin advertises GPUs.
+/// How the running device plugin advertises GPUs, and feature discovery labels them (both read the same
+/// configuration file).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PluginSettings {
     /// `none`, `single` or `mixed`.
     pub mig_strategy: String,
-    /// Replicas each device is advertised as (time-slicing or MPS); 1 without sharing.
-    pub replicas: u32,
-    /// `time-slicing`, `mps` or `none`.
-    pub sharing: &'static str,
-    /// Whether shared GPUs are advertised as `nvidia.com/gpu.shared`.
-    pub rename: bool,
+    /// Which resources are shared, how many times and under which name.
+    pub sharing: Sharing,
 }
 
 impl Default for PluginSettings {
     fn default() -> Self {
         Self {
             mig_strategy: "none".into(),
-            replicas: 1,
-            sharing: "none",
-            rename: false,
+            sharing: Sharing::default(),
         }
     }
 }
@@ -137,31 +133,26 @@ impl Host {
             }
             return resources;
         };
-        let replicas = u64::from(plugin.replicas.max(1));
-        let gpu_resource = if plugin.rename && replicas > 1 {
-            "nvidia.com/gpu.shared"
-        } else {
-            labels::RESOURCE_GPU
-        }
-        .to_owned();
+        // The devices per resource name, as the plugin groups them before sharing.
+        let mut devices = BTreeMap::new();
         let mig_on = !self.mig_layout.is_empty();
         match (plugin.mig_strategy.as_str(), mig_on) {
             ("single", true) => {
                 let per_gpu: u64 = self.mig_layout.values().map(|c| u64::from(*c)).sum();
-                resources.insert(gpu_resource, healthy * per_gpu * replicas);
+                devices.insert(labels::RESOURCE_GPU.to_owned(), healthy * per_gpu);
             }
             ("mixed", true) => {
-                resources.insert(labels::RESOURCE_GPU.to_owned(), 0);
+                devices.insert(labels::RESOURCE_GPU.to_owned(), 0);
                 for profile in model.mig_profiles() {
                     let count = u64::from(self.mig_layout.get(profile.name).copied().unwrap_or(0));
-                    resources.insert(mig_resource(profile.name), healthy * count * replicas);
+                    devices.insert(mig_resource(profile.name), healthy * count);
                 }
             }
             _ => {
-                resources.insert(gpu_resource, healthy * replicas);
+                devices.insert(labels::RESOURCE_GPU.to_owned(), healthy);
             }
         }
-        resources
+        plugin.sharing.advertise(&devices)
     }
 
     /// The labels feature discovery writes for this host (none without GPUs or without a driver).
@@ -173,23 +164,30 @@ impl Host {
         let mut put = |key: &str, value: String| {
             out.insert(key.to_owned(), value);
         };
-        let shared = plugin.replicas > 1 && !plugin.rename;
-        let product = if shared {
-            format!("{}-SHARED", model.product())
+        let gpu = labels::RESOURCE_GPU;
+        let product = model.product();
+        let mig_on = !self.mig_layout.is_empty();
+        let gpus = u64::from(self.gpu_count);
+        // GPUs with MIG enabled are labelled "without sharing" (replicas 0): their devices are the MIG
+        // instances, whatever the configuration says of nvidia.com/gpu.
+        let whole = if mig_on {
+            unshared_resource_labels(gpu, gpus, &[product])
         } else {
-            model.product().to_owned()
+            plugin.sharing.resource_labels(gpu, gpus, &[product])
         };
-        put(labels::GPU_PRODUCT, product);
-        put(labels::GPU_COUNT, self.gpu_count.to_string());
+        for (key, value) in whole {
+            put(&key, value);
+        }
         put(labels::GPU_MEMORY, model.memory_mib().to_string());
         put(labels::GPU_FAMILY, model.family().to_owned());
         let (major, minor) = model.compute_capability();
         put("nvidia.com/gpu.compute.major", major.to_string());
         put("nvidia.com/gpu.compute.minor", minor.to_string());
-        put(labels::GPU_REPLICAS, plugin.replicas.to_string());
-        put(labels::GPU_SHARING_STRATEGY, plugin.sharing.to_owned());
         put(labels::MIG_CAPABLE, model.mig_capable().to_string());
-        put(labels::MPS_CAPABLE, (plugin.sharing == "mps").to_string());
+        put(
+            labels::MPS_CAPABLE,
+            (plugin.sharing.strategy == Strategy::Mps).to_string(),
+        );
         put("nvidia.com/gpu.machine", "gpu-sim".to_owned());
         let mut parts = driver.split('.');
         put(
@@ -200,12 +198,54 @@ impl Host {
         if model.mig_capable() && plugin.mig_strategy != "none" {
             put(labels::MIG_STRATEGY, plugin.mig_strategy.clone());
         }
-        if plugin.mig_strategy == "mixed" && !self.mig_layout.is_empty() {
-            for (profile, count) in &self.mig_layout {
-                let prefix = format!("nvidia.com/mig-{}", profile.replace('+', "."));
-                put(&format!("{prefix}.count"), (count * self.gpu_count).to_string());
-                put(&format!("{prefix}.replicas"), plugin.replicas.to_string());
+        let instances: Vec<(&String, u64)> = self
+            .mig_layout
+            .iter()
+            .filter(|(_, per_gpu)| **per_gpu > 0)
+            .map(|(profile, per_gpu)| (profile, u64::from(*per_gpu) * gpus))
+            .collect();
+        let profile_memory = |profile: &str| {
+            model
+                .mig_profiles()
+                .iter()
+                .find(|p| p.name == profile)
+                .map_or(0, |p| p.memory_mib)
+        };
+        match (plugin.mig_strategy.as_str(), mig_on, instances.as_slice()) {
+            // Under the single strategy the MIG instances are nvidia.com/gpu, so they take over its labels;
+            // a node with no instances or several profiles is labelled invalid.
+            ("single", true, [(profile, count)]) => {
+                let name = profile.replace('+', ".");
+                for (key, value) in plugin
+                    .sharing
+                    .resource_labels(gpu, *count, &[product, "MIG", &name])
+                {
+                    put(&key, value);
+                }
+                put(labels::GPU_MEMORY, profile_memory(profile).to_string());
             }
+            ("single", true, _) => {
+                put(labels::GPU_PRODUCT, format!("{product}-MIG-INVALID"));
+                put(labels::GPU_COUNT, "0".to_owned());
+                put(labels::GPU_REPLICAS, "0".to_owned());
+                put(labels::GPU_SHARING_STRATEGY, String::new());
+                put(labels::GPU_MEMORY, "0".to_owned());
+            }
+            ("mixed", true, instances) => {
+                for (profile, count) in instances {
+                    let resource = mig_resource(profile);
+                    let name = profile.replace('+', ".");
+                    for (key, value) in
+                        plugin
+                            .sharing
+                            .resource_labels(&resource, *count, &[product, "MIG", &name])
+                    {
+                        put(&key, value);
+                    }
+                    put(&format!("{resource}.memory"), profile_memory(profile).to_string());
+                }
+            }
+            _ => {}
         }
         out
     }
@@ -214,9 +254,33 @@ impl Host {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sharing::Shared;
 
     fn a100(count: u32) -> Host {
         Host::new(Some(GpuModel::A100_80GB), count, None)
+    }
+
+    /// Time-slicing of these resources, renamed to `<resource>.shared` when `rename`.
+    fn time_sliced(strategy: &str, resources: &[(&str, u32)], rename: bool) -> PluginSettings {
+        PluginSettings {
+            mig_strategy: strategy.into(),
+            sharing: Sharing {
+                strategy: Strategy::TimeSlicing,
+                resources: resources
+                    .iter()
+                    .map(|(name, replicas)| {
+                        (
+                            (*name).to_owned(),
+                            Shared {
+                                replicas: *replicas,
+                                renamed: rename.then(|| format!("{name}.shared")),
+                            },
+                        )
+                    })
+                    .collect(),
+                fail_requests_greater_than_one: false,
+            },
+        }
     }
 
     #[test]
@@ -234,17 +298,13 @@ mod tests {
         );
         let plain = PluginSettings::default();
         assert_eq!(host.advertised(Some(&plain))["nvidia.com/gpu"], 8);
-        let shared = PluginSettings {
-            replicas: 4,
-            sharing: "time-slicing",
-            ..PluginSettings::default()
-        };
+        let shared = time_sliced("none", &[("nvidia.com/gpu", 4)], false);
         assert_eq!(host.advertised(Some(&shared))["nvidia.com/gpu"], 32);
-        let renamed = PluginSettings {
-            rename: true,
-            ..shared
-        };
-        assert_eq!(host.advertised(Some(&renamed))["nvidia.com/gpu.shared"], 32);
+        let renamed = time_sliced("none", &[("nvidia.com/gpu", 4)], true);
+        assert_eq!(
+            host.advertised(Some(&renamed)),
+            BTreeMap::from([("nvidia.com/gpu.shared".to_owned(), 32)])
+        );
         let mut sick = a100(8);
         sick.unhealthy.insert(3);
         assert_eq!(
@@ -292,6 +352,82 @@ mod tests {
     }
 
     #[test]
+    fn each_resource_is_shared_by_its_own_replicas() {
+        // deploy/samples/clusterpolicy-mig-mixed-time-slicing.yaml on 8 A100s with all-1g.10gb.
+        let mut host = a100(8);
+        host.mig_layout = [("1g.10gb".to_owned(), 7)].into();
+        let sample = time_sliced(
+            "mixed",
+            &[
+                ("nvidia.com/gpu", 4),
+                ("nvidia.com/mig-1g.10gb", 2),
+                ("nvidia.com/mig-2g.20gb", 4),
+            ],
+            false,
+        );
+        let advertised = host.advertised(Some(&sample));
+        assert_eq!(
+            advertised["nvidia.com/mig-1g.10gb"], 112,
+            "56 instances × 2, not × 4"
+        );
+        assert_eq!(advertised["nvidia.com/mig-2g.20gb"], 0);
+        assert_eq!(advertised["nvidia.com/gpu"], 0);
+        host.loaded_driver = Some("595.91.07".into());
+        let labels = host.feature_labels(&sample);
+        assert_eq!(labels["nvidia.com/mig-1g.10gb.count"], "56");
+        assert_eq!(labels["nvidia.com/mig-1g.10gb.replicas"], "2");
+        assert_eq!(labels["nvidia.com/mig-1g.10gb.sharing-strategy"], "time-slicing");
+        assert_eq!(
+            labels["nvidia.com/mig-1g.10gb.product"],
+            "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb-SHARED"
+        );
+        assert_eq!(labels["nvidia.com/mig-1g.10gb.memory"], "9856");
+        assert!(
+            !labels.contains_key("nvidia.com/mig-2g.20gb.count"),
+            "no labels for a profile the GPUs do not have"
+        );
+        assert_eq!(
+            labels["nvidia.com/gpu.replicas"], "0",
+            "MIG-enabled GPUs are labelled without sharing"
+        );
+        assert_eq!(labels["nvidia.com/gpu.product"], "NVIDIA-A100-SXM4-80GB");
+        assert_eq!(labels["nvidia.com/gpu.sharing-strategy"], "none");
+
+        // The same configuration on whole GPUs: nvidia.com/gpu × 4.
+        let mut whole = Host::new(Some(GpuModel::H100_80GB), 8, Some("580.82.07".into()));
+        whole.plugin_registered = true;
+        assert_eq!(whole.advertised(Some(&sample))["nvidia.com/gpu"], 32);
+        let labels = whole.feature_labels(&sample);
+        assert_eq!(labels["nvidia.com/gpu.replicas"], "4");
+        assert_eq!(labels["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3-SHARED");
+        assert_eq!(labels["nvidia.com/gpu.sharing-strategy"], "time-slicing");
+    }
+
+    #[test]
+    fn the_single_strategy_labels_the_mig_instances_as_the_gpus() {
+        let mut host = a100(8);
+        host.loaded_driver = Some("595.91.07".into());
+        host.mig_layout = [("1g.10gb".to_owned(), 7)].into();
+        let single = time_sliced("single", &[("nvidia.com/gpu", 2)], false);
+        assert_eq!(host.advertised(Some(&single))["nvidia.com/gpu"], 112);
+        let labels = host.feature_labels(&single);
+        assert_eq!(
+            labels["nvidia.com/gpu.product"],
+            "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb-SHARED"
+        );
+        assert_eq!(labels["nvidia.com/gpu.count"], "56");
+        assert_eq!(labels["nvidia.com/gpu.replicas"], "2");
+        assert_eq!(labels["nvidia.com/gpu.memory"], "9856");
+        host.mig_layout = [("1g.10gb".to_owned(), 2), ("3g.40gb".to_owned(), 1)].into();
+        let labels = host.feature_labels(&single);
+        assert_eq!(
+            labels["nvidia.com/gpu.product"],
+            "NVIDIA-A100-SXM4-80GB-MIG-INVALID"
+        );
+        assert_eq!(labels["nvidia.com/gpu.count"], "0");
+    }
+
+    #[test]
     fn validations_follow_the_chain() {
         let mut host = a100(1);
         assert!(!host.validation_passes("driver", 0));
@@ -315,12 +451,7 @@ mod tests {
         let mut host = a100(8);
         assert!(host.feature_labels(&PluginSettings::default()).is_empty());
         host.loaded_driver = Some("595.91.07".into());
-        let shared = PluginSettings {
-            mig_strategy: "single".into(),
-            replicas: 2,
-            sharing: "time-slicing",
-            rename: false,
-        };
+        let shared = time_sliced("single", &[("nvidia.com/gpu", 2)], false);
         let labels = host.feature_labels(&shared);
         assert_eq!(labels["nvidia.com/gpu.product"], "NVIDIA-A100-SXM4-80GB-SHARED");
         assert_eq!(labels["nvidia.com/gpu.count"], "8");
@@ -331,5 +462,11 @@ mod tests {
         assert_eq!(labels["nvidia.com/mig.capable"], "true");
         assert_eq!(labels["nvidia.com/mig.strategy"], "single");
         assert_eq!(labels["nvidia.com/cuda.driver.major"], "595");
+        let renamed = host.feature_labels(&time_sliced("none", &[("nvidia.com/gpu", 2)], true));
+        assert_eq!(
+            renamed["nvidia.com/gpu.product"], "NVIDIA-A100-SXM4-80GB",
+            "a resource shared as nvidia.com/gpu.shared has no -SHARED"
+        );
+        assert_eq!(renamed["nvidia.com/gpu.replicas"], "2");
     }
 }

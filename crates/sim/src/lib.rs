@@ -4,7 +4,8 @@
 //! - Data: [`cluster_spec`] (node pools as a person writes them), [`hardware`] (GPU models and their MIG
 //!   profiles), [`scenario`] (a timeline of events and faults).
 //! - Pure decisions: [`daemonset`] (the DaemonSet controller), [`kubelet`] (one pod's next status),
-//!   [`host`] (what a node's host has and advertises), [`operands`] (operand configuration read through the
+//!   [`host`] (what a node's host has and advertises), [`sharing`] (GPU sharing per resource, as the
+//!   device plugin and feature discovery apply it), [`operands`] (operand configuration read through the
 //!   images' contract), [`progress`] (what a person watching sees).
 //! - I/O: [`simulation`] (a running cluster and scenario actions), [`actors`] (controller, scheduler,
 //!   kubelets), and the commands [`demo`], [`up`], [`serve`], [`bench`] and [`cluster_bench`].
@@ -23,6 +24,7 @@ pub mod operands;
 pub mod progress;
 pub mod scenario;
 pub mod serve;
+pub mod sharing;
 pub mod simulation;
 pub mod up;
 

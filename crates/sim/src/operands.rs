@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use crate::hardware::GpuModel;
 use crate::host::PluginSettings;
+use crate::sharing::{Sharing, SharingConfig};
 
 /// The value of an environment variable of a container, if set literally.
 pub fn env<'a>(container: &'a Container, name: &str) -> Option<&'a str> {
@@ -57,7 +58,7 @@ struct PluginConfig {
     #[serde(default)]
     flags: PluginFlags,
     #[serde(default)]
-    sharing: Sharing,
+    sharing: SharingConfig,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -66,30 +67,9 @@ struct PluginFlags {
     mig_strategy: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Sharing {
-    time_slicing: Option<Replicated>,
-    mps: Option<Replicated>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Replicated {
-    #[serde(default)]
-    rename_by_default: bool,
-    #[serde(default)]
-    resources: Vec<ReplicatedResource>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct ReplicatedResource {
-    #[serde(default)]
-    replicas: u32,
-}
-
 /// The device plugin's settings for a node: `MIG_STRATEGY` from the main container, sharing from the config
 /// key the node selects (`nvidia.com/device-plugin.config`, else the config manager's `DEFAULT_CONFIG`).
+/// A sharing section the real plugin refuses shares nothing here ([`Sharing::from_config`] says why).
 ///
 /// `config_maps` holds the data of the ConfigMaps the pod mounts, by ConfigMap name.
 pub fn plugin_settings(
@@ -121,18 +101,7 @@ pub fn plugin_settings(
     if let Some(strategy) = strategy {
         settings.mig_strategy = strategy;
     }
-    let (sharing, replicated) = match (&config.sharing.mps, &config.sharing.time_slicing) {
-        (Some(mps), _) if mps.resources.iter().any(|r| r.replicas > 1) => ("mps", Some(mps)),
-        (_, Some(slicing)) if slicing.resources.iter().any(|r| r.replicas > 1) => {
-            ("time-slicing", Some(slicing))
-        }
-        _ => ("none", None),
-    };
-    if let Some(replicated) = replicated {
-        settings.sharing = sharing;
-        settings.replicas = replicated.resources.iter().map(|r| r.replicas).max().unwrap_or(1);
-        settings.rename = replicated.rename_by_default;
-    }
+    settings.sharing = Sharing::from_config(&config.sharing).unwrap_or_default();
     settings
 }
 
@@ -211,6 +180,7 @@ fn names(config: &MigPartedConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sharing::Strategy;
     use k8s_openapi::api::core::v1::EnvVar;
 
     const MIG_CONFIG: &str = "version: v1
@@ -309,18 +279,13 @@ mig-configs:
         )]);
         let spec = plugin_spec(&[("MIG_STRATEGY", "mixed")], Some("any"));
         let settings = plugin_settings(&spec, &BTreeMap::new(), &config_maps);
-        assert_eq!(
-            settings,
-            PluginSettings {
-                mig_strategy: "mixed".into(),
-                replicas: 4,
-                sharing: "time-slicing",
-                rename: false
-            }
-        );
+        assert_eq!(settings.mig_strategy, "mixed");
+        assert_eq!(settings.sharing.strategy, Strategy::TimeSlicing);
+        assert_eq!(settings.sharing.replicas("nvidia.com/gpu"), 4);
         let labelled = BTreeMap::from([(DEVICE_PLUGIN_CONFIG.to_owned(), "mps".to_owned())]);
         let settings = plugin_settings(&spec, &labelled, &config_maps);
-        assert_eq!((settings.sharing, settings.replicas), ("mps", 2));
+        assert_eq!(settings.sharing.strategy, Strategy::Mps);
+        assert_eq!(settings.sharing.replicas("nvidia.com/gpu"), 2);
         let plain = plugin_settings(&plugin_spec(&[], None), &BTreeMap::new(), &BTreeMap::new());
         assert_eq!(plain, PluginSettings::default());
     }

@@ -1293,6 +1293,117 @@ async fn the_mig_manager_reports_failed_for_a_layout_the_gpu_cannot_hold() {
 }
 
 // ---------------------------------------------------------------------------------------------------
+// Sharing.
+
+/// The time-slicing ConfigMap of `deploy/samples/clusterpolicy-mig-mixed-time-slicing.yaml`.
+fn sample_time_slicing_config() -> ConfigMap {
+    let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(include_str!(
+        "../../../../deploy/samples/clusterpolicy-mig-mixed-time-slicing.yaml"
+    ))
+    .expect("the sample parses");
+    let config_map = documents
+        .into_iter()
+        .find(|document| document["kind"] == "ConfigMap")
+        .expect("the sample has a ConfigMap");
+    serde_json::from_value(config_map).expect("a ConfigMap")
+}
+
+/// Waits until the node's label `key` is `value`.
+async fn label_becomes(cluster: &Cluster, node: &str, key: &str, value: &str) {
+    eventually(&format!("{node} labelled {key}={value}"), async || {
+        let found = cluster.node(node).await;
+        match label(&found, key) {
+            Some(v) if v == value => Ok(()),
+            other => Err(format!("{key}: {other:?}")),
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_mig_mixed_time_slicing_sample_shares_each_resource_by_its_own_replicas() {
+    let operands = [Operand::DevicePlugin, Operand::GpuFeatureDiscovery];
+    let cluster = Cluster::start([
+        Pool::gpu("a100", 1, GpuModel::A100_80GB, 8)
+            .with_host_driver()
+            .deploying(&operands)
+            .deploying(&[Operand::MigManager]),
+        Pool::h100("h100", 1).with_host_driver().deploying(&operands),
+    ])
+    .await;
+    let mig_config = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("default-mig-parted-config".to_owned()),
+            namespace: Some(OPERATORS.to_owned()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            "config.yaml".to_owned(),
+            MIG_PARTED_CONFIG.to_owned(),
+        )])),
+        ..ConfigMap::default()
+    };
+    cluster.create(&mig_config).await;
+    cluster.create(&sample_time_slicing_config()).await;
+    cluster
+        .deploy(OperandSet::of(Operand::MigManager).mounting("default-mig-parted-config"))
+        .await;
+    // The plugin and discovery read the sample's key `any` (the ClusterPolicy's devicePlugin.config.default),
+    // MIG strategy included: no MIG_STRATEGY in their environment.
+    for operand in operands {
+        cluster
+            .deploy(
+                OperandSet::of(operand)
+                    .mounting("time-slicing-config")
+                    .with_env("DEFAULT_CONFIG", "any"),
+            )
+            .await;
+    }
+    cluster
+        .act(set_label("a100-0", MIG_CONFIG, Some("all-1g.10gb")))
+        .await;
+
+    // 8 GPUs × 7 instances of 1g.10gb, each advertised twice (its own replicas, not the 4 of nvidia.com/gpu).
+    cluster
+        .allocatable_becomes("a100-0", "nvidia.com/mig-1g.10gb", 112)
+        .await;
+    let a100 = cluster.node("a100-0").await;
+    assert_eq!(
+        allocatable(&a100, RESOURCE_GPU),
+        Some(0),
+        "every GPU is in MIG mode"
+    );
+    assert_eq!(capacity(&a100, "nvidia.com/mig-1g.10gb"), Some(112));
+    for (key, value) in [
+        ("nvidia.com/mig-1g.10gb.count", "56"),
+        ("nvidia.com/mig-1g.10gb.replicas", "2"),
+        ("nvidia.com/mig-1g.10gb.sharing-strategy", "time-slicing"),
+        (
+            "nvidia.com/mig-1g.10gb.product",
+            "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb-SHARED",
+        ),
+        ("nvidia.com/mig.strategy", "mixed"),
+        // GPUs in MIG mode are labelled without sharing.
+        ("nvidia.com/gpu.replicas", "0"),
+        (GPU_PRODUCT, "NVIDIA-A100-SXM4-80GB"),
+    ] {
+        label_becomes(&cluster, "a100-0", key, value).await;
+    }
+
+    // Whole GPUs: nvidia.com/gpu four times each.
+    cluster.allocatable_becomes("h100-0", RESOURCE_GPU, 32).await;
+    for (key, value) in [
+        ("nvidia.com/gpu.count", "8"),
+        ("nvidia.com/gpu.replicas", "4"),
+        ("nvidia.com/gpu.sharing-strategy", "time-slicing"),
+        (GPU_PRODUCT, "NVIDIA-H100-80GB-HBM3-SHARED"),
+    ] {
+        label_becomes(&cluster, "h100-0", key, value).await;
+    }
+    cluster.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------------
 // Workloads.
 
 /// Waits until the workload pod runs and is ready; returns it.
