@@ -3,7 +3,9 @@
 //! - the **scheduler** binds pods that name no node to a node they fit, GPU requests included;
 //! - the **kubelets** advance every pod on a simulated node with [`kubelet::step`], keep each host's state
 //!   in line with the operand pods that run there, and report what the node advertises (the device plugin's
-//!   resources, feature discovery's labels, the MIG manager's state).
+//!   resources, feature discovery's labels, the MIG manager's state);
+//! - with heartbeats in the timing, the kubelets' **signs of life**: each running node's Lease renewed and
+//!   its status reported on the [`crate::heartbeat::Schedule`].
 //!
 //! Each actor works in passes: a pass reads its caches, decides, then writes; changes in the caches (or a
 //! wake-up time a pass asked for) start the next pass, and changes that arrive together make one pass. A
@@ -21,9 +23,11 @@ use gpuop_api::catalogue::status_file;
 use gpuop_api::labels::{self, MIG_CONFIG, MIG_CONFIG_STATE};
 use gpuop_api::placement::pod_fits;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus};
-use k8s_openapi::api::core::v1::{Binding, ConfigMap, Node, ObjectReference, Pod, PodCondition};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{Binding, ConfigMap, Namespace, Node, ObjectReference, Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -36,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::daemonset;
+use crate::heartbeat::{Heartbeats, LEASE_NAMESPACE, Schedule};
 use crate::host::{Host, PluginSettings};
 use crate::kubelet::{self, operand_of};
 use crate::operands::{config_map_volumes, driver_version, mig_layout, plugin_settings};
@@ -87,6 +92,15 @@ pub fn spawn(
         tasks.push(tokio::spawn(scheduler(
             client.clone(),
             caches.clone(),
+            shutdown.clone(),
+        )));
+    }
+    if let Some(heartbeats) = state.timing.heartbeats {
+        tasks.push(tokio::spawn(node_heartbeats(
+            client.clone(),
+            caches.clone(),
+            state.clone(),
+            heartbeats,
             shutdown.clone(),
         )));
     }
@@ -965,5 +979,232 @@ async fn report_node(
         {
             warn!(node = %name, %error, "cannot write feature-discovery labels");
         }
+    }
+}
+
+/// Heartbeat writes in flight at once: a batch of a large cluster's renewals goes out together without
+/// opening a connection per node.
+const HEARTBEATS_IN_FLIGHT: usize = 16;
+
+/// The longest the heartbeat actor sleeps, so that a node that joins, or whose kubelet stops or comes back,
+/// is seen promptly even when nothing else is due.
+const HEARTBEAT_LOOK_AT_MOST: Duration = Duration::from_millis(500);
+
+/// The kubelets' signs of life: each running simulated node's Lease in `kube-node-lease` created and
+/// renewed, and its status reported, when the [`Schedule`] says. A node whose kubelet a scenario stopped
+/// (`nodeNotReady`) gives none, so a real node lifecycle controller sees it go as it would.
+async fn node_heartbeats(
+    client: Client,
+    caches: Caches,
+    state: Arc<SimState>,
+    heartbeats: Heartbeats,
+    shutdown: CancellationToken,
+) {
+    caches.ready().await;
+    ensure_lease_namespace(&client).await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
+    let nodes_api: Api<Node> = Api::all(client.clone());
+    let mut schedule = Schedule::new(heartbeats);
+    // Nodes whose Lease this simulation has created (or found): those are renewed by a patch of
+    // `renewTime` alone.
+    let mut leased: BTreeSet<String> = BTreeSet::new();
+    let started = Instant::now();
+    loop {
+        let running: BTreeMap<String, Arc<Node>> = {
+            let not_ready = state.faults().not_ready.clone();
+            let hosts = state.hosts();
+            caches
+                .nodes
+                .state()
+                .into_iter()
+                .filter_map(|node| {
+                    let name = node.name_any();
+                    (hosts.contains_key(&name) && !not_ready.contains(&name)).then_some((name, node))
+                })
+                .collect()
+        };
+        leased.retain(|name| running.contains_key(name));
+        let names: BTreeSet<String> = running.keys().cloned().collect();
+        let due = schedule.due(&names, started.elapsed());
+        let now = Timestamp::now();
+        let (leases, nodes_api) = (&leases, &nodes_api);
+        let renewals = due.renew.into_iter().filter_map(|name| {
+            let node = running.get(&name)?.clone();
+            let known = leased.contains(&name);
+            Some(async move {
+                let there = renew_lease(leases, &node, heartbeats, known, now).await;
+                (name, there)
+            })
+        });
+        let renewed: Vec<(String, bool)> = futures::stream::iter(renewals)
+            .buffer_unordered(HEARTBEATS_IN_FLIGHT)
+            .collect()
+            .await;
+        for (name, there) in renewed {
+            if there {
+                leased.insert(name);
+            } else {
+                leased.remove(&name);
+            }
+        }
+        let reports = due.report.into_iter().filter_map(|name| {
+            let node = running.get(&name)?.clone();
+            Some(async move { report_heartbeat(nodes_api, &node, now).await })
+        });
+        futures::stream::iter(reports)
+            .buffer_unordered(HEARTBEATS_IN_FLIGHT)
+            .collect::<Vec<()>>()
+            .await;
+        let wait = due
+            .next
+            .map_or(heartbeats.renew_every, |next| {
+                next.saturating_sub(started.elapsed())
+            })
+            .min(HEARTBEAT_LOOK_AT_MOST);
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// Creates `kube-node-lease` where it is missing (a real cluster has it; the fake server starts empty).
+/// Looks first, so that a simulator allowed only to read namespaces works against a real cluster.
+async fn ensure_lease_namespace(client: &Client) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    match namespaces.get_opt(LEASE_NAMESPACE).await {
+        Ok(Some(_)) => return,
+        Ok(None) => {}
+        Err(error) => {
+            warn!(%error, namespace = LEASE_NAMESPACE, "cannot read the node lease namespace");
+            return;
+        }
+    }
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(LEASE_NAMESPACE.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    match namespaces.create(&PostParams::default(), &namespace).await {
+        Ok(_) => info!(namespace = LEASE_NAMESPACE, "created the node lease namespace"),
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(error) => warn!(%error, namespace = LEASE_NAMESPACE, "cannot create the node lease namespace"),
+    }
+}
+
+/// The Lease a kubelet keeps for its node: named after it, held by it, owned by the Node (so it goes with
+/// the Node), renewed `now`.
+fn node_lease(node: &Node, heartbeats: Heartbeats, now: Timestamp) -> Lease {
+    let name = node.name_any();
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(LEASE_NAMESPACE.to_owned()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".to_owned(),
+                kind: "Node".to_owned(),
+                name: name.clone(),
+                uid: node.metadata.uid.clone().unwrap_or_default(),
+                ..OwnerReference::default()
+            }]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(name),
+            lease_duration_seconds: Some(
+                i32::try_from(heartbeats.lease_duration.as_secs()).unwrap_or(i32::MAX),
+            ),
+            renew_time: Some(MicroTime(now)),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+/// Renews a node's Lease, creating it first where this simulation has not; returns whether the Lease is
+/// there now.
+async fn renew_lease(
+    leases: &Api<Lease>,
+    node: &Node,
+    heartbeats: Heartbeats,
+    known: bool,
+    now: Timestamp,
+) -> bool {
+    let name = node.name_any();
+    if known {
+        let patch = json!({ "spec": { "renewTime": MicroTime(now) } });
+        match leases
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return true,
+            // Deleted behind the kubelet's back: it creates the Lease again.
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => {
+                debug!(node = %name, %error, "cannot renew the node lease");
+                return true;
+            }
+        }
+    }
+    let lease = node_lease(node, heartbeats, now);
+    match leases.create(&PostParams::default(), &lease).await {
+        Ok(_) => true,
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            // Left by an earlier run: made this kubelet's, owned by this Node.
+            let patch = json!({ "metadata": { "ownerReferences": lease.metadata.owner_references }, "spec": lease.spec });
+            match leases
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => true,
+                Err(error) => {
+                    warn!(node = %name, %error, "cannot take over the node lease");
+                    false
+                }
+            }
+        }
+        Err(error) => {
+            warn!(node = %name, %error, "cannot create the node lease");
+            false
+        }
+    }
+}
+
+/// Reports a node's status as a kubelet does when nothing changed: every condition's `lastHeartbeatTime`
+/// is now, and Ready is True (a running kubelet says so, even after a lifecycle controller marked the
+/// node Unknown while it was silent).
+async fn report_heartbeat(nodes: &Api<Node>, node: &Node, now: Timestamp) {
+    let conditions: Vec<serde_json::Value> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|condition| {
+            let mut patch = json!({ "type": condition.type_, "lastHeartbeatTime": Time(now) });
+            if condition.type_ == "Ready" && condition.status != "True" {
+                patch["status"] = json!("True");
+                patch["reason"] = json!("KubeletReady");
+                patch["message"] = json!("kubelet is posting ready status");
+                patch["lastTransitionTime"] = json!(Time(now));
+            }
+            patch
+        })
+        .collect();
+    if conditions.is_empty() {
+        return;
+    }
+    // A strategic merge patch touches the conditions by type and leaves the rest of the status alone.
+    let patch = json!({ "status": { "conditions": conditions } });
+    if let Err(error) = nodes
+        .patch_status(
+            &node.name_any(),
+            &PatchParams::default(),
+            &Patch::Strategic(&patch),
+        )
+        .await
+    {
+        debug!(node = %node.name_any(), %error, "cannot report the node status");
     }
 }

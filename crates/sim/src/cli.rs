@@ -72,6 +72,18 @@ pub struct UpArgs {
     /// Zero latency on the nodes.
     #[arg(long)]
     pub instant: bool,
+    /// Whether the kubelets renew a Lease per node in kube-node-lease every 10 s and report their status
+    /// every 5 min, as a real cluster's node lifecycle controller needs to keep the nodes Ready. Default:
+    /// on with --kubeconfig, off on the served fake server (which has no such controller).
+    #[arg(long, value_name = "on|off", value_parser = clap::builder::BoolishValueParser::new())]
+    pub heartbeats: Option<bool>,
+}
+
+impl UpArgs {
+    /// Whether the kubelets give heartbeats: asked for, or else against a real API server.
+    pub fn heartbeats(&self) -> bool {
+        self.heartbeats.unwrap_or(self.kubeconfig.is_some())
+    }
 }
 
 /// `gpu-sim bench nodes`.
@@ -202,5 +214,20 @@ mod tests {
         assert_eq!(args.history, 10_000);
         let bad = Cli::try_parse_from(["gpu-sim", "serve", "--fault", "code=418"]).expect_err("refused");
         assert!(bad.to_string().contains("is not one of 500, 429, 409"), "{bad}");
+    }
+
+    #[test]
+    fn heartbeats_are_on_against_a_real_cluster_unless_switched_off() {
+        let up = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["gpu-sim", "up"], args].concat()).expect("parses");
+            let Command::Up(args) = cli.command else {
+                panic!("up")
+            };
+            args.heartbeats()
+        };
+        assert!(!up(&[]), "off on the served fake server");
+        assert!(up(&["--kubeconfig", "/tmp/kc"]));
+        assert!(!up(&["--kubeconfig", "/tmp/kc", "--heartbeats", "off"]));
+        assert!(up(&["--heartbeats", "on"]));
     }
 }

@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use crate::heartbeat::Heartbeats;
 use crate::host::Host;
 
 /// How long things take on a simulated node.
@@ -34,9 +35,22 @@ pub struct Timing {
     pub crash_backoff: Duration,
     /// How often a waiting container looks again.
     pub poll: Duration,
+    /// The kubelets' Lease renewals and status reports, which a real cluster's node lifecycle controller
+    /// needs to keep the nodes Ready; `None` gives none (the fake server has no such controller, and the
+    /// benchmarks count requests).
+    pub heartbeats: Option<Heartbeats>,
 }
 
 impl Timing {
+    /// The same timing with the kubelets' heartbeats.
+    #[must_use]
+    pub fn with_heartbeats(self, heartbeats: Heartbeats) -> Self {
+        Self {
+            heartbeats: Some(heartbeats),
+            ..self
+        }
+    }
+
     /// Realistic enough to watch: seconds, not minutes.
     pub fn demo() -> Self {
         Self {
@@ -44,6 +58,7 @@ impl Timing {
             ready_after: Duration::from_millis(400),
             crash_backoff: Duration::from_secs(3),
             poll: Duration::from_millis(250),
+            heartbeats: None,
         }
     }
 
@@ -54,6 +69,7 @@ impl Timing {
             ready_after: Duration::ZERO,
             crash_backoff: Duration::from_millis(200),
             poll: Duration::from_millis(50),
+            heartbeats: None,
         }
     }
 }

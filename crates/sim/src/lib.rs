@@ -4,6 +4,7 @@
 //! - Data: [`cluster_spec`] (node pools as a person writes them), [`hardware`] (GPU models and their MIG
 //!   profiles), [`scenario`] (a timeline of events and faults).
 //! - Pure decisions: [`daemonset`] (the DaemonSet controller), [`kubelet`] (one pod's next status),
+//!   [`heartbeat`] (when each kubelet renews its Lease and reports its status),
 //!   [`host`] (what a node's host has and advertises), [`sharing`] (GPU sharing per resource, as the
 //!   device plugin and feature discovery apply it), [`operands`] (operand configuration read through the
 //!   images' contract), [`progress`] (what a person watching sees).
@@ -18,6 +19,7 @@ pub mod cluster_spec;
 pub mod daemonset;
 pub mod demo;
 pub mod hardware;
+pub mod heartbeat;
 pub mod host;
 pub mod kubelet;
 pub mod operands;

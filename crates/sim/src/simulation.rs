@@ -233,13 +233,17 @@ impl Simulation {
             Action::NodeNotReady(node) | Action::NodeReady(node) => {
                 known(node)?;
                 let ready = matches!(action, Action::NodeReady(_));
-                set_ready(&nodes, node, ready).await?;
-                let mut faults = self.state.faults();
-                if ready {
-                    faults.not_ready.remove(node);
-                } else {
-                    faults.not_ready.insert(node.clone());
+                // The kubelet stops (or starts) before the node is marked, so that no heartbeat reports
+                // it Ready in between.
+                {
+                    let mut faults = self.state.faults();
+                    if ready {
+                        faults.not_ready.remove(node);
+                    } else {
+                        faults.not_ready.insert(node.clone());
+                    }
                 }
+                set_ready(&nodes, node, ready).await?;
             }
             Action::DriverInstallFails(node) => {
                 known(node)?;

@@ -18,6 +18,7 @@ use tracing::{info, warn};
 use crate::USER_AGENT;
 use crate::cli::UpArgs;
 use crate::demo::{NAMESPACE, install};
+use crate::heartbeat::Heartbeats;
 use crate::kubelet::Timing;
 use crate::scenario::Scenario;
 use crate::simulation::{Plays, Simulation};
@@ -92,11 +93,16 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             client
         }
     };
-    let timing = if args.instant {
+    let mut timing = if args.instant {
         Timing::instant()
     } else {
         Timing::demo()
     };
+    // A real cluster's node lifecycle controller marks nodes that give no sign of life NotReady and
+    // taints them unreachable after its grace period; the fake server has no such controller.
+    if args.heartbeats() {
+        timing = timing.with_heartbeats(Heartbeats::kubelet());
+    }
     // Against an existing API server its own DaemonSet controller and scheduler are at work already.
     let plays = if args.kubeconfig.is_some() {
         Plays::NodesOnly

@@ -16,16 +16,19 @@ use gpuop_api::labels::{GPU_PRODUCT, MIG_CONFIG, MIG_CONFIG_STATE, RESOURCE_GPU,
 use gpuop_fakeserver::FakeServer;
 use gpuop_sim::cluster_spec::{ClusterSpec, GpuSpec, NodePool, TaintSpec};
 use gpuop_sim::hardware::GpuModel;
+use gpuop_sim::heartbeat::{Heartbeats, LEASE_NAMESPACE};
 use gpuop_sim::kubelet::Timing;
 use gpuop_sim::scenario::{Action, Scenario};
 use gpuop_sim::simulation::{Plays, Simulation};
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetStatus};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerStatus, EnvVar, Namespace, Node, Pod, PodSpec,
     PodTemplateSpec, ResourceRequirements, Toleration, Volume,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -335,6 +338,10 @@ impl Cluster {
     }
 
     async fn start_playing(pools: impl IntoIterator<Item = Pool>, plays: Plays) -> Self {
+        Self::start_with(pools, plays, Timing::instant()).await
+    }
+
+    async fn start_with(pools: impl IntoIterator<Item = Pool>, plays: Plays, timing: Timing) -> Self {
         let server = FakeServer::new();
         let client = server.client_as("scenario-test");
         for name in [OPERATORS, WORKLOADS] {
@@ -355,14 +362,9 @@ impl Cluster {
             node_pools: pools.into_iter().map(|pool| pool.0).collect(),
         };
         spec.check().expect("a valid cluster spec");
-        let sim = Simulation::start_playing(
-            server.client_as(gpuop_sim::USER_AGENT),
-            spec,
-            Timing::instant(),
-            plays,
-        )
-        .await
-        .expect("the simulation starts");
+        let sim = Simulation::start_playing(server.client_as(gpuop_sim::USER_AGENT), spec, timing, plays)
+            .await
+            .expect("the simulation starts");
         Self { client, sim }
     }
 
@@ -1401,6 +1403,114 @@ async fn the_mig_mixed_time_slicing_sample_shares_each_resource_by_its_own_repli
         label_becomes(&cluster, "h100-0", key, value).await;
     }
     cluster.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Node heartbeats.
+
+/// A node's Lease in `kube-node-lease`, if it has one.
+async fn node_lease(cluster: &Cluster, node: &str) -> Option<Lease> {
+    Api::<Lease>::namespaced(cluster.client.clone(), LEASE_NAMESPACE)
+        .get_opt(node)
+        .await
+        .expect("leases read")
+}
+
+/// The `lastHeartbeatTime` of a node's Ready condition.
+fn ready_heartbeat(node: &Node) -> Option<Timestamp> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")?
+        .last_heartbeat_time
+        .as_ref()
+        .map(|t| t.0)
+}
+
+#[tokio::test]
+async fn kubelets_keep_a_lease_per_node_and_report_ready_heartbeats() {
+    let heartbeats = Heartbeats {
+        lease_duration: Duration::from_secs(4),
+        renew_every: Duration::from_millis(300),
+        report_every: Duration::from_secs(1),
+    };
+    let cluster = Cluster::start_with(
+        [Pool::h100("h100", 2), Pool::cpu("cpu")],
+        Plays::Cluster,
+        Timing::instant().with_heartbeats(heartbeats),
+    )
+    .await;
+    for name in ["h100-0", "h100-1", "cpu-0"] {
+        let node = cluster.node(name).await;
+        let lease = eventually(&format!("{name} has a Lease"), async || {
+            node_lease(&cluster, name)
+                .await
+                .ok_or_else(|| "no Lease".to_owned())
+        })
+        .await;
+        let spec = lease.spec.clone().expect("a Lease spec");
+        assert_eq!(spec.holder_identity.as_deref(), Some(name), "held by its node");
+        assert_eq!(spec.lease_duration_seconds, Some(4));
+        let owners = lease.metadata.owner_references.clone().unwrap_or_default();
+        assert!(
+            owners.len() == 1
+                && owners[0].kind == "Node"
+                && owners[0].api_version == "v1"
+                && owners[0].name == name
+                && Some(&owners[0].uid) == node.metadata.uid.as_ref(),
+            "owned by its Node: {owners:?}"
+        );
+        let renewed = spec.renew_time.expect("renewed").0;
+        eventually(&format!("{name}'s Lease is renewed"), async || {
+            let now = node_lease(&cluster, name).await.and_then(|l| l.spec?.renew_time);
+            match now {
+                Some(time) if time.0 > renewed => Ok(()),
+                other => Err(format!("renewTime {other:?}, first {renewed}")),
+            }
+        })
+        .await;
+        let first = eventually(&format!("{name} reports a Ready heartbeat"), async || {
+            let node = cluster.node(name).await;
+            ready_heartbeat(&node).ok_or_else(|| format!("{:?}", node.status))
+        })
+        .await;
+        eventually(
+            &format!("{name}'s Ready heartbeat moves on"),
+            async || match ready_heartbeat(&cluster.node(name).await) {
+                Some(time) if time > first => Ok(()),
+                other => Err(format!("lastHeartbeatTime {other:?}, first {first}")),
+            },
+        )
+        .await;
+        assert_eq!(
+            ready_status(&cluster.node(name).await),
+            Some("True".to_owned()),
+            "still Ready"
+        );
+    }
+    // A node that leaves takes its Lease along (its owner is gone).
+    cluster.act(Action::NodeLeaves("h100-1".to_owned())).await;
+    eventually("h100-1's Lease goes with its Node", async || {
+        match node_lease(&cluster, "h100-1").await {
+            None => Ok(()),
+            Some(lease) => Err(format!("still there: {:?}", lease.spec)),
+        }
+    })
+    .await;
+    cluster.stop().await;
+}
+
+/// The status of a node's Ready condition.
+fn ready_status(node: &Node) -> Option<String> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status.clone())
 }
 
 // ---------------------------------------------------------------------------------------------------
