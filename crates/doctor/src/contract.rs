@@ -5,6 +5,8 @@
 //! advertised GPUs that disagree with the GPU count, a failed MIG layout) are added as `contract` findings.
 //! A check whose evidence the API cannot show says `unknown` and why, rather than guessing.
 
+use std::collections::BTreeMap;
+
 use gpuop_api::catalogue::status_file;
 use gpuop_api::choice::{MigStrategy, WorkloadConfig};
 use gpuop_api::labels::{
@@ -431,7 +433,7 @@ fn resource(context: &NodeContext<'_>, findings: &mut Vec<Finding>, notes: &mut 
             let profile_replicas = count_label(context, &format!("{RESOURCE_MIG_PREFIX}{profile}.replicas"))
                 .unwrap_or(1)
                 .max(1);
-            let resource = format!("{RESOURCE_MIG_PREFIX}{profile}");
+            let resource = advertised_name(&capacity, format!("{RESOURCE_MIG_PREFIX}{profile}"));
             let expected = devices * profile_replicas;
             let actual = capacity.get(&resource).copied().unwrap_or(0);
             if actual != expected {
@@ -446,24 +448,20 @@ fn resource(context: &NodeContext<'_>, findings: &mut Vec<Finding>, notes: &mut 
                 ));
             }
         }
-        let whole = capacity.get(RESOURCE_GPU).copied().unwrap_or(0);
+        let whole_resource = advertised_name(&capacity, RESOURCE_GPU.to_owned());
+        let whole = capacity.get(&whole_resource).copied().unwrap_or(0);
         if whole > count * replicas {
             findings.push(contract(
                 Check::Resource,
                 Link::DevicePlugin,
                 Some(Operand::DevicePlugin),
                 format!(
-                    "the node's capacity has {RESOURCE_GPU}={whole}, more than its {count} GPUs x {replicas} replicas"
+                    "the node's capacity has {whole_resource}={whole}, more than its {count} GPUs x {replicas} replicas"
                 ),
             ));
         }
     } else {
-        let shared = format!("{RESOURCE_GPU}.shared");
-        let resource = if capacity.contains_key(&shared) {
-            shared
-        } else {
-            RESOURCE_GPU.to_owned()
-        };
+        let resource = advertised_name(&capacity, RESOURCE_GPU.to_owned());
         let expected = count * replicas;
         let actual = capacity.get(&resource).copied().unwrap_or(0);
         if actual != expected {
@@ -485,6 +483,17 @@ fn resource(context: &NodeContext<'_>, findings: &mut Vec<Finding>, notes: &mut 
             "advertises {advertised}, matching {count} GPUs x {replicas} replicas (MIG strategy {strategy_text})"
         ),
     )
+}
+
+/// The name a resource is advertised under: `<resource>.shared` when sharing with `renameByDefault`
+/// renamed it, else its own.
+fn advertised_name(capacity: &BTreeMap<String, i64>, resource: String) -> String {
+    let shared = format!("{resource}.shared");
+    if capacity.contains_key(&shared) {
+        shared
+    } else {
+        resource
+    }
 }
 
 /// Whether the node's GPUs support MIG, by the operator's rule (so the MIG manager is expected where the

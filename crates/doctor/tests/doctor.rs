@@ -479,6 +479,48 @@ mod faults {
     }
 
     #[test]
+    fn mig_devices_shared_under_their_renamed_name_match_the_count() {
+        // Mixed MIG with time-slicing and renameByDefault: the device plugin advertises each profile as
+        // `<resource>.shared`, feature discovery counts the devices and their replicas.
+        let spec: gpuop_api::ClusterPolicySpec =
+            serde_json::from_value(serde_json::json!({"mig": {"strategy": "mixed"}})).unwrap();
+        let node = Node::gpu("a100-01")
+            .mig_capable()
+            .with_label("nvidia.com/mig-1g.10gb.count", "56")
+            .with_label("nvidia.com/mig-1g.10gb.replicas", "2")
+            .with_resource("nvidia.com/mig-1g.10gb.shared", Some(112), Some(112))
+            .with_resource(RESOURCE_GPU, Some(0), Some(0));
+        let report = analyze(
+            &ClusterBuilder::new()
+                .with_policy(spec.clone())
+                .with_node(node.clone())
+                .build(),
+        );
+        assert!(node_findings_about(&report, "a100-01", "mig-1g.10gb").is_empty());
+
+        // One instance too many is still caught under the renamed name.
+        let short = node.with_resource("nvidia.com/mig-1g.10gb.shared", Some(110), Some(110));
+        let report = analyze(&ClusterBuilder::new().with_policy(spec).with_node(short).build());
+        let findings = node_findings_about(&report, "a100-01", "mig-1g.10gb");
+        assert_eq!(
+            findings,
+            [
+                "the node's capacity has nvidia.com/mig-1g.10gb.shared=110, but feature discovery counts 56 such \
+              MIG devices x 2 replicas = 112"
+            ]
+        );
+    }
+
+    fn node_findings_about(report: &Report, node_name: &str, text: &str) -> Vec<String> {
+        node(report, node_name)
+            .findings
+            .iter()
+            .filter(|f| f.message.contains(text))
+            .map(|f| f.message.clone())
+            .collect()
+    }
+
+    #[test]
     fn the_runtime_class_must_exist() {
         let snapshot = ClusterBuilder::new()
             .with_node(Node::gpu("a100-01"))
