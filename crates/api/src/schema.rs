@@ -262,7 +262,19 @@ fn check_object(
     let embedded = flag(schema, "x-kubernetes-embedded-resource");
     for (key, value) in map {
         let key_path = child(path, key);
-        if let Some(property) = properties.and_then(|p| p.get(key)) {
+        if (root || embedded) && OBJECT_ENVELOPE.contains(&key.as_str()) {
+            // The envelope is the API server's own (`metadata` is an ObjectMeta whatever the schema says);
+            // a schema may only restrict `metadata.name` and `metadata.generateName`.
+            let meta_schema = properties.and_then(|p| p.get(key)).filter(|_| key == "metadata");
+            for field in ["name", "generateName"] {
+                if let (Some(field_schema), Some(field_value)) = (
+                    meta_schema.and_then(|m| m.pointer(&format!("/properties/{field}"))),
+                    value.get(field),
+                ) {
+                    check(field_schema, field_value, &child(&key_path, field), false, errors);
+                }
+            }
+        } else if let Some(property) = properties.and_then(|p| p.get(key)) {
             check(property, value, &key_path, false, errors);
         } else if let Some(additional) = additional {
             check(additional, value, &key_path, false, errors);
@@ -341,6 +353,11 @@ fn prune_at(schema: &Value, value: &mut Value, path: &str, root: bool, removed: 
             let mut drop = Vec::new();
             for (key, child_value) in map.iter_mut() {
                 let key_path = child(path, key);
+                // The envelope is never pruned by the schema, even one that declares `metadata`: the API
+                // server decodes it as ObjectMeta, which drops (and reports) unknown fields of its own.
+                if (root || embedded) && OBJECT_ENVELOPE.contains(&key.as_str()) {
+                    continue;
+                }
                 let child_schema = properties.and_then(|p| p.get(key)).or(additional);
                 match child_schema {
                     Some(child_schema) => {
@@ -351,7 +368,6 @@ fn prune_at(schema: &Value, value: &mut Value, path: &str, root: bool, removed: 
                             prune_at(child_schema, child_value, &key_path, false, removed);
                         }
                     }
-                    None if (root || embedded) && OBJECT_ENVELOPE.contains(&key.as_str()) => {}
                     None if preserve => {}
                     None => {
                         drop.push(key.clone());
@@ -499,6 +515,25 @@ mod tests {
             );
         }
         assert_eq!(found.len(), expected.len(), "{found:#?}");
+    }
+
+    #[test]
+    fn metadata_is_the_api_servers_even_where_the_schema_declares_it() {
+        // controller-gen writes `metadata: {type: object}` into every CRD; the API server still keeps and
+        // checks metadata as ObjectMeta, restricting only `name` and `generateName` by the schema.
+        let schema = json!({"type": "object", "properties": {
+            "metadata": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 3}}},
+            "spec": {"type": "object"}}});
+        let mut object = json!({"apiVersion": "x/v1", "kind": "X",
+            "metadata": {"name": "abcd", "labels": {"a": "b"}, "uid": "u"}, "spec": {}});
+        let before = object.clone();
+        assert_eq!(prune(&schema, &mut object), Vec::<String>::new());
+        assert_eq!(object, before, "nothing in metadata is pruned");
+        let found: Vec<String> = validate(&schema, &object)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(found, [r#"metadata.name: "abcd" may not be longer than 3"#]);
     }
 
     #[test]

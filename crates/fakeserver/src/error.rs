@@ -193,6 +193,10 @@ pub enum ApiError {
     /// 500: the server failed.
     #[error("{0}")]
     Internal(String),
+    /// 500 with no reason: an error the API server passes on unclassified (reason `Unknown`, sent empty),
+    /// such as server-side apply's "failed to create typed patch object".
+    #[error("{0}")]
+    Unclassified(String),
     /// 504: the server could not answer in time.
     #[error("{0}")]
     Timeout(String),
@@ -257,7 +261,7 @@ impl ApiError {
             Self::UnsupportedMediaType { .. } => 415,
             Self::Expired(_) => 410,
             Self::TooManyRequests { .. } => 429,
-            Self::Internal(_) => 500,
+            Self::Internal(_) | Self::Unclassified(_) => 500,
             Self::Timeout(_) => 504,
         }
     }
@@ -278,6 +282,7 @@ impl ApiError {
             Self::Expired(_) => "Expired",
             Self::TooManyRequests { .. } => "TooManyRequests",
             Self::Internal(_) => "InternalError",
+            Self::Unclassified(_) => "",
             Self::Timeout(_) => "Timeout",
         }
     }
@@ -303,6 +308,10 @@ impl ApiError {
             "reason": self.reason(),
             "code": self.code(),
         });
+        if self.reason().is_empty() {
+            // Go's `omitempty`: an unclassified error has no reason at all.
+            status.as_object_mut().map(|s| s.remove("reason"));
+        }
         let details = match self {
             Self::NotFound { resource, name }
             | Self::AlreadyExists { resource, name }

@@ -454,7 +454,7 @@ impl Store {
         body: Value,
         opts: &WriteOptions,
     ) -> Result<Written, ApiError> {
-        self.write(|state| state.create(info, namespace, body, opts, false))
+        self.write(|state| state.create(info, namespace, body, opts, crate::write::Source::Body))
     }
 
     pub(crate) fn update(

@@ -2,6 +2,10 @@
 //! structs: a value of the wrong type is refused with 400 naming the field, unknown fields fall away (and are
 //! reported, for `fieldValidation`), times are truncated to seconds. Custom resources get the same treatment
 //! for their `metadata` only; their bodies follow the CRD schema.
+//!
+//! [`undeclared`] is the other way the API server finds unknown fields: server-side apply types the
+//! configuration against the schema before merging and refuses what it does not declare, whatever
+//! `fieldValidation` says.
 
 use k8s_openapi::api::{apps, coordination, core, events, node, policy, rbac, scheduling};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions;
@@ -11,7 +15,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::fieldset;
 use crate::registry::ResourceInfo;
+use crate::shape::{ListType, Shape};
 
 /// An object after decoding and encoding, and the fields that did not survive.
 #[derive(Debug)]
@@ -39,6 +45,11 @@ fn roundtrip<T: DeserializeOwned + Serialize>(
         ))
     })?;
     serde_json::to_value(&typed).map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+/// `metadata` decoded and re-encoded as an ObjectMeta, as every kind's metadata is.
+pub(crate) fn object_meta(info: &ResourceInfo, metadata: &Value) -> Result<Value, ApiError> {
+    roundtrip::<ObjectMeta>(info, metadata)
 }
 
 /// Decodes and re-encodes `object` through its built-in type (or, for custom resources, its metadata).
@@ -135,6 +146,71 @@ fn dropped(before: &Value, after: &Value, path: &str, out: &mut Vec<String>) {
     }
 }
 
+/// The fields of a server-side apply configuration that the type does not declare, spelled as the API
+/// server's field manager spells them (`.spec.containers[name="c"].bogus`): the paths of `config` that did
+/// not survive into `decoded`, the merged object after decoding and pruning. The stored object has no
+/// unknown fields, so whatever went missing came from the configuration.
+pub(crate) fn undeclared(config: &Value, decoded: &Value, shape: Shape<'_>) -> Vec<String> {
+    let mut out = Vec::new();
+    walk_undeclared(config, decoded, shape, &mut String::new(), &mut out);
+    out
+}
+
+fn walk_undeclared(
+    config: &Value,
+    decoded: &Value,
+    shape: Shape<'_>,
+    path: &mut String,
+    out: &mut Vec<String>,
+) {
+    match (config, decoded) {
+        (Value::Object(config), Value::Object(decoded)) => {
+            for (key, value) in config {
+                if value.is_null() {
+                    continue;
+                }
+                let before = path.len();
+                path.push('.');
+                path.push_str(key);
+                match decoded.get(key) {
+                    Some(kept) => walk_undeclared(value, kept, shape.field(key), path, out),
+                    // Empty metadata collections are declared, only not stored.
+                    None if path.starts_with(".metadata.") && is_empty(value) => {}
+                    None => out.push(path.clone()),
+                }
+                path.truncate(before);
+            }
+        }
+        (Value::Array(config), Value::Array(decoded)) => {
+            let items = shape.items();
+            match shape.list_type() {
+                ListType::Set => {}
+                ListType::Atomic => {
+                    for (index, (value, kept)) in config.iter().zip(decoded).enumerate() {
+                        let before = path.len();
+                        path.push_str(&format!("[{index}]"));
+                        walk_undeclared(value, kept, items, path, out);
+                        path.truncate(before);
+                    }
+                }
+                keyed @ (ListType::Map(_) | ListType::SchemaMap(_)) => {
+                    let keys = keyed.keys();
+                    for value in config {
+                        let same = |kept: &&Value| keys.iter().all(|k| kept.get(k) == value.get(k));
+                        if let Some(kept) = decoded.iter().find(same) {
+                            let before = path.len();
+                            path.push_str(&fieldset::display(&[fieldset::key_element(value, &keys)]));
+                            walk_undeclared(value, kept, items, path, out);
+                            path.truncate(before);
+                        }
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +250,24 @@ mod tests {
         assert_eq!(
             normalized.object,
             json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}, "data": {"k": "v"}})
+        );
+    }
+
+    #[test]
+    fn apply_paths_name_keyed_items_by_their_keys() {
+        let config = json!({"metadata": {"name": "d", "labels": {}, "bogus": 1},
+            "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i", "imagePullPolcy": "x"}],
+                                           "tolerations": [{"key": "k", "nope": true}]}}}});
+        let decoded = json!({"metadata": {"name": "d"},
+            "spec": {"template": {"spec": {"containers": [{"name": "other"}, {"name": "c", "image": "i"}],
+                                           "tolerations": [{"key": "k"}]}}}});
+        assert_eq!(
+            undeclared(&config, &decoded, Shape::builtin("Deployment")),
+            [
+                ".metadata.bogus",
+                r#".spec.template.spec.containers[name="c"].imagePullPolcy"#,
+                ".spec.template.spec.tolerations[0].nope",
+            ]
         );
     }
 }

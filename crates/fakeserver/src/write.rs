@@ -27,6 +27,68 @@ use crate::typed;
 use crate::validation;
 
 const CRD_CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
+
+/// The request a write comes from: the API server decodes each differently, so unknown fields are refused
+/// (under `fieldValidation=Strict`) in each one's own words.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Source<'a> {
+    /// POST or PUT: the body is the object; 400 `... cannot be handled as a ...: strict decoding error`.
+    Body,
+    /// A JSON, merge or strategic merge patch (the patch as sent): the patched object is decoded, and the
+    /// refusal is a 422 about the field `patch`.
+    Patch(PatchType, &'a Value),
+    /// Server-side apply: unknown fields of the configuration were refused before merging (see
+    /// [`State::refuse_undeclared`]); `fieldValidation` only checks the configuration for duplicates.
+    Apply,
+    /// The server's own writes (fixtures, bootstrap, controllers): unknown fields are dropped.
+    Server,
+}
+
+/// The 400 a POST or PUT gets for unknown fields under `fieldValidation=Strict`.
+fn strict_body_error(info: &ResourceInfo, fields: &[String]) -> ApiError {
+    ApiError::BadRequest(format!(
+        "{kind} in version \"{version}\" cannot be handled as a {kind}: strict decoding error: {}",
+        fields.join(", "),
+        kind = info.kind,
+        version = info.version,
+    ))
+}
+
+/// The 422 a patch gets for unknown fields under `fieldValidation=Strict`: an invalid `patch` whose value
+/// is the patched object (JSON and merge patches) or the patch as Go prints a map (strategic merge).
+fn strict_patch_error(kind: PatchType, patch: &Value, patched: &Value, fields: &[String]) -> ApiError {
+    let shown = match kind {
+        PatchType::Strategic => go_print(patch),
+        PatchType::Json | PatchType::Merge | PatchType::Apply => patched.to_string(),
+    };
+    ApiError::invalid_causes(
+        GroupKind {
+            group: String::new(),
+            kind: String::new(),
+        },
+        "",
+        vec![validation::invalid(
+            "patch",
+            &Value::from(shown),
+            format!("strict decoding error: {}", fields.join(", ")),
+        )],
+    )
+}
+
+/// A JSON value as Go's `%+v` prints the `map[string]interface{}` it decodes to: `map[a:1 b:[x y]]`.
+fn go_print(value: &Value) -> String {
+    match value {
+        Value::Null => "<nil>".to_owned(),
+        Value::String(text) => text.clone(),
+        Value::Bool(_) | Value::Number(_) => value.to_string(),
+        Value::Array(items) => format!("[{}]", items.iter().map(go_print).collect::<Vec<_>>().join(" ")),
+        Value::Object(map) => {
+            // Go prints map keys sorted, as serde_json's map iterates them.
+            let entries: Vec<String> = map.iter().map(|(k, v)| format!("{k}:{}", go_print(v))).collect();
+            format!("map[{}]", entries.join(" "))
+        }
+    }
+}
 const PROTECTED_NAMESPACES: [&str; 3] = ["default", "kube-system", "kube-public"];
 
 /// Whether anything outside metadata (and status, when it is a subresource) differs.
@@ -105,6 +167,61 @@ fn apply_conflict(info: &ResourceInfo, name: &str, conflicts: &[ssa::Conflict]) 
     }
 }
 
+/// Server-side apply types its configuration against the schema before merging, and refuses what the type
+/// does not declare with an unclassified 500, whatever `fieldValidation` says (kube-apiserver's
+/// `failed to create typed patch object`). `live` is the stored object (or the skeleton of a new one).
+fn refuse_undeclared(
+    info: &ResourceInfo,
+    config: &Value,
+    live: &Value,
+    applier: &Applier<'_>,
+) -> Result<(), ApiError> {
+    let shape = shape_of(info);
+    let mut paths = Vec::new();
+    // Metadata is an ObjectMeta for every kind, and most of it is not merged by apply: type it alone.
+    if let Some(metadata) = config.get("metadata") {
+        let decoded = json!({"metadata": typed::object_meta(info, metadata)?});
+        paths.extend(typed::undeclared(&json!({"metadata": metadata}), &decoded, shape));
+    }
+    // The rest is typed as merged into the live object with every field applied, status included: a
+    // scope ignores fields, it does not make them unknown.
+    let everything = Applier {
+        scope: Scope::Main {
+            status_subresource: false,
+        },
+        force: true,
+        ..*applier
+    };
+    if let Ok(merged) = ssa::apply(live, config, &everything) {
+        let mut decoded = typed::normalize(info, &merged)?.object;
+        if let Some(schema) = info.custom.as_ref().and_then(|c| c.schema.as_ref()) {
+            schema::prune(schema, &mut decoded);
+        }
+        let mut body = config.clone();
+        body.as_object_mut().map(|b| b.remove("metadata"));
+        paths.extend(typed::undeclared(&body, &decoded, shape));
+    }
+    let errors = match paths.as_slice() {
+        [] => return Ok(()),
+        [one] => format!("{one}: field not declared in schema"),
+        many => {
+            let lines: Vec<String> = many
+                .iter()
+                .map(|p| format!("  {p}: field not declared in schema"))
+                .collect();
+            format!("errors:\n{}", lines.join("\n"))
+        }
+    };
+    Err(ApiError::Unclassified(format!(
+        "failed to create typed patch object ({}/{}; {}/{}, Kind={}): {errors}",
+        text(config, "/metadata/namespace"),
+        text(config, "/metadata/name"),
+        info.group,
+        info.version,
+        info.kind,
+    )))
+}
+
 impl State {
     /// Writes a change the server makes itself (garbage collector, binding, namespace controller): no
     /// validation, but managed fields are recorded, and an object without finalizers left that is being
@@ -154,7 +271,7 @@ impl State {
         namespace: Option<&str>,
         mut body: Value,
         opts: &WriteOptions,
-        applied: bool,
+        source: Source<'_>,
     ) -> Result<Written, ApiError> {
         if !body.is_object() {
             return Err(ApiError::BadRequest(format!(
@@ -224,7 +341,7 @@ impl State {
                 name,
             });
         }
-        let (mut value, warnings) = self.prepare(info, None, body, opts, applied)?;
+        let (mut value, warnings) = self.prepare(info, None, body, opts, source)?;
         if info.is("", "Pod") {
             let class_name = text(&value, "/spec/priorityClassName").to_owned();
             let classes = self
@@ -270,7 +387,7 @@ impl State {
                 manager: "kube-controller-manager".into(),
                 ..WriteOptions::default()
             };
-            self.create(&accounts, Some(&name), account, &system, false)?;
+            self.create(&accounts, Some(&name), account, &system, Source::Server)?;
         }
         Ok(Written {
             object: stored,
@@ -305,9 +422,15 @@ impl State {
         old: Option<&Value>,
         mut new: Value,
         opts: &WriteOptions,
-        applied: bool,
+        source: Source<'_>,
     ) -> Result<(Value, Vec<String>), ApiError> {
         let now = self.now();
+        // What a strict patch refusal shows: the patched object as it came, before the server touched it.
+        let patched = matches!(
+            (opts.validation, source),
+            (FieldValidation::Strict, Source::Patch(..))
+        )
+        .then(|| new.clone());
         for (key, expected) in [("apiVersion", info.api_version()), ("kind", info.kind.clone())] {
             let sent = text(&new, &format!("/{key}"));
             if !sent.is_empty() && sent != expected {
@@ -406,16 +529,19 @@ impl State {
             schema::apply_defaults(schema, &mut new);
         }
         defaults::apply(info, &mut new);
-        let warnings = match opts.validation {
-            FieldValidation::Ignore => Vec::new(),
-            FieldValidation::Warn => unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect(),
-            FieldValidation::Strict if unknown.is_empty() => Vec::new(),
-            FieldValidation::Strict => {
-                let fields: Vec<String> = unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect();
-                return Err(ApiError::BadRequest(format!(
-                    "strict decoding error: {}",
-                    fields.join(", ")
-                )));
+        let fields: Vec<String> = unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect();
+        let warnings = match (opts.validation, source) {
+            _ if fields.is_empty() => Vec::new(),
+            (FieldValidation::Ignore, _) | (_, Source::Apply | Source::Server) => Vec::new(),
+            (FieldValidation::Warn, _) => fields,
+            (FieldValidation::Strict, Source::Body) => return Err(strict_body_error(info, &fields)),
+            (FieldValidation::Strict, Source::Patch(kind, patch)) => {
+                return Err(strict_patch_error(
+                    kind,
+                    patch,
+                    patched.as_ref().unwrap_or(&Value::Null),
+                    &fields,
+                ));
             }
         };
 
@@ -475,7 +601,7 @@ impl State {
         {
             new["status"] = crate::registry::crd_status(&new, &now);
         }
-        if !applied {
+        if !matches!(source, Source::Apply) {
             let scope = if opts.status {
                 Scope::Status
             } else {
@@ -584,7 +710,7 @@ impl State {
         let old = self.existing(info, namespace, name)?;
         Self::check_identity(info, name, &old, &body)?;
         let old_value = old.value();
-        let (new, warnings) = self.prepare(info, Some(&old_value), body, opts, false)?;
+        let (new, warnings) = self.prepare(info, Some(&old_value), body, opts, Source::Body)?;
         self.finish_update(info, &old, &old_value, new, opts, warnings)
     }
 
@@ -613,7 +739,7 @@ impl State {
             ));
         }
         Self::check_identity(info, name, &old, &new)?;
-        let (new, warnings) = self.prepare(info, Some(&old_value), new, opts, false)?;
+        let (new, warnings) = self.prepare(info, Some(&old_value), new, opts, Source::Patch(kind, patch))?;
         self.finish_update(info, &old, &old_value, new, opts, warnings)
     }
 
@@ -692,16 +818,18 @@ impl State {
                 if info.namespaced {
                     skeleton["metadata"]["namespace"] = json!(namespace);
                 }
+                refuse_undeclared(info, config, &skeleton, &applier)?;
                 let result =
                     ssa::apply(&skeleton, config, &applier).map_err(|c| apply_conflict(info, name, &c))?;
-                self.create(info, Some(namespace), result, opts, true)
+                self.create(info, Some(namespace), result, opts, Source::Apply)
             }
             Some(old) => {
                 Self::check_identity(info, name, &old, config)?;
                 let old_value = old.value();
+                refuse_undeclared(info, config, &old_value, &applier)?;
                 let result =
                     ssa::apply(&old_value, config, &applier).map_err(|c| apply_conflict(info, name, &c))?;
-                let (new, warnings) = self.prepare(info, Some(&old_value), result, opts, true)?;
+                let (new, warnings) = self.prepare(info, Some(&old_value), result, opts, Source::Apply)?;
                 self.finish_update(info, &old, &old_value, new, opts, warnings)
             }
         }

@@ -9,6 +9,7 @@ mod conformance {
     mod crd;
     mod crud;
     mod faults;
+    mod fields;
     mod gc;
     mod http;
     mod list;

@@ -3,34 +3,17 @@
 //! errors for malformed requests.
 
 use axum::body::Body;
-use gpuop_fakeserver::FakeServer;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
-use serde_json::{Value, json};
-use tower::ServiceExt;
+use serde_json::json;
 
-use super::support::{clusterpolicy_crd, configmap, server};
-
-async fn call(server: &FakeServer, request: http::Request<Body>) -> (u16, http::HeaderMap, String) {
-    let response = server.router().oneshot(request).await.expect("infallible");
-    let (parts, body) = response.into_parts();
-    let bytes = axum::body::to_bytes(body, usize::MAX).await.expect("body");
-    (
-        parts.status.as_u16(),
-        parts.headers,
-        String::from_utf8_lossy(&bytes).into_owned(),
-    )
-}
+use super::support::{call, clusterpolicy_crd, configmap, json_of, server};
 
 fn get(uri: &str) -> http::Request<Body> {
     http::Request::get(uri)
         .header("user-agent", "probe/1.0 (test)")
         .body(Body::empty())
         .expect("request")
-}
-
-fn json_of(body: &str) -> Value {
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
 #[tokio::test]

@@ -3,11 +3,13 @@
 use std::future::Future;
 use std::time::Duration;
 
+use axum::body::Body;
 use gpuop_fakeserver::{FakeServer, ManualClock};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::ObjectMeta;
 use serde_json::json;
+use tower::ServiceExt;
 
 /// A server with a stopped clock, so timestamps are predictable.
 pub fn server() -> FakeServer {
@@ -64,7 +66,7 @@ pub fn pod(name: &str, node: Option<&str>) -> Pod {
 }
 
 /// A CRD like NVIDIA's ClusterPolicy, small: enums, minimums, patterns, required fields, a status
-/// subresource and a selectable field.
+/// subresource, a selectable field and the `metadata: {type: object}` that generated CRDs carry.
 pub fn clusterpolicy_crd() -> serde_json::Value {
     json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -80,6 +82,8 @@ pub fn clusterpolicy_crd() -> serde_json::Value {
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
                     "properties": {
+                        // controller-gen declares metadata like this in every CRD, NVIDIA's included.
+                        "metadata": {"type": "object"},
                         "spec": {"type": "object", "required": ["driver"], "properties": {
                             "driver": {"type": "object", "properties": {
                                 "enabled": {"type": "boolean"},
@@ -102,6 +106,22 @@ pub fn clusterpolicy_crd() -> serde_json::Value {
             }]
         }
     })
+}
+
+/// Sends `request` to the router as a `tower::Service`: the status code, headers and body.
+pub async fn call(server: &FakeServer, request: http::Request<Body>) -> (u16, http::HeaderMap, String) {
+    let response = server.router().oneshot(request).await.expect("infallible");
+    let (parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX).await.expect("body");
+    (
+        parts.status.as_u16(),
+        parts.headers,
+        String::from_utf8_lossy(&bytes).into_owned(),
+    )
+}
+
+pub fn json_of(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
 /// The `Status` of a request that must have failed.
