@@ -1,8 +1,14 @@
 //! Integration tests of the simulated cluster, one binary with a module per concern:
+//! - `cluster`: `gpu-sim serve` as a child process, shared by the tests that drive it with real tools;
 //! - `kubectl`: `gpu-sim serve` driven by the real kubectl;
+//! - `helm`: a chart installed, upgraded and uninstalled with the real Helm;
 //! - `scenarios`: the simulator's actors on the fake API server, driven by hand-written objects and faults;
 //! - `operator`: the operator converging simulated clusters (controller-level tests of issue 5).
 
+#[path = "sim/cluster.rs"]
+mod cluster;
+#[path = "sim/helm.rs"]
+mod helm;
 #[path = "sim/kubectl.rs"]
 mod kubectl;
 #[path = "sim/operator.rs"]

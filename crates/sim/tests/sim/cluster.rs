@@ -1,0 +1,166 @@
+//! `gpu-sim serve` (or `up`) as a child process with its own kubeconfig, shared by the tests that drive it
+//! with real command-line tools (kubectl, helm).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+pub(crate) const KUBECTL: &str = "/usr/bin/kubectl";
+
+pub(crate) fn testdata(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/testdata")
+        .join(name)
+}
+
+/// How long a test waits for what it expects before failing: a guard against hanging, not a timing.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Runs `check` until it succeeds; fails the test with what it saw last once [`PATIENCE`] is spent.
+pub(crate) fn eventually<T>(what: &str, mut check: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        match check() {
+            Ok(value) => return value,
+            Err(seen) => assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: still not so after {PATIENCE:?}; last seen: {seen}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `gpu-sim serve` (or `up`) in a temporary directory, with kubectl pointed at it; stopped when dropped.
+pub(crate) struct Cluster {
+    server: Child,
+    dir: TempDir,
+}
+
+impl Cluster {
+    /// Starts `gpu-sim serve`, or returns `None` (having said so) when kubectl is missing.
+    pub(crate) fn start(extra: &[&str]) -> Option<Self> {
+        Self::launch(&["serve", "--port", "0"], extra)
+    }
+
+    /// Starts `gpu-sim up --instant` (the demo cluster unless `extra` names a scenario), or returns `None`
+    /// when kubectl is missing.
+    pub(crate) fn up(extra: &[&str]) -> Option<Self> {
+        Self::launch(&["up", "--instant"], extra)
+    }
+
+    fn launch(command: &[&str], extra: &[&str]) -> Option<Self> {
+        if !Path::new(KUBECTL).exists() {
+            eprintln!("skipping: {KUBECTL} is not installed; this test drives gpu-sim with the real kubectl");
+            return None;
+        }
+        Some(Self::spawn(command, extra))
+    }
+
+    /// Starts `gpu-sim serve` whatever tools are installed, for tests that require theirs and fail
+    /// without it.
+    pub(crate) fn serve(extra: &[&str]) -> Self {
+        Self::spawn(&["serve", "--port", "0"], extra)
+    }
+
+    fn spawn(command: &[&str], extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let kubeconfig = dir.path().join("kubeconfig");
+        let mut server = Command::new(env!("CARGO_BIN_EXE_gpu-sim"))
+            .args(command)
+            .arg("--kubeconfig-out")
+            .arg(&kubeconfig)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("gpu-sim starts");
+        let stdout = server.stdout.take().expect("stdout");
+        let (sender, receiver) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = sender.send(line);
+        });
+        let url = receiver
+            .recv_timeout(Duration::from_secs(30))
+            .expect("gpu-sim prints its address");
+        assert!(
+            url.starts_with("http://127.0.0.1:"),
+            "unexpected first line {url:?}"
+        );
+        assert!(
+            kubeconfig.exists(),
+            "the kubeconfig is written before the address is printed"
+        );
+        Self { server, dir }
+    }
+
+    /// The kubeconfig `gpu-sim` wrote for itself.
+    pub(crate) fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    /// The cluster's temporary directory, removed with it.
+    pub(crate) fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub(crate) fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(KUBECTL);
+        command
+            .arg("--kubeconfig")
+            .arg(self.dir.path().join("kubeconfig"))
+            .arg("--cache-dir")
+            .arg(self.dir.path().join("cache"))
+            .arg("--request-timeout=30s")
+            .args(args);
+        command
+    }
+
+    pub(crate) fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("kubectl runs")
+    }
+
+    /// Runs kubectl and returns its stdout, failing the test if it fails.
+    pub(crate) fn ok(&self, args: &[&str]) -> String {
+        let output = self.run(args);
+        assert!(
+            output.status.success(),
+            "kubectl {args:?} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    pub(crate) fn json(&self, args: &[&str]) -> Value {
+        let mut args = args.to_vec();
+        args.extend(["-o", "json"]);
+        serde_json::from_str(&self.ok(&args)).expect("kubectl prints JSON")
+    }
+
+    /// The items of `kubectl get <what> -o json`.
+    pub(crate) fn items(&self, args: &[&str]) -> Vec<Value> {
+        self.json(args)["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    pub(crate) fn write(&self, name: &str, text: &str) -> String {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).expect("written");
+        path.display().to_string()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}

@@ -1,0 +1,346 @@
+//! Helm 4 (server-side apply with `fieldValidation=Strict`) installs, upgrades and uninstalls a chart shaped
+//! like NVIDIA's (the ClusterPolicy CRD, a ClusterPolicy, the operator's Deployment and its RBAC) into
+//! `gpu-sim serve`, as a person would on a real cluster. Helm is required: without it the test fails,
+//! saying how to install it (`.ci/run` installs it on a fresh machine).
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, ListParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Client, Config};
+
+use crate::cluster::{Cluster, testdata};
+
+const NAMESPACE: &str = "gpu-operator";
+const RELEASE: &str = "gpu";
+
+/// Helm's binary: on `PATH`, or where `.ci/run` installs it.
+fn helm() -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .map(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join("helm"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain([PathBuf::from("/usr/local/bin/helm")])
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "helm is not installed, and this test needs it: it installs a chart into gpu-sim serve with the \
+                 real Helm 4. Run .ci/run (which installs helm into /usr/local/bin when missing), or install \
+                 Helm 4 from https://helm.sh/docs/intro/install/"
+            )
+        })
+}
+
+/// The test chart, with this repository's CRDs in its `crds/` folder, copied under `dir`.
+fn chart(dir: &Path) -> PathBuf {
+    let chart = dir.join("chart");
+    copy_tree(&testdata("helm/chart"), &chart);
+    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds/gpu-operator-crds.yaml");
+    std::fs::create_dir_all(chart.join("crds")).expect("crds folder");
+    std::fs::copy(&crds, chart.join("crds/gpu-operator-crds.yaml")).expect("CRDs copied into the chart");
+    chart
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("folder");
+    for entry in std::fs::read_dir(from).expect("chart folder").flatten() {
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).expect("chart file copied");
+        }
+    }
+}
+
+/// Runs helm against the cluster, with its cache and configuration kept in the cluster's folder.
+async fn run_helm(cluster: &Cluster, args: &[&str]) -> Output {
+    let home = cluster.dir().join("helm-home");
+    tokio::process::Command::new(helm())
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig())
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .output()
+        .await
+        .expect("helm runs")
+}
+
+async fn helm_ok(cluster: &Cluster, args: &[&str]) -> String {
+    let output = run_helm(cluster, args).await;
+    assert!(
+        output.status.success(),
+        "helm {args:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+async fn client(cluster: &Cluster) -> Client {
+    let kubeconfig = Kubeconfig::read_from(cluster.kubeconfig()).expect("kubeconfig");
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    Client::try_from(config).expect("client")
+}
+
+fn policies(client: &Client) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy"),
+        "clusterpolicies",
+    );
+    Api::all_with(client.clone(), &resource)
+}
+
+/// Each release revision's `status` label, from the secrets Helm keeps them in.
+async fn revisions(client: &Client) -> Vec<(String, String)> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
+    let listed = secrets
+        .list(&ListParams::default().labels(&format!("owner=helm,name={RELEASE}")))
+        .await
+        .expect("release secrets listed");
+    let mut revisions: Vec<(String, String)> = listed
+        .items
+        .iter()
+        .map(|secret| {
+            let labels = secret.metadata.labels.clone().unwrap_or_default();
+            let label = |key: &str| labels.get(key).cloned().unwrap_or_default();
+            (label("version"), label("status"))
+        })
+        .collect();
+    revisions.sort();
+    revisions
+}
+
+/// Whether a GET answered 404 Not Found.
+fn gone<T>(result: Result<T, kube::Error>) -> bool {
+    matches!(result, Err(kube::Error::Api(status)) if status.code == 404)
+}
+
+fn image(deployment: &Deployment) -> Option<String> {
+    deployment
+        .spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .first()?
+        .image
+        .clone()
+}
+
+#[tokio::test]
+async fn helm_installs_upgrades_and_uninstalls_a_chart() {
+    let helm = helm();
+    let cluster = Cluster::serve(&[]);
+    let chart = chart(cluster.dir());
+    let chart = chart.to_str().expect("utf-8 path");
+    let client = client(&cluster).await;
+    eprintln!("using {}", helm.display());
+
+    // No --wait: Helm's readiness check of a Deployment reads its ReplicaSets, and gpu-sim serve runs no
+    // deployment controller to make them (a real cluster would, and the wait would end).
+    let installed = helm_ok(
+        &cluster,
+        &[
+            "install",
+            RELEASE,
+            chart,
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+        ],
+    )
+    .await;
+    assert!(installed.contains("STATUS: deployed"), "{installed}");
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in ["clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com"] {
+        let crd = crds
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("CRD {name} from crds/: {e}"));
+        let established = crd.status.and_then(|s| s.conditions).unwrap_or_default();
+        assert!(
+            established
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True"),
+            "{name}"
+        );
+    }
+    let policy = policies(&client)
+        .get("cluster-policy")
+        .await
+        .expect("the chart's ClusterPolicy");
+    assert_eq!(policy.data["spec"]["mig"]["strategy"], "single");
+    let labels = policy.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(
+        labels.get("app.kubernetes.io/managed-by").map(String::as_str),
+        Some("Helm")
+    );
+    let annotations = policy.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations.get("meta.helm.sh/release-name").map(String::as_str),
+        Some(RELEASE)
+    );
+
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    let deployment = deployments
+        .get("gpu-operator")
+        .await
+        .expect("the chart's Deployment");
+    assert_eq!(
+        image(&deployment).as_deref(),
+        Some("nvcr.io/nvidia/gpu-operator:v26.7.0")
+    );
+    let managers: Vec<(String, String)> = deployment
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .map(|m| {
+            (
+                m.manager.clone().unwrap_or_default(),
+                m.operation.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        managers,
+        [("helm".to_owned(), "Apply".to_owned())],
+        "Helm 4 applies server-side"
+    );
+    Api::<ServiceAccount>::namespaced(client.clone(), NAMESPACE)
+        .get("gpu-operator")
+        .await
+        .expect("service account");
+    Api::<Role>::namespaced(client.clone(), NAMESPACE)
+        .get("gpu-operator")
+        .await
+        .expect("role");
+    Api::<RoleBinding>::namespaced(client.clone(), NAMESPACE)
+        .get("gpu-operator")
+        .await
+        .expect("role binding");
+    Api::<ClusterRole>::all(client.clone())
+        .get("gpu-operator")
+        .await
+        .expect("cluster role");
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .get("gpu-operator")
+        .await
+        .expect("cluster role binding");
+    assert_eq!(
+        revisions(&client).await,
+        [("1".to_owned(), "deployed".to_owned())]
+    );
+
+    // An upgrade with changed values changes the objects in place.
+    helm_ok(
+        &cluster,
+        &[
+            "upgrade",
+            RELEASE,
+            chart,
+            "--namespace",
+            NAMESPACE,
+            "--set",
+            "mig.strategy=mixed",
+            "--set",
+            "operator.version=v26.8.0",
+        ],
+    )
+    .await;
+    let policy = policies(&client)
+        .get("cluster-policy")
+        .await
+        .expect("ClusterPolicy");
+    assert_eq!(policy.data["spec"]["mig"]["strategy"], "mixed");
+    let deployment = deployments.get("gpu-operator").await.expect("Deployment");
+    assert_eq!(
+        image(&deployment).as_deref(),
+        Some("nvcr.io/nvidia/gpu-operator:v26.8.0")
+    );
+    assert_eq!(deployment.metadata.generation, Some(2));
+    assert_eq!(
+        revisions(&client).await,
+        [
+            ("1".to_owned(), "superseded".to_owned()),
+            ("2".to_owned(), "deployed".to_owned())
+        ]
+    );
+
+    // A chart with a misspelled field fails as on a real cluster, and the release keeps what it had.
+    let refused = run_helm(
+        &cluster,
+        &[
+            "upgrade",
+            RELEASE,
+            chart,
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+            "--set",
+            "typo=true",
+        ],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success(),
+        "a misspelled field was accepted: {stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "failed to create typed patch object (gpu-operator/gpu-operator; apps/v1, Kind=Deployment): \
+             .spec.replica: field not declared in schema"
+        ),
+        "{stderr}"
+    );
+    let deployment = deployments.get("gpu-operator").await.expect("Deployment");
+    assert_eq!(
+        image(&deployment).as_deref(),
+        Some("nvcr.io/nvidia/gpu-operator:v26.8.0")
+    );
+    assert_eq!(
+        deployment.metadata.generation,
+        Some(2),
+        "the failed upgrade changed nothing"
+    );
+
+    // Uninstalling removes the release's objects and records, and keeps the CRDs (Helm never deletes them).
+    helm_ok(&cluster, &["uninstall", RELEASE, "--namespace", NAMESPACE]).await;
+    assert!(
+        gone(deployments.get("gpu-operator").await),
+        "the Deployment is deleted"
+    );
+    assert!(
+        gone(policies(&client).get("cluster-policy").await),
+        "the ClusterPolicy is deleted"
+    );
+    assert!(
+        gone(Api::<ClusterRole>::all(client.clone()).get("gpu-operator").await),
+        "the ClusterRole is deleted"
+    );
+    assert_eq!(revisions(&client).await, [], "no release records are left");
+    crds.get("clusterpolicies.nvidia.com")
+        .await
+        .expect("the CRD stays");
+    let listed = helm_ok(&cluster, &["list", "--all-namespaces", "--short"]).await;
+    assert_eq!(listed.trim(), "", "helm list shows no release");
+}

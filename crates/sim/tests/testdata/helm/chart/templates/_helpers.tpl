@@ -1,0 +1,6 @@
+{{- define "gpu-operator-test.labels" -}}
+app.kubernetes.io/name: gpu-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+{{- end }}
