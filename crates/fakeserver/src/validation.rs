@@ -20,6 +20,9 @@ used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
 const DNS_SUBDOMAIN: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' \
 or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is \
 '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+const DNS1035_LABEL: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start \
+with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for \
+validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
 const DNS_LABEL: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and \
 must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is \
 '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
@@ -84,30 +87,46 @@ fn is_alphanumeric(c: char) -> bool {
     c.is_ascii_alphanumeric()
 }
 
-/// Why `name` is not a qualified name (`[prefix/]name`, as label and annotation keys are), if it is not.
-pub(crate) fn qualified_name_problem(key: &str) -> Option<String> {
-    let (prefix, name) = match key.split_once('/') {
-        Some((prefix, name)) => (Some(prefix), name),
-        None => (None, key),
+/// Why `key` is not a qualified name (`[prefix/]name`, as label and annotation keys are): every reason,
+/// as kube-apiserver lists them (`IsQualifiedName`).
+pub(crate) fn qualified_name_problems(key: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    let parts: Vec<&str> = key.split('/').collect();
+    let name = match parts.as_slice() {
+        [name] => *name,
+        [prefix, name] => {
+            if prefix.is_empty() {
+                problems.push("prefix part must be non-empty".into());
+            } else {
+                problems.extend(
+                    dns_subdomain_problems(prefix)
+                        .into_iter()
+                        .map(|p| format!("prefix part {p}")),
+                );
+            }
+            *name
+        }
+        _ => {
+            return vec![format!(
+                "a qualified name {} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')",
+                QUALIFIED_NAME.trim_start_matches("name part ")
+            )];
+        }
     };
-    if let Some(prefix) = prefix {
-        if prefix.is_empty() {
-            return Some("prefix part must be non-empty".into());
-        }
-        if let Some(problem) = dns_subdomain_problem(prefix) {
-            return Some(format!("prefix part {problem}"));
-        }
-    }
     if name.is_empty() {
-        return Some("name part must be non-empty".into());
-    }
-    if name.len() > 63 {
-        return Some("name part must be no more than 63 characters".into());
+        problems.push("name part must be non-empty".into());
+    } else if name.len() > 63 {
+        problems.push("name part must be no more than 63 characters".into());
     }
     if !simple_name(name) {
-        return Some(QUALIFIED_NAME.into());
+        problems.push(QUALIFIED_NAME.into());
     }
-    None
+    problems
+}
+
+/// The first reason `key` is not a qualified name, if it is not.
+pub(crate) fn qualified_name_problem(key: &str) -> Option<String> {
+    qualified_name_problems(key).into_iter().next()
 }
 
 fn simple_name(name: &str) -> bool {
@@ -118,21 +137,28 @@ fn simple_name(name: &str) -> bool {
             .all(|c| is_alphanumeric(c) || matches!(c, '-' | '_' | '.'))
 }
 
-/// Why `value` is not a valid label value, if it is not.
-pub(crate) fn label_value_problem(value: &str) -> Option<String> {
+/// Why `value` is not a valid label value: every reason (`IsValidLabelValue`).
+pub(crate) fn label_value_problems(value: &str) -> Vec<String> {
+    let mut problems = Vec::new();
     if value.len() > 63 {
-        return Some("must be no more than 63 characters".into());
+        problems.push("must be no more than 63 characters".into());
     }
     if !value.is_empty() && !simple_name(value) {
-        return Some(LABEL_VALUE.into());
+        problems.push(LABEL_VALUE.into());
     }
-    None
+    problems
 }
 
-/// Why `name` is not a DNS-1123 subdomain, if it is not.
-pub(crate) fn dns_subdomain_problem(name: &str) -> Option<String> {
+/// The first reason `value` is not a valid label value, if it is not.
+pub(crate) fn label_value_problem(value: &str) -> Option<String> {
+    label_value_problems(value).into_iter().next()
+}
+
+/// Why `name` is not a DNS-1123 subdomain: every reason (`IsDNS1123Subdomain`).
+pub(crate) fn dns_subdomain_problems(name: &str) -> Vec<String> {
+    let mut problems = Vec::new();
     if name.len() > 253 {
-        return Some("must be no more than 253 characters".into());
+        problems.push("must be no more than 253 characters".into());
     }
     let ok = !name.is_empty()
         && name.split('.').all(|part| {
@@ -142,18 +168,54 @@ pub(crate) fn dns_subdomain_problem(name: &str) -> Option<String> {
                     .chars()
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         });
-    if ok { None } else { Some(DNS_SUBDOMAIN.into()) }
+    if !ok {
+        problems.push(DNS_SUBDOMAIN.into());
+    }
+    problems
 }
 
-/// Why `name` is not a DNS-1123 label, if it is not.
-pub(crate) fn dns_label_problem(name: &str) -> Option<String> {
+/// The first reason `name` is not a DNS-1123 subdomain, if it is not.
+pub(crate) fn dns_subdomain_problem(name: &str) -> Option<String> {
+    dns_subdomain_problems(name).into_iter().next()
+}
+
+/// Why `name` is not a DNS-1123 label: every reason (`IsDNS1123Label`).
+pub(crate) fn dns_label_problems(name: &str) -> Vec<String> {
+    let mut problems = Vec::new();
     if name.len() > 63 {
-        return Some("must be no more than 63 characters".into());
+        problems.push("must be no more than 63 characters".into());
     }
-    if name.contains('.') || dns_subdomain_problem(name).is_some() {
-        return Some(DNS_LABEL.into());
+    let ok = name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !ok {
+        problems.push(DNS_LABEL.into());
     }
-    None
+    problems
+}
+
+/// The first reason `name` is not a DNS-1123 label, if it is not.
+pub(crate) fn dns_label_problem(name: &str) -> Option<String> {
+    dns_label_problems(name).into_iter().next()
+}
+
+/// Why `name` is not a DNS-1035 label (Service names: a letter first): every reason (`IsDNS1035Label`).
+fn dns1035_label_problems(name: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    if name.len() > 63 {
+        problems.push("must be no more than 63 characters".into());
+    }
+    let ok = name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !ok {
+        problems.push(DNS1035_LABEL.into());
+    }
+    problems
 }
 
 fn path_segment_problem(name: &str) -> Option<String> {
@@ -165,14 +227,14 @@ fn path_segment_problem(name: &str) -> Option<String> {
     }
 }
 
-/// How a resource's object names are checked.
-fn name_problem(info: &ResourceInfo, name: &str) -> Option<String> {
+/// How a resource's object names are checked: every reason a name is refused, in kube-apiserver's words.
+fn name_problems(info: &ResourceInfo, name: &str) -> Vec<String> {
     match (info.group.as_str(), info.plural.as_str()) {
-        ("", "namespaces" | "services") => dns_label_problem(name),
-        ("rbac.authorization.k8s.io", _) => path_segment_problem(name),
-        ("", "nodes") => dns_subdomain_problem(name),
-        _ if info.custom.is_some() => path_segment_problem(name),
-        _ => dns_subdomain_problem(name),
+        ("", "namespaces") => dns_label_problems(name),
+        ("", "services") => dns1035_label_problems(name),
+        // core/v1 events and RBAC objects only need names that fit in a URL path.
+        ("", "events") | ("rbac.authorization.k8s.io", _) => path_segment_problem(name).into_iter().collect(),
+        _ => dns_subdomain_problems(name),
     }
 }
 
@@ -183,17 +245,19 @@ pub(crate) fn metadata(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
     let name = meta.get("name").and_then(Value::as_str).unwrap_or_default();
     if name.is_empty() {
         causes.push(required("metadata.name", "name or generateName is required"));
-    } else if let Some(problem) = name_problem(info, name) {
-        causes.push(invalid("metadata.name", &Value::from(name), problem));
+    } else {
+        for problem in name_problems(info, name) {
+            causes.push(invalid("metadata.name", &Value::from(name), problem));
+        }
     }
     if let Some(labels) = meta.get("labels").and_then(Value::as_object) {
         for (key, value) in labels {
-            if let Some(problem) = qualified_name_problem(key) {
+            for problem in qualified_name_problems(key) {
                 causes.push(invalid("metadata.labels", &Value::from(key.as_str()), problem));
             }
             match value.as_str() {
                 Some(text) => {
-                    if let Some(problem) = label_value_problem(text) {
+                    for problem in label_value_problems(text) {
                         causes.push(invalid("metadata.labels", value, problem));
                     }
                 }
@@ -204,7 +268,8 @@ pub(crate) fn metadata(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
     if let Some(annotations) = meta.get("annotations").and_then(Value::as_object) {
         let mut total = 0;
         for (key, value) in annotations {
-            if let Some(problem) = qualified_name_problem(&key.to_lowercase()) {
+            // Annotation keys are qualified names in any case.
+            for problem in qualified_name_problems(&key.to_lowercase()) {
                 causes.push(invalid(
                     "metadata.annotations",
                     &Value::from(key.as_str()),
@@ -355,9 +420,177 @@ pub(crate) fn builtin(info: &ResourceInfo, object: &Value, old: Option<&Value>) 
         ("apiextensions.k8s.io", "CustomResourceDefinition") => {
             crate::registry::validate_crd(object, old, &mut causes)
         }
+        ("", "Event") => event(&EventFields::core(object), &mut causes),
+        ("events.k8s.io", "Event") => {
+            let fields = EventFields::events_v1(object);
+            event(&fields, &mut causes);
+            if old.is_none() {
+                event_v1_create(object, &fields, &mut causes);
+            }
+        }
         _ => {}
     }
     causes
+}
+
+/// An event's fields under the names of kube-apiserver's internal `core.Event`, which both event APIs are
+/// validated as: errors name `message` (events.k8s.io's `note`), `reportingController`, `involvedObject`.
+struct EventFields<'a> {
+    namespace: &'a str,
+    involved_namespace: &'a str,
+    event_time: bool,
+    reporting_controller: &'a str,
+    reporting_instance: &'a str,
+    action: &'a str,
+    reason: &'a str,
+    message: &'a str,
+}
+
+impl<'a> EventFields<'a> {
+    fn core(object: &'a Value) -> Self {
+        let text = |pointer: &str| {
+            object
+                .pointer(pointer)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+        };
+        Self {
+            namespace: text("/metadata/namespace"),
+            involved_namespace: text("/involvedObject/namespace"),
+            event_time: object.get("eventTime").is_some_and(|t| !t.is_null()),
+            reporting_controller: text("/reportingComponent"),
+            reporting_instance: text("/reportingInstance"),
+            action: text("/action"),
+            reason: text("/reason"),
+            message: text("/message"),
+        }
+    }
+
+    fn events_v1(object: &'a Value) -> Self {
+        let text = |pointer: &str| {
+            object
+                .pointer(pointer)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+        };
+        Self {
+            namespace: text("/metadata/namespace"),
+            involved_namespace: text("/regarding/namespace"),
+            event_time: object.get("eventTime").is_some_and(|t| !t.is_null()),
+            reporting_controller: text("/reportingController"),
+            reporting_instance: text("/reportingInstance"),
+            action: text("/action"),
+            reason: text("/reason"),
+            message: text("/note"),
+        }
+    }
+}
+
+/// What every event must be (`legacyValidateEvent`): the limits apply to events with an `eventTime` (every
+/// events.k8s.io event, and core/v1 events written the new way); an old-style core/v1 event has none.
+fn event(event: &EventFields<'_>, causes: &mut Vec<Cause>) {
+    let mismatch = || {
+        invalid(
+            "involvedObject.namespace",
+            &Value::from(event.involved_namespace),
+            "does not match event.namespace",
+        )
+    };
+    if !event.event_time {
+        let matches = if event.involved_namespace.is_empty() {
+            matches!(event.namespace, "" | "default")
+        } else {
+            event.namespace == event.involved_namespace
+        };
+        if !matches {
+            causes.push(mismatch());
+        }
+    } else {
+        if event.involved_namespace.is_empty() && !matches!(event.namespace, "default" | "kube-system") {
+            causes.push(mismatch());
+        }
+        if event.reporting_controller.is_empty() {
+            causes.push(required("reportingController", ""));
+        }
+        for problem in qualified_name_problems(event.reporting_controller) {
+            causes.push(invalid(
+                "reportingController",
+                &Value::from(event.reporting_controller),
+                problem,
+            ));
+        }
+        for (field, value, limit) in [
+            ("reportingInstance", event.reporting_instance, 128),
+            ("action", event.action, 128),
+            ("reason", event.reason, 128),
+        ] {
+            if value.is_empty() {
+                causes.push(required(field, ""));
+            }
+            if value.len() > limit {
+                causes.push(invalid(
+                    field,
+                    &Value::from(""),
+                    format!("can have at most {limit} characters"),
+                ));
+            }
+        }
+        if event.message.len() > 1024 {
+            causes.push(invalid(
+                "message",
+                &Value::from(""),
+                "can have at most 1024 characters",
+            ));
+        }
+    }
+    for problem in dns_subdomain_problems(event.namespace) {
+        causes.push(invalid("namespace", &Value::from(event.namespace), problem));
+    }
+}
+
+/// What an event created through events.k8s.io/v1 must be besides (`ValidateEventCreate`).
+fn event_v1_create(object: &Value, event: &EventFields<'_>, causes: &mut Vec<Cause>) {
+    if let Some(series) = object.get("series").filter(|s| !s.is_null()) {
+        if series.get("count").and_then(Value::as_i64).unwrap_or(0) < 2 {
+            causes.push(invalid("series.count", &Value::from(""), "should be at least 2"));
+        }
+        if series.get("lastObservedTime").is_none_or(Value::is_null) {
+            causes.push(required("series.lastObservedTime", ""));
+        }
+    }
+    if !event.event_time {
+        causes.push(required("eventTime", ""));
+    }
+    let kind = object.get("type").and_then(Value::as_str).unwrap_or_default();
+    if !matches!(kind, "Normal" | "Warning") {
+        causes.push(invalid(
+            "type",
+            &Value::from(""),
+            format!("has invalid value: {kind}"),
+        ));
+    }
+    let set = |key: &str| object.get(key).is_some_and(|v| !v.is_null());
+    for (key, field) in [
+        ("deprecatedFirstTimestamp", "firstTimestamp"),
+        ("deprecatedLastTimestamp", "lastTimestamp"),
+    ] {
+        if set(key) {
+            causes.push(invalid(field, &Value::from(""), "needs to be unset"));
+        }
+    }
+    if object.get("deprecatedCount").and_then(Value::as_i64).unwrap_or(0) != 0 {
+        causes.push(invalid("count", &Value::from(""), "needs to be unset"));
+    }
+    let source = object.get("deprecatedSource");
+    let source_text = |key: &str| {
+        source
+            .and_then(|s| s.get(key))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
+    if !source_text("component").is_empty() || !source_text("host").is_empty() {
+        causes.push(invalid("source", &Value::from(""), "needs to be unset"));
+    }
 }
 
 fn workload(object: &Value, old: Option<&Value>, causes: &mut Vec<Cause>) {

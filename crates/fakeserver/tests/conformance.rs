@@ -12,6 +12,7 @@ mod conformance {
     mod fields;
     mod gc;
     mod http;
+    mod limits;
     mod list;
     mod status;
     mod watch;
