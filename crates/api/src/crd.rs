@@ -359,4 +359,40 @@ mod tests {
             json!(["default", "driverType", "image"])
         );
     }
+
+    #[test]
+    fn status_conditions_have_the_limits_of_a_metav1_condition() {
+        let schema = openapi_schema(&cluster_policy_crd());
+        let policy = |message: String, reason: &str| {
+            serde_json::json!({
+                "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+                "metadata": {"name": "cluster-policy"},
+                "spec": {},
+                "status": {"state": "notReady", "conditions": [{
+                    "type": "Ready", "status": "False", "reason": reason, "message": message,
+                    "lastTransitionTime": "2026-12-01T00:00:00Z"
+                }]}
+            })
+        };
+        let problems = |object: &Value| -> Vec<String> {
+            schema::validate(&schema, object)
+                .iter()
+                .map(ToString::to_string)
+                .filter(|problem| problem.starts_with("status."))
+                .collect()
+        };
+        let longest = "é".repeat(crate::status::CONDITION_MESSAGE_MAX);
+        let accepted = problems(&policy(longest.clone(), "OperandNotReady"));
+        assert!(accepted.is_empty(), "{accepted:?}");
+        let refused = problems(&policy(format!("{longest}x"), "OperandNotReady"));
+        assert!(
+            refused.iter().any(|p| p.contains("status.conditions[0].message")),
+            "{refused:?}"
+        );
+        let refused = problems(&policy(String::new(), "not a reason"));
+        assert!(
+            refused.iter().any(|p| p.contains("status.conditions[0].reason")),
+            "{refused:?}"
+        );
+    }
 }

@@ -64,6 +64,7 @@ pub struct PolicyStatus {
     pub namespace: Option<String>,
     /// The `Ready` and `Error` conditions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "conditions_schema")]
     pub conditions: Option<Vec<Condition>>,
     /// The generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -71,6 +72,59 @@ pub struct PolicyStatus {
     /// Per operand: on how many nodes it should run, on how many it is ready, and which are not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operands: Option<Vec<OperandStatus>>,
+}
+
+/// The longest condition message the CRD accepts, in characters (`metav1.Condition`'s limit).
+pub const CONDITION_MESSAGE_MAX: usize = 32768;
+
+/// `metav1.Condition` with the limits kube-apiserver's own types and NVIDIA's CRDs declare, so that an API
+/// server refuses what a real `metav1.Condition` could not hold.
+fn conditions_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "The `Ready` and `Error` conditions.",
+        "type": "array",
+        "items": {
+            "description": "One aspect of the object's state.",
+            "type": "object",
+            "required": ["lastTransitionTime", "message", "reason", "status", "type"],
+            "properties": {
+                "lastTransitionTime": {
+                    "description": "When the condition last changed from one status to another.",
+                    "type": "string",
+                    "format": "date-time"
+                },
+                "message": {
+                    "description": "Human-readable details of the transition; may be empty.",
+                    "type": "string",
+                    "maxLength": CONDITION_MESSAGE_MAX
+                },
+                "observedGeneration": {
+                    "description": "The `metadata.generation` the condition was set for.",
+                    "type": "integer",
+                    "format": "int64",
+                    "minimum": 0
+                },
+                "reason": {
+                    "description": "Why the condition last changed, in CamelCase.",
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 1024,
+                    "pattern": "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+                },
+                "status": {
+                    "description": "True, False or Unknown.",
+                    "type": "string",
+                    "enum": ["True", "False", "Unknown"]
+                },
+                "type": {
+                    "description": "The condition's type, e.g. `Ready`.",
+                    "type": "string",
+                    "maxLength": 316,
+                    "pattern": "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+                }
+            }
+        }
+    })
 }
 
 /// Readiness of one operand across the nodes that should run it.
