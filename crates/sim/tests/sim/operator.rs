@@ -853,6 +853,28 @@ async fn no_ready_is_ever_written_before_the_operands_run_even_when_node_events_
         }
     }
 
+    // The changes of state were published as events the API server accepted (kube-apiserver refuses a note
+    // over 1024 bytes, which a long node list used to make).
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(cluster.client.clone());
+    cluster
+        .until("the event for ready is stored", || async {
+            let reasons: Vec<String> = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .into_iter()
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("ClusterPolicy"))
+                .filter_map(|e| e.reason)
+                .collect();
+            if reasons.iter().any(|reason| reason == "Reconciled") {
+                Ok(())
+            } else {
+                Err(format!("events about the policy: {reasons:?}"))
+            }
+        })
+        .await;
+
     // Counts are written at most once a second; changes of state at once.
     let status_writes = cluster.server.requests().matching(|key| {
         key.resource == "clusterpolicies" && key.subresource == "status" && key.verb.is_write()
