@@ -43,23 +43,24 @@ pub(crate) struct Cluster {
 }
 
 impl Cluster {
-    /// Starts `gpu-sim serve`, or returns `None` (having said so) when kubectl is missing.
-    pub(crate) fn start(extra: &[&str]) -> Option<Self> {
+    /// Starts `gpu-sim serve` for a test that drives it with kubectl; fails when kubectl is missing.
+    pub(crate) fn start(extra: &[&str]) -> Self {
         Self::launch(&["serve", "--port", "0"], extra)
     }
 
-    /// Starts `gpu-sim up --instant` (the demo cluster unless `extra` names a scenario), or returns `None`
-    /// when kubectl is missing.
-    pub(crate) fn up(extra: &[&str]) -> Option<Self> {
+    /// Starts `gpu-sim up --instant` (the demo cluster unless `extra` names a scenario) for a test that
+    /// drives it with kubectl; fails when kubectl is missing.
+    pub(crate) fn up(extra: &[&str]) -> Self {
         Self::launch(&["up", "--instant"], extra)
     }
 
-    fn launch(command: &[&str], extra: &[&str]) -> Option<Self> {
-        if !Path::new(KUBECTL).exists() {
-            eprintln!("skipping: {KUBECTL} is not installed; this test drives gpu-sim with the real kubectl");
-            return None;
-        }
-        Some(Self::spawn(command, extra))
+    fn launch(command: &[&str], extra: &[&str]) -> Self {
+        assert!(
+            Path::new(KUBECTL).exists(),
+            "{KUBECTL} is not installed: this test drives gpu-sim with the real kubectl; `.ci/run` installs it \
+             (or: apt-get install kubectl)"
+        );
+        Self::spawn(command, extra)
     }
 
     /// Starts `gpu-sim serve` whatever tools are installed, for tests that require theirs and fail

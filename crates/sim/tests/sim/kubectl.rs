@@ -1,5 +1,5 @@
 //! Black-box tests: `gpu-sim serve` and `gpu-sim up` driven by the real `/usr/bin/kubectl`, as a person or
-//! a script would use them. Every test skips, saying so, where kubectl is not installed.
+//! a script would use them. Every test fails, saying so, where kubectl is not installed.
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -12,9 +12,7 @@ use crate::cluster::{Cluster, eventually, testdata};
 
 #[test]
 fn apply_client_side_then_server_side() {
-    let Some(cluster) = Cluster::start(&[]) else {
-        return;
-    };
+    let cluster = Cluster::start(&[]);
     let manifest = std::fs::read_to_string(testdata("operands.yaml")).expect("testdata");
     let first = cluster.ok(&["apply", "-f", &cluster.write("v1.yaml", &manifest)]);
     assert!(
@@ -84,9 +82,7 @@ fn apply_client_side_then_server_side() {
 
 #[test]
 fn get_watch_label_and_metrics() {
-    let Some(cluster) = Cluster::start(&["--load", testdata("load").to_str().expect("utf-8")]) else {
-        return;
-    };
+    let cluster = Cluster::start(&["--load", testdata("load").to_str().expect("utf-8")]);
     let loaded = cluster.json(&[
         "get",
         "configmaps",
@@ -148,9 +144,7 @@ fn get_watch_label_and_metrics() {
 
 #[test]
 fn delete_and_wait_for_delete() {
-    let Some(cluster) = Cluster::start(&[]) else {
-        return;
-    };
+    let cluster = Cluster::start(&[]);
     cluster.ok(&["create", "configmap", "held"]);
     cluster.ok(&[
         "patch",
@@ -191,9 +185,7 @@ fn delete_and_wait_for_delete() {
 
 #[test]
 fn create_generators_and_drain_use_protobuf_bodies() {
-    let Some(cluster) = Cluster::start(&[]) else {
-        return;
-    };
+    let cluster = Cluster::start(&[]);
     // kubectl's typed clients send these bodies as protobuf.
     cluster.ok(&["create", "configmap", "literal", "--from-literal=strategy=single"]);
     assert_eq!(
@@ -224,9 +216,7 @@ fn create_generators_and_drain_use_protobuf_bodies() {
 
 #[test]
 fn custom_resources_are_validated_as_by_the_api_server() {
-    let Some(cluster) = Cluster::start(&[]) else {
-        return;
-    };
+    let cluster = Cluster::start(&[]);
     let crd = testdata("clusterpolicy-crd.yaml");
     cluster.ok(&["apply", "-f", crd.to_str().expect("utf-8")]);
     let resources = cluster.ok(&["api-resources", "--api-group=nvidia.com"]);
@@ -266,9 +256,7 @@ fn names(items: &[Value]) -> Vec<String> {
 #[test]
 fn up_serves_the_demo_cluster_and_plays_the_scenario() {
     let scenario = testdata("up-scenario.yaml");
-    let Some(cluster) = Cluster::up(&["--scenario", scenario.to_str().expect("utf-8")]) else {
-        return;
-    };
+    let cluster = Cluster::up(&["--scenario", scenario.to_str().expect("utf-8")]);
     // The scenario names no cluster: the demo cluster's seven nodes, as NFD and the kubelets left them.
     let nodes = eventually("the demo cluster's nodes", || {
         let nodes = cluster.items(&["get", "nodes"]);
