@@ -220,13 +220,27 @@ pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
             .reconciled(ReconciliationStatus::PolicyUnavailable, now_seconds());
         return Ok(RESYNC);
     };
+    // A status put off for an ignored policy must be written too: the pass comes back for the earliest.
+    let mut next_for_ignored: Option<Duration> = None;
     for ignored in others {
         let outcome = Outcome::Ignored {
             active: active.name_any(),
         };
-        write_status(context, ignored, &outcome, leader).await?;
+        let written = write_status(context, ignored, &outcome, leader).await?;
+        if let Some(deferred) = written.deferred {
+            next_for_ignored = Some(next_for_ignored.map_or(deferred, |wait| wait.min(deferred)));
+        }
     }
+    let next = reconcile_active(context, active, leader).await?;
+    Ok(next_for_ignored.map_or(next, |wait| wait.min(next)))
+}
 
+/// Validates, renders, applies and judges the active policy; returns how long to wait for a change.
+async fn reconcile_active(
+    context: &Context,
+    active: &ClusterPolicy,
+    leader: bool,
+) -> Result<Duration, ReconcileError> {
     let validated = match validate_with(active, &context.image_defaults) {
         Ok(validated) => validated,
         Err(errors) => {

@@ -261,13 +261,19 @@ fn lock(log: &Mutex<StatusLog>) -> std::sync::MutexGuard<'_, StatusLog> {
 
 /// Records every status write of the ClusterPolicy; a `ready` is checked against a fresh snapshot.
 async fn watch_statuses(client: Client, log: Arc<Mutex<StatusLog>>) {
-    use futures::TryStreamExt;
+    use futures::StreamExt;
     use kube::runtime::{WatchStreamExt, watcher};
 
     let policies: Api<ClusterPolicy> = Api::all(client.clone());
-    let mut events = std::pin::pin!(watcher(policies, watcher::Config::default()).applied_objects());
+    // The watcher relists after an expired version or a dropped stream; its errors are not the end.
+    let mut events = std::pin::pin!(
+        watcher(policies, watcher::Config::default())
+            .default_backoff()
+            .applied_objects()
+    );
     let mut last: Option<PolicyStatus> = None;
-    while let Ok(Some(policy)) = events.try_next().await {
+    while let Some(event) = events.next().await {
+        let Ok(policy) = event else { continue };
         let Some(status) = policy.status else { continue };
         if last.as_ref() == Some(&status) {
             continue;

@@ -737,9 +737,10 @@ async fn only_the_leader_writes_and_a_second_replica_takes_over_when_it_stops() 
     cluster.stop().await;
 }
 
-/// Every operand of [`CONTAINER_STACK`] runs Ready on each of `nodes`, as a fresh LIST shows it; the error
-/// names what is missing.
-async fn stack_ready_on(client: &Client, nodes: &[&str]) -> Result<(), String> {
+/// Every operand of [`CONTAINER_STACK`] runs Ready on each of `nodes`, in pods last changed no later than
+/// resourceVersion `by` (the fake server's versions are one ordered sequence), so that they were Ready
+/// when the change `by` was made, not only by the time this LIST ran; the error names what is missing.
+async fn stack_ready_on(client: &Client, nodes: &[&str], by: u64) -> Result<(), String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let pods = pods
         .list(&ListParams::default())
@@ -751,6 +752,7 @@ async fn stack_ready_on(client: &Client, nodes: &[&str]) -> Result<(), String> {
             .items
             .iter()
             .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(*node))
+            .filter(|p| version(p.metadata.resource_version.as_deref()) <= by)
             .filter(|p| {
                 p.status.as_ref().is_some_and(|s| {
                     s.conditions
@@ -775,6 +777,11 @@ async fn stack_ready_on(client: &Client, nodes: &[&str]) -> Result<(), String> {
     } else {
         Err(missing.join("; "))
     }
+}
+
+/// A resourceVersion as the fake server writes them (a number); unknown ones count as the latest.
+fn version(resource_version: Option<&str>) -> u64 {
+    resource_version.and_then(|v| v.parse().ok()).unwrap_or(u64::MAX)
 }
 
 #[tokio::test]
@@ -812,7 +819,8 @@ async fn no_ready_is_ever_written_before_the_operands_run_even_when_node_events_
                 .ok()
                 .flatten()
                 .is_some();
-            let operands = stack_ready_on(&client, &["l4-0", "l4-1"]).await;
+            let written_at = version(policy.metadata.resource_version.as_deref());
+            let operands = stack_ready_on(&client, &["l4-0", "l4-1"], written_at).await;
             if written.send((seen, driver, operands)).is_err() {
                 return;
             }
