@@ -1000,6 +1000,15 @@ async fn node_heartbeats(
     heartbeats: Heartbeats,
     shutdown: CancellationToken,
 ) {
+    // Stopping must not wait for requests in flight: against a slow API server each may take minutes.
+    tokio::select! {
+        () = shutdown.cancelled() => {}
+        () = renew_and_report(client, caches, state, heartbeats) => {}
+    }
+}
+
+/// The heartbeat loop of [`node_heartbeats`]; it runs until dropped.
+async fn renew_and_report(client: Client, caches: Caches, state: Arc<SimState>, heartbeats: Heartbeats) {
     caches.ready().await;
     ensure_lease_namespace(&client).await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
@@ -1061,10 +1070,7 @@ async fn node_heartbeats(
                 next.saturating_sub(started.elapsed())
             })
             .min(HEARTBEAT_LOOK_AT_MOST);
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            () = tokio::time::sleep(wait) => {}
-        }
+        tokio::time::sleep(wait).await;
     }
 }
 
