@@ -1034,7 +1034,19 @@ async fn renew_and_report(client: Client, caches: Caches, state: Arc<SimState>, 
         };
         leased.retain(|name| running.contains_key(name));
         let names: BTreeSet<String> = running.keys().cloned().collect();
-        let due = schedule.due(&names, started.elapsed());
+        let mut due = schedule.due(&names, started.elapsed());
+        // Like kubelet, report at once when the status on the server disagrees with the running kubelet:
+        // a node lifecycle controller marked the node Unknown while its Leases were late.
+        for (name, node) in &running {
+            let ready = node
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"));
+            if ready.is_some_and(|c| c.status != "True") && !due.report.contains(name) {
+                due.report.push(name.clone());
+            }
+        }
         let now = Timestamp::now();
         let (leases, nodes_api) = (&leases, &nodes_api);
         let renewals = due.renew.into_iter().filter_map(|name| {
