@@ -166,7 +166,10 @@ impl Watcher {
         let Some(front) = self.backlog.front() else {
             return Ok(None);
         };
-        let due = front.at + self.spec.delay.current();
+        // A delay too long to add (`Duration::MAX`, "never") keeps the change waiting; look again in a day.
+        let Some(due) = front.at.checked_add(self.spec.delay.current()) else {
+            return Err(Instant::now() + Duration::from_secs(24 * 3600));
+        };
         if due > Instant::now() {
             return Err(due);
         }
@@ -181,11 +184,13 @@ impl Watcher {
         // Everything up to `committed` has been handed to our receiver: take it first, so the bookmark
         // never claims a version whose events this watcher has not sent.
         let committed = self.spec.committed.load(Ordering::Acquire);
+        let mut lagged = false;
         loop {
             match self.start.receiver.try_recv() {
                 Ok(change) => self.take(change),
                 Err(TryRecvError::Lagged(_)) => {
                     self.done = true;
+                    lagged = true;
                     break;
                 }
                 Err(TryRecvError::Empty | TryRecvError::Closed) => break,
@@ -197,10 +202,12 @@ impl Watcher {
             }
         }
         // A change still waiting (a delayed resource) caps the claim just below it.
-        let claim = self
-            .backlog
-            .front()
-            .map_or(committed, |next| next.resource_version() - 1);
+        // After a lag the dropped changes were never sent: claim nothing beyond what was.
+        let claim = match self.backlog.front() {
+            _ if lagged => self.last,
+            Some(next) => next.resource_version().saturating_sub(1),
+            None => committed,
+        };
         self.last = self.last.max(claim);
         encode::bookmark(&self.spec.info, self.last, false, self.spec.projection)
     }

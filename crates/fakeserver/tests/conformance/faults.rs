@@ -242,3 +242,22 @@ async fn bookmarks_never_claim_a_delayed_change() {
         "{next:?}"
     );
 }
+
+#[tokio::test]
+async fn a_delay_of_forever_holds_events_back_without_breaking_the_stream() {
+    let server = FakeServer::builder()
+        .faults(Faults::new(0).delay_watch_events("configmaps", Duration::MAX))
+        .build();
+    let configmaps: Api<ConfigMap> = Api::default_namespaced(server.client());
+    let from = server.resource_version().to_string();
+    let params = WatchParams::default().disable_bookmarks();
+    let mut delayed = configmaps.watch(&params, &from).await.expect("watch").boxed();
+    configmaps
+        .create(&PostParams::default(), &configmap("a"))
+        .await
+        .expect("the write is acknowledged at once");
+    let held = tokio::time::timeout(Duration::from_millis(300), delayed.next()).await;
+    assert!(held.is_err(), "the stream neither ended nor delivered: {held:?}");
+    let listed = configmaps.list(&ListParams::default()).await.expect("listed");
+    assert_eq!(listed.items.len(), 1, "a fresh LIST sees the write");
+}
