@@ -1225,18 +1225,7 @@ async fn mig_cluster() -> Cluster {
         .with_host_driver()
         .deploying(&[Operand::MigManager, Operand::DevicePlugin])])
     .await;
-    let config = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some("default-mig-parted-config".to_owned()),
-            namespace: Some(OPERATORS.to_owned()),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([(
-            "config.yaml".to_owned(),
-            MIG_PARTED_CONFIG.to_owned(),
-        )])),
-        ..ConfigMap::default()
-    };
+    let config = mig_parted_config();
     cluster.create(&config).await;
     cluster
         .deploy(OperandSet::of(Operand::MigManager).mounting("default-mig-parted-config"))
@@ -1333,18 +1322,7 @@ async fn the_mig_mixed_time_slicing_sample_shares_each_resource_by_its_own_repli
         Pool::h100("h100", 1).with_host_driver().deploying(&operands),
     ])
     .await;
-    let mig_config = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some("default-mig-parted-config".to_owned()),
-            namespace: Some(OPERATORS.to_owned()),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([(
-            "config.yaml".to_owned(),
-            MIG_PARTED_CONFIG.to_owned(),
-        )])),
-        ..ConfigMap::default()
-    };
+    let mig_config = mig_parted_config();
     cluster.create(&mig_config).await;
     cluster.create(&sample_time_slicing_config()).await;
     cluster
@@ -1655,4 +1633,20 @@ fn every_example_scenario_parses() {
     );
     assert_eq!(parsed["faults.yaml"].cluster(), ClusterSpec::demo());
     assert_eq!(parsed["scale-1000.yaml"].cluster().nodes().count(), 1000);
+}
+
+/// The MIG manager's layouts, as the ConfigMap `default-mig-parted-config` the operator renders.
+fn mig_parted_config() -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("default-mig-parted-config".to_owned()),
+            namespace: Some(OPERATORS.to_owned()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            "config.yaml".to_owned(),
+            MIG_PARTED_CONFIG.to_owned(),
+        )])),
+        ..ConfigMap::default()
+    }
 }
