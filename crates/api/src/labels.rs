@@ -75,6 +75,9 @@ pub const UPGRADE_WAIT_FOR_COMPLETION_START: &str =
 pub const UPGRADE_VALIDATION_START: &str = "nvidia.com/gpu-driver-upgrade-validation-start-time";
 /// Node annotation: force an upgrade of this node.
 pub const UPGRADE_REQUESTED: &str = "nvidia.com/gpu-driver-upgrade-requested";
+/// Node annotation (this operator's): the upgrade under way only restarts the driver pod, without a
+/// reinstall, so the validator that ran before still vouches for the driver.
+pub const UPGRADE_RESTART_ONLY: &str = "nvidia.com/gpu-driver-upgrade.restart-only";
 
 /// NFD labels that mark an NVIDIA PCI device (vendor 0x10de), in any of the forms NFD writes.
 pub const NFD_NVIDIA_PCI: &[&str] = &[

@@ -18,6 +18,7 @@ pub mod placement;
 pub mod schema;
 pub mod selector;
 pub mod status;
+pub mod upgrade;
 pub mod validate;
 
 pub use catalogue::{OPERANDS, Operand, OperandInfo};

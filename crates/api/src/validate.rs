@@ -661,6 +661,33 @@ fn check_upgrade_rules(path: &str, rules: &UpgradeRules, errors: &mut Vec<FieldE
             ));
         }
     }
+    let selectors = [
+        (
+            "waitForCompletion",
+            rules
+                .wait_for_completion
+                .as_ref()
+                .and_then(|w| w.pod_selector.as_deref()),
+        ),
+        (
+            "drain",
+            rules.drain.as_ref().and_then(|d| d.pod_selector.as_deref()),
+        ),
+    ];
+    for (section, selector) in selectors {
+        if let Some(selector) = selector
+            && let Err(error) = selector.parse::<crate::selector::LabelSelector>()
+        {
+            errors.push(FieldError::invalid(
+                child(&child(path, section), "podSelector"),
+                selector,
+                format!(
+                    "must be a label selector like \"app=train,tier!=web\": {}",
+                    error.problem
+                ),
+            ));
+        }
+    }
 }
 
 fn check_containers(spec: &ClusterPolicySpec, errors: &mut Vec<FieldError>) {
@@ -1353,6 +1380,16 @@ mod tests {
                 "spec.driver.upgradePolicy.maxUnavailable: -3 must not be negative",
                 "spec.driver.upgradePolicy.drain.timeoutSeconds: -1 must not be negative (0 waits forever)",
             ]
+        );
+        let bad_selector = errors(&tweaked(
+            "{driver: {upgradePolicy: {drain: {podSelector: 'app in (a'}}}}",
+        ));
+        assert_eq!(bad_selector.len(), 1);
+        assert!(
+            bad_selector[0].starts_with(
+                "spec.driver.upgradePolicy.drain.podSelector: \"app in (a\" must be a label selector"
+            ),
+            "{bad_selector:?}"
         );
     }
 
