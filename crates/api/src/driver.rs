@@ -7,6 +7,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::component::{EnvVar, ImageSpec, flag};
 
+/// Environment variable of the driver containers: a hash of every setting that needs a reinstall. Two
+/// revisions with the same digest differ only in what a restart picks up.
+pub const DRIVER_CONFIG_DIGEST: &str = "DRIVER_CONFIG_DIGEST";
+
 /// Kernel module flavours NVIDIA's driver container can load.
 pub const KERNEL_MODULE_TYPES: &[&str] = &["auto", "open", "proprietary"];
 

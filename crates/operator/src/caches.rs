@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use gpuop_api::ClusterPolicy;
+use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
 use gpuop_api::labels::{MANAGED_BY, MANAGED_BY_VALUE};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -19,6 +20,24 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::MANAGED_KINDS;
+
+/// Wakes every controller when a cache changes. Each has its own `Notify`, so that one controller's
+/// wake-up is never taken by another.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// The policy reconciler's.
+    pub policies: Notify,
+    /// The upgrade controller's.
+    pub upgrades: Notify,
+}
+
+impl Changes {
+    /// Wakes every controller (each keeps one wake-up if it is busy).
+    pub fn notify(&self) {
+        self.policies.notify_one();
+        self.upgrades.notify_one();
+    }
+}
 
 /// Every cache the operator reads.
 #[derive(Clone, Debug)]
@@ -46,7 +65,7 @@ impl Caches {
         client: &Client,
         namespace: &str,
         service_monitor_crd: bool,
-        changed: &Arc<Notify>,
+        changed: &Arc<Changes>,
         shutdown: &CancellationToken,
     ) -> (Self, mpsc::UnboundedReceiver<String>) {
         let managed_label = format!("{MANAGED_BY}={MANAGED_BY_VALUE}");
@@ -157,7 +176,7 @@ fn spawn<K>(
     api: Api<K>,
     config: watcher::Config,
     trim: impl FnMut(&mut K) + Send + 'static,
-    changed: &Arc<Notify>,
+    changed: &Arc<Changes>,
     shutdown: &CancellationToken,
 ) -> Store<K>
 where
@@ -178,7 +197,7 @@ where
     reader
 }
 
-fn run<S, T, E>(stream: S, changed: &Arc<Notify>, shutdown: &CancellationToken)
+fn run<S, T, E>(stream: S, changed: &Arc<Changes>, shutdown: &CancellationToken)
 where
     S: futures::Stream<Item = Result<T, E>> + Send + 'static,
     T: Send,
@@ -192,7 +211,7 @@ where
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 item = stream.next() => match item {
-                    Some(Ok(_)) => changed.notify_one(),
+                    Some(Ok(_)) => changed.notify(),
                     Some(Err(error)) => tracing::warn!(%error, "watch failed; retrying with back-off"),
                     None => break,
                 },
@@ -215,18 +234,43 @@ fn trim_node(node: &mut Node) {
     }
 }
 
-/// Keeps owner, labels, node and readiness.
+/// Keeps owner, labels, node, readiness, restart counts, and the driver's `DRIVER_CONFIG_DIGEST` (which tells
+/// the upgrade controller whether a new revision needs a reinstall).
 fn trim_pod(pod: &mut Pod) {
+    use k8s_openapi::api::core::v1::{Container, ContainerStatus, PodSpec};
     pod.metadata.managed_fields = None;
     pod.metadata.annotations = None;
     if let Some(spec) = pod.spec.as_mut() {
-        *spec = k8s_openapi::api::core::v1::PodSpec {
+        let containers = std::mem::take(&mut spec.containers)
+            .into_iter()
+            .map(|container| Container {
+                env: container.env.map(|env| {
+                    env.into_iter()
+                        .filter(|e| e.name == DRIVER_CONFIG_DIGEST)
+                        .collect()
+                }),
+                name: container.name,
+                ..Container::default()
+            })
+            .collect();
+        *spec = PodSpec {
             node_name: spec.node_name.take(),
-            ..Default::default()
+            containers,
+            ..PodSpec::default()
         };
     }
     if let Some(status) = pod.status.as_mut() {
-        status.container_statuses = None;
+        status.container_statuses = status.container_statuses.take().map(|statuses| {
+            statuses
+                .into_iter()
+                .map(|s| ContainerStatus {
+                    name: s.name,
+                    ready: s.ready,
+                    restart_count: s.restart_count,
+                    ..ContainerStatus::default()
+                })
+                .collect()
+        });
         status.init_container_statuses = None;
         status.pod_ips = None;
     }

@@ -72,6 +72,10 @@ pub struct RunArgs {
     /// `cloud.google.com/gke-accelerator`.
     #[arg(long)]
     pub gpu_node_selector: Option<gpuop_api::selector::LabelSelector>,
+    /// Seconds the validator has to pass on a node after its driver was upgraded, before the node is
+    /// marked `upgrade-failed`.
+    #[arg(long, default_value_t = gpuop_api::upgrade::DEFAULT_VALIDATION_TIMEOUT_SECONDS)]
+    pub upgrade_validation_timeout_seconds: u64,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
@@ -160,6 +164,7 @@ fn run_operator(args: RunArgs) -> ExitCode {
             }),
             metrics_address: Some(args.metrics_bind_address),
             health_address: Some(args.health_probe_bind_address),
+            upgrade_validation_timeout_seconds: args.upgrade_validation_timeout_seconds,
         };
         let running = match run::start(client, config).await {
             Ok(running) => running,

@@ -17,27 +17,29 @@ use std::time::Duration;
 
 use gpuop_api::labels::GpuDetection;
 use gpuop_api::status::{PolicyStatus, State};
+use gpuop_api::upgrade::UpgradePolicy;
 use gpuop_api::validate::{ImageDefaults, validate_with};
-use gpuop_api::{ClusterPolicy, FieldError};
+use gpuop_api::{ClusterPolicy, FieldError, Operand, ValidatedPolicy};
 use gpuop_render::{Rendered, render};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource, ResourceExt};
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::apply::{self, ApplyPlan, ObjectKey};
-use crate::caches::Caches;
+use crate::caches::{Caches, Changes};
 use crate::facts::{FactsInput, NodeFacts, cluster_facts};
 use crate::labeler::{LabelPolicy, NodePatch, desired_labels};
 use crate::lease::Leadership;
 use crate::metrics::{Metrics, ReconciliationStatus};
 use crate::readiness::{Observed, observe};
 use crate::status::{Outcome, only_counts_differ, policy_status, transition};
+use crate::upgrade::{Pools, UpgradePool};
 
 /// How long a write the caches have not shown yet is trusted before it is made again.
 const IN_FLIGHT: Duration = Duration::from_secs(10);
@@ -70,9 +72,13 @@ pub struct Context {
     /// Publishes events on state transitions.
     pub recorder: Recorder,
     /// Woken by every cache change.
-    pub changed: Arc<Notify>,
+    pub changed: Arc<Changes>,
     /// The labeller's inputs; `None` until the first reconcile decides them.
     pub labelling: watch::Sender<Option<Option<LabelPolicy>>>,
+    /// The upgrade controller's pools; `None` until the first reconcile decides them.
+    pub upgrade_pools: Pools,
+    /// Seconds the validator has to pass on an upgraded node.
+    pub upgrade_validation_timeout_seconds: u64,
     recent: Mutex<Recent>,
 }
 
@@ -107,10 +113,12 @@ impl Context {
         detection: GpuDetection,
         image_defaults: ImageDefaults,
         service_monitor_crd: bool,
-        changed: Arc<Notify>,
+        changed: Arc<Changes>,
+        upgrade_validation_timeout_seconds: u64,
     ) -> Self {
         let recorder = Recorder::new(client.clone(), "gpu-operator".into());
         let (labelling, _) = watch::channel(None);
+        let (upgrade_pools, _) = watch::channel(None);
         Self {
             client,
             namespace,
@@ -123,6 +131,8 @@ impl Context {
             recorder,
             changed,
             labelling,
+            upgrade_pools,
+            upgrade_validation_timeout_seconds,
             recent: Mutex::default(),
         }
     }
@@ -170,7 +180,7 @@ pub async fn run_policies(context: Arc<Context>, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
-            () = context.changed.notified() => {}
+            () = context.changed.policies.notified() => {}
             _ = leadership.changed() => {}
             () = tokio::time::sleep(wait) => {}
         }
@@ -215,6 +225,9 @@ pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
         context
             .labelling
             .send_if_modified(|current| replace(current, Some(None)));
+        context
+            .upgrade_pools
+            .send_if_modified(|current| replace(current, Some(Vec::new())));
         context
             .metrics
             .reconciled(ReconciliationStatus::PolicyUnavailable, now_seconds());
@@ -286,6 +299,10 @@ async fn reconcile_active(
         }
     };
     let awaiting_echo = leader && apply_rendered(context, active, &rendered).await?;
+    let pools = upgrade_pools(context, &validated, &rendered);
+    context
+        .upgrade_pools
+        .send_if_modified(|current| replace(current, Some(pools)));
 
     let daemonsets = context.caches.daemonsets.state();
     let pods = context.caches.pods.state();
@@ -316,6 +333,37 @@ async fn reconcile_active(
     context.metrics.reconciled(reconciliation, now_seconds());
     let next = if awaiting_echo { IN_FLIGHT } else { RESYNC };
     Ok(written.deferred.map_or(next, |deferred| deferred.min(next)))
+}
+
+/// The upgrade pools of a policy: its driver DaemonSets under its upgrade policy. None when NVIDIADriver
+/// objects manage the driver; with sandbox workloads, or automatic upgrades off, the pool has no policy
+/// (its state labels are removed).
+fn upgrade_pools(context: &Context, validated: &ValidatedPolicy, rendered: &Rendered) -> Vec<UpgradePool> {
+    let driver = &validated.spec.driver;
+    if driver.use_nvidia_driver_crd() {
+        return Vec::new();
+    }
+    let daemonsets = rendered
+        .objects
+        .iter()
+        .filter(|m| m.kind() == "DaemonSet" && m.operand == Some(Operand::Driver))
+        .map(|m| m.name().to_owned())
+        .collect();
+    let policy = driver
+        .upgrade_policy
+        .as_ref()
+        .filter(|p| p.is_auto_upgrade() && validated.sandbox.is_none())
+        .and_then(|p| {
+            UpgradePolicy::new(&p.effective(), context.upgrade_validation_timeout_seconds)
+                .map_err(|error| warn!(%error, "spec.driver.upgradePolicy cannot be used; upgrades paused"))
+                .ok()
+        });
+    vec![UpgradePool {
+        owner: format!("ClusterPolicy/{}", validated.name),
+        routed_to: None,
+        daemonsets,
+        policy,
+    }]
 }
 
 fn replace<T: PartialEq>(current: &mut T, new: T) -> bool {

@@ -2,8 +2,8 @@
 //!
 //! Pure decisions: [`labeler`] (node labels), [`facts`] (cluster facts for rendering), [`readiness`] (which
 //! nodes should run and do run each operand), [`status`] (the policy status), [`apply::plan`] (what to
-//! write and prune). Thin I/O around them: [`caches`] (reflectors), [`controller`] (the policy reconciler and
-//! the node labeller), [`lease`] (leader election), [`run`] (process wiring, metrics and health endpoints).
+//! write and prune); the upgrade decision itself is `gpuop_api::upgrade::decide`. Thin I/O around them: [`caches`] (reflectors), [`controller`] (the policy reconciler and
+//! the node labeller), [`upgrade`] (the driver upgrade controller), [`lease`] (leader election), [`run`] (process wiring, metrics and health endpoints).
 //! The `gpu-operator` binary is a thin wrapper around [`cli`].
 
 pub mod apply;
@@ -19,6 +19,7 @@ pub mod readiness;
 pub mod render_command;
 pub mod run;
 pub mod status;
+pub mod upgrade;
 
 /// The operator's `User-Agent`. Its product token is this project's alone: NVIDIA's operator sends
 /// `gpu-operator/<version>`, so audit logs and request metrics can tell the two apart when both run.

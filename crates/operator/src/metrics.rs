@@ -31,6 +31,7 @@ pub struct Metrics {
     reconciliation_last_success_ts_seconds: AtomicI64,
     driver_auto_upgrade_enabled: AtomicI64,
     leader: AtomicI64,
+    upgrades: Mutex<gpuop_api::upgrade::UpgradeCounts>,
     operands: Mutex<BTreeMap<String, (i64, i64)>>,
 }
 
@@ -62,6 +63,14 @@ impl Metrics {
     pub fn auto_upgrade(&self, enabled: bool) {
         self.driver_auto_upgrade_enabled
             .store(i64::from(enabled), Ordering::Relaxed);
+    }
+
+    /// Records the driver upgrade counts, summed over every pool.
+    pub fn upgrades(&self, counts: &gpuop_api::upgrade::UpgradeCounts) {
+        *self
+            .upgrades
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = counts.clone();
     }
 
     /// Records whether this replica leads.
@@ -139,6 +148,43 @@ impl Metrics {
             "1 if driver auto upgrade is enabled 0 if not",
             load(&self.driver_auto_upgrade_enabled),
         );
+        {
+            let upgrades = self
+                .upgrades
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clone();
+            let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+            for (name, help, value) in [
+                (
+                    "nodes_upgrades_pending",
+                    "Total number of nodes on which the driver is waiting to be upgraded",
+                    upgrades.pending,
+                ),
+                (
+                    "nodes_upgrades_in_progress",
+                    "Total number of nodes on which the driver is being upgraded, failed ones included",
+                    upgrades.in_progress,
+                ),
+                (
+                    "nodes_upgrades_done",
+                    "Total number of nodes on which the driver is up to date",
+                    upgrades.done,
+                ),
+                (
+                    "nodes_upgrades_failed",
+                    "Total number of nodes on which the driver upgrade failed",
+                    upgrades.failed,
+                ),
+                (
+                    "nodes_upgrades_available",
+                    "Total number of nodes on which a driver upgrade may start now",
+                    upgrades.available,
+                ),
+            ] {
+                gauge(&mut out, name, help, count(value));
+            }
+        }
         gauge(
             &mut out,
             "leader",

@@ -114,12 +114,7 @@ fn ready_nodes(observed: Observed<'_>) -> BTreeMap<String, BTreeSet<String>> {
             continue;
         };
         let name = daemonset.metadata.name.clone().unwrap_or_default();
-        let latest = observed
-            .revisions
-            .iter()
-            .filter(|r| r.metadata.owner_references.iter().flatten().any(|o| o.uid == uid))
-            .max_by_key(|r| r.revision)
-            .and_then(|r| r.metadata.labels.as_ref()?.get(REVISION_HASH).cloned());
+        let latest = latest_revision(uid, observed.revisions);
         let nodes: BTreeSet<String> = observed
             .pods
             .iter()
@@ -142,7 +137,26 @@ fn ready_nodes(observed: Observed<'_>) -> BTreeMap<String, BTreeSet<String>> {
     ready
 }
 
-fn is_ready(pod: &Pod) -> bool {
+/// The `controller-revision-hash` of the newest ControllerRevision of the DaemonSet with this uid.
+pub(crate) fn latest_revision(uid: &str, revisions: &[Arc<ControllerRevision>]) -> Option<String> {
+    revisions
+        .iter()
+        .filter(|r| r.metadata.owner_references.iter().flatten().any(|o| o.uid == uid))
+        .max_by_key(|r| r.revision)
+        .and_then(|r| r.metadata.labels.as_ref()?.get(REVISION_HASH).cloned())
+}
+
+/// The pod's revision hash.
+pub(crate) fn revision_of(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .labels
+        .as_ref()?
+        .get(REVISION_HASH)
+        .map(String::as_str)
+}
+
+/// Running with its Ready condition True.
+pub(crate) fn is_ready(pod: &Pod) -> bool {
     let Some(status) = pod.status.as_ref() else {
         return false;
     };

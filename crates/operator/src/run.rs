@@ -13,15 +13,15 @@ use gpuop_api::validate::ImageDefaults;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{Api, Client};
-use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::caches::Caches;
+use crate::caches::{Caches, Changes};
 use crate::controller::{Context, run_labeller, run_policies};
 use crate::lease::{self, Leadership, Timing};
 use crate::metrics::Metrics;
+use crate::upgrade::run_upgrades;
 use gpuop_api::labels::GpuDetection;
 
 /// The lease NVIDIA's operator elects its leader on; sharing it keeps the two from leading at once.
@@ -42,6 +42,8 @@ pub struct Config {
     pub metrics_address: Option<SocketAddr>,
     /// Where to serve `/healthz` and `/readyz`.
     pub health_address: Option<SocketAddr>,
+    /// Seconds the validator has to pass on an upgraded node.
+    pub upgrade_validation_timeout_seconds: u64,
 }
 
 impl Config {
@@ -55,6 +57,7 @@ impl Config {
             leader_election: None,
             metrics_address: None,
             health_address: None,
+            upgrade_validation_timeout_seconds: gpuop_api::upgrade::DEFAULT_VALIDATION_TIMEOUT_SECONDS,
         }
     }
 }
@@ -117,7 +120,7 @@ pub async fn start(client: Client, config: Config) -> Result<Running, StartError
     let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
     let service_monitor_crd = service_monitor_crd(&client).await;
-    let changed = Arc::new(Notify::new());
+    let changed = Arc::new(Changes::default());
     let (caches, node_events) = Caches::start(
         &client,
         &config.namespace,
@@ -151,6 +154,7 @@ pub async fn start(client: Client, config: Config) -> Result<Running, StartError
         config.image_defaults.clone(),
         service_monitor_crd,
         changed,
+        config.upgrade_validation_timeout_seconds,
     ));
     let ready = Arc::new(AtomicBool::new(false));
     let mut bound = Vec::new();
@@ -173,6 +177,7 @@ pub async fn start(client: Client, config: Config) -> Result<Running, StartError
         }));
     }
     tasks.push(tokio::spawn(run_policies(context.clone(), shutdown.clone())));
+    tasks.push(tokio::spawn(run_upgrades(context.clone(), shutdown.clone())));
     tasks.push(tokio::spawn(run_labeller(
         context.clone(),
         node_events,

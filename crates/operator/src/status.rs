@@ -290,6 +290,11 @@ fn listed(nodes: &[impl AsRef<str>], total: usize, names: usize) -> String {
     }
 }
 
+/// An Event note: `text` cut to what kube-apiserver accepts.
+pub fn bounded_note(text: &str) -> String {
+    bounded(text, EVENT_NOTE_LIMIT)
+}
+
 /// `text` cut to at most `limit` bytes at a character boundary, ending in `…` when cut.
 fn bounded(text: &str, limit: usize) -> String {
     if text.len() <= limit {

@@ -1,0 +1,629 @@
+//! The upgrade controller: carries out [`gpuop_api::upgrade::decide`] for every upgrade pool (the
+//! ClusterPolicy's driver, or each NVIDIADriver's, each with its own policy and budget).
+//!
+//! It reads the operator's caches and writes only to move a node: one merge patch per move (the state
+//! label, annotations and the cordon together; a cordon carries the node's resourceVersion, so a node that
+//! changed since the decision is decided again instead), evictions through the `pods/eviction` subresource
+//! (PodDisruptionBudgets apply), and deletes of outdated driver pods (their `OnDelete` DaemonSet recreates
+//! them from the latest revision). No polling: a move's echo in the node cache wakes the next pass, and a
+//! patched node stands in for its cached copy until the cache shows it, so a lagging watch can never make
+//! a pass count the budget from stale nodes. Pods of a node are listed only while it is being emptied.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
+use gpuop_api::labels::{
+    COMPONENT, DRIVER_OWNER, UPGRADE_ENABLED_ANNOTATION, UPGRADE_INITIAL_UNSCHEDULABLE, UPGRADE_REQUESTED,
+    UPGRADE_RESTART_ONLY, UPGRADE_SKIP, UPGRADE_STATE, UPGRADE_VALIDATION_START,
+    UPGRADE_WAIT_FOR_COMPLETION_START, UPGRADE_WAIT_FOR_SAFE_LOAD,
+};
+use gpuop_api::upgrade::{
+    Decision, DriverPod, NodeView, Step, UpgradeCounts, UpgradePolicy, UpgradeState, WorkloadPod, decide,
+};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::{Map, Value, json};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::controller::Context;
+use crate::readiness::{is_ready, latest_revision, revision_of};
+
+/// The value of `app.kubernetes.io/component` on driver pods (NVIDIA's, for ClusterPolicy and NVIDIADriver).
+pub const DRIVER_COMPONENT: &str = "nvidia-driver";
+/// The `app` label of validator pods.
+const VALIDATOR_APP: &str = "nvidia-operator-validator";
+/// The shortest time between the starts of two passes: moves echo by the hundred during an upgrade.
+const MIN_PASS_INTERVAL: Duration = Duration::from_millis(200);
+/// How long a patched node stands in for its cached copy, or a deleted driver pod is not deleted again.
+const IN_FLIGHT: Duration = Duration::from_secs(10);
+/// How often a pass runs with nothing changed.
+const RESYNC: Duration = Duration::from_secs(300);
+/// Moves carried out at once.
+const CONCURRENCY: usize = 16;
+
+/// Nodes upgraded under one policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UpgradePool {
+    /// `ClusterPolicy/<name>` or `NVIDIADriver/<name>`, for logs.
+    pub owner: String,
+    /// For an NVIDIADriver pool, its name: the pool's nodes carry `nvidia.com/gpu-operator.driver.owner`
+    /// with it. A ClusterPolicy pool has the GPU nodes that carry no such label.
+    pub routed_to: Option<String>,
+    /// Names of the pool's driver DaemonSets (in the operator namespace).
+    pub daemonsets: BTreeSet<String>,
+    /// The policy; `None` when automatic upgrades are off (the state labels are then removed, as NVIDIA's
+    /// operator does, and drivers change only when a person deletes their pods).
+    pub policy: Option<UpgradePolicy>,
+}
+
+/// What the policy reconciler tells the upgrade controller; `None` until its first pass.
+pub type Pools = watch::Sender<Option<Vec<UpgradePool>>>;
+
+/// What a pass remembers for the next.
+#[derive(Debug, Default)]
+struct Memory {
+    /// Per node, the state seen and since when (seconds).
+    since: BTreeMap<String, (UpgradeState, i64)>,
+    /// Per node, the resourceVersion it had when this controller patched it, and the patched node.
+    patched: BTreeMap<String, (Option<String>, Arc<Node>, Instant)>,
+    /// Driver pods deleted, by name.
+    deleted: BTreeMap<String, Instant>,
+}
+
+/// Runs the upgrade controller until `shutdown`.
+pub async fn run_upgrades(context: Arc<Context>, shutdown: CancellationToken) {
+    context.caches.ready().await;
+    let mut pools = context.upgrade_pools.subscribe();
+    let mut leadership = context.leadership.clone();
+    let mut memory = Memory::default();
+    let mut wait = RESYNC;
+    let mut last_pass: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = context.changed.upgrades.notified() => {}
+            Ok(()) = pools.changed() => {}
+            _ = leadership.changed() => {}
+            () = tokio::time::sleep(wait) => {}
+        }
+        if let Some(last) = last_pass {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep_until(last + MIN_PASS_INTERVAL) => {}
+            }
+        }
+        last_pass = Some(Instant::now());
+        let current = context.upgrade_pools.borrow().clone();
+        wait = match current {
+            Some(pools) if context.leadership.is_leader() => pass(&context, &pools, &mut memory).await,
+            _ => RESYNC,
+        };
+    }
+}
+
+/// One pass over every pool; returns how long to wait for a change before the next.
+async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> Duration {
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    memory.patched.retain(|_, (_, _, at)| at.elapsed() < IN_FLIGHT);
+    memory.deleted.retain(|_, at| at.elapsed() < IN_FLIGHT);
+    let nodes = current_nodes(context, memory);
+    let pods = context.caches.pods.state();
+    let daemonsets = context.caches.daemonsets.state();
+    let revisions = context.caches.revisions.state();
+    let drivers = DriverPods::index(&pods, &daemonsets, &revisions);
+    let validators: BTreeMap<&str, Option<i64>> = pods
+        .iter()
+        .filter(|p| label(&p.metadata.labels, "app") == Some(VALIDATOR_APP))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| Some((p.spec.as_ref()?.node_name.as_deref()?, ready_since(p))))
+        .collect();
+
+    let mut next = RESYNC;
+    let mut total = UpgradeCounts::default();
+    let mut seen: BTreeSet<String> = BTreeSet::new();
+    for pool in pools {
+        let members: Vec<&Arc<Node>> = nodes
+            .values()
+            .filter(|node| pool.includes(node, &drivers))
+            .collect();
+        let Some(policy) = &pool.policy else {
+            next = next.min(switch_off(context, pool, &members).await);
+            continue;
+        };
+        let mut views = Vec::with_capacity(members.len());
+        for node in &members {
+            let name = node.name_any();
+            seen.insert(name.clone());
+            let mut view = view_of(
+                node,
+                drivers.on(&name, pool),
+                validators.get(name.as_str()).copied().flatten(),
+            );
+            let since = memory.since.entry(name.clone()).or_insert((view.state, now));
+            if since.0 != view.state {
+                *since = (view.state, now);
+            }
+            view.state_since = since.1;
+            if emptying(view.state) {
+                match pods_on(context, &name).await {
+                    Ok(pods) => view.pods = pods,
+                    Err(error) => {
+                        warn!(node = %name, %error, "cannot list the node's pods; retrying");
+                        next = next.min(Duration::from_secs(2));
+                        continue;
+                    }
+                }
+            }
+            views.push(view);
+        }
+        let decision = decide(policy, &views, now);
+        next = next.min(carry_out(context, pool, &decision, &nodes, memory).await);
+        add(&mut total, &decision.counts);
+    }
+    memory.since.retain(|name, _| seen.contains(name));
+    context.metrics.upgrades(&total);
+    next
+}
+
+/// Every node, with this controller's own patches standing in for cached copies that do not show them yet.
+fn current_nodes(context: &Context, memory: &mut Memory) -> BTreeMap<String, Arc<Node>> {
+    let mut nodes: BTreeMap<String, Arc<Node>> = context
+        .caches
+        .nodes
+        .state()
+        .into_iter()
+        .map(|node| (node.name_any(), node))
+        .collect();
+    memory
+        .patched
+        .retain(|name, (before, patched, _)| match nodes.get_mut(name) {
+            // The cache still shows the node as it was before the patch: the patched copy is newer.
+            Some(cached) if cached.metadata.resource_version == *before => {
+                *cached = patched.clone();
+                true
+            }
+            _ => false,
+        });
+    nodes
+}
+
+/// The node states in which the node's pods are needed.
+fn emptying(state: UpgradeState) -> bool {
+    matches!(
+        state,
+        UpgradeState::WaitForJobsRequired | UpgradeState::PodDeletionRequired | UpgradeState::DrainRequired
+    )
+}
+
+impl UpgradePool {
+    /// Whether the node is one of the pool's: routed to its NVIDIADriver, or, for a ClusterPolicy, running
+    /// one of its driver pods or in the middle of an upgrade, and routed to no NVIDIADriver.
+    fn includes(&self, node: &Node, drivers: &DriverPods) -> bool {
+        let owner = label(&node.metadata.labels, DRIVER_OWNER);
+        match &self.routed_to {
+            Some(name) => owner == Some(name.as_str()),
+            None => {
+                owner.is_none()
+                    && (drivers
+                        .by_node
+                        .get(node.name_any().as_str())
+                        .is_some_and(|pods| pods.iter().any(|p| self.daemonsets.contains(&p.daemonset)))
+                        || UpgradeState::from_label(label(&node.metadata.labels, UPGRADE_STATE))
+                            .is_in_progress())
+            }
+        }
+    }
+}
+
+/// A driver pod in the cache, with what the decision needs.
+#[derive(Clone, Debug)]
+struct CachedDriver {
+    daemonset: String,
+    pod: DriverPod,
+}
+
+/// Driver pods by node.
+struct DriverPods {
+    by_node: BTreeMap<String, Vec<CachedDriver>>,
+}
+
+impl DriverPods {
+    fn index(
+        pods: &[Arc<Pod>],
+        daemonsets: &[Arc<DaemonSet>],
+        revisions: &[Arc<k8s_openapi::api::apps::v1::ControllerRevision>],
+    ) -> Self {
+        let mut by_node: BTreeMap<String, Vec<CachedDriver>> = BTreeMap::new();
+        for pod in pods
+            .iter()
+            .filter(|p| label(&p.metadata.labels, COMPONENT) == Some(DRIVER_COMPONENT))
+        {
+            let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+                continue;
+            };
+            let owner = pod
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|o| o.kind == "DaemonSet" && o.controller == Some(true));
+            let daemonset = owner.and_then(|o| {
+                daemonsets
+                    .iter()
+                    .find(|ds| ds.metadata.uid.as_deref() == Some(&o.uid))
+            });
+            let (in_sync, restart_only) = match daemonset {
+                Some(ds) => {
+                    let latest = ds
+                        .metadata
+                        .uid
+                        .as_deref()
+                        .and_then(|uid| latest_revision(uid, revisions));
+                    let in_sync = latest.is_none() || latest.as_deref() == revision_of(pod);
+                    let wanted = ds
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.template.spec.as_ref())
+                        .and_then(|s| digest(&s.containers));
+                    let running = pod.spec.as_ref().and_then(|s| digest(&s.containers));
+                    (in_sync, wanted.is_some() && wanted == running)
+                }
+                None => (false, false),
+            };
+            let restarts = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .map_or(0, |statuses| {
+                    statuses.iter().map(|s| s.restart_count).max().unwrap_or(0)
+                });
+            by_node.entry(node).or_default().push(CachedDriver {
+                daemonset: owner.map(|o| o.name.clone()).unwrap_or_default(),
+                pod: DriverPod {
+                    name: pod.name_any(),
+                    in_sync,
+                    orphaned: daemonset.is_none(),
+                    restart_only,
+                    ready_since: ready_since(pod),
+                    restarts,
+                    terminating: pod.metadata.deletion_timestamp.is_some(),
+                },
+            });
+        }
+        Self { by_node }
+    }
+
+    /// The driver pod of a pool's node: the live one if a terminating one is still there too. A pod of
+    /// another pool's DaemonSet counts as orphaned here: the pool must replace it.
+    fn on(&self, node: &str, pool: &UpgradePool) -> Option<DriverPod> {
+        let pods = self.by_node.get(node)?;
+        let pick = pods
+            .iter()
+            .find(|p| !p.pod.terminating)
+            .or_else(|| pods.first())?;
+        let mut pod = pick.pod.clone();
+        if !pod.orphaned && !pool.daemonsets.contains(&pick.daemonset) {
+            pod.orphaned = true;
+        }
+        Some(pod)
+    }
+}
+
+fn digest(containers: &[k8s_openapi::api::core::v1::Container]) -> Option<String> {
+    containers
+        .iter()
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == DRIVER_CONFIG_DIGEST)
+        .and_then(|e| e.value.clone())
+}
+
+fn ready_since(pod: &Pod) -> Option<i64> {
+    if !is_ready(pod) {
+        return None;
+    }
+    pod.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.last_transition_time.as_ref().map_or(0, |t| t.0.as_second()))
+}
+
+fn label<'a>(labels: &'a Option<BTreeMap<String, String>>, key: &str) -> Option<&'a str> {
+    labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// The decision's view of a node.
+fn view_of(node: &Node, driver: Option<DriverPod>, validator_ready_since: Option<i64>) -> NodeView {
+    let labels = &node.metadata.labels;
+    let annotations = &node.metadata.annotations;
+    let time = |key: &str| label(annotations, key).and_then(|v| v.parse::<i64>().ok());
+    NodeView {
+        name: node.name_any(),
+        state: UpgradeState::from_label(label(labels, UPGRADE_STATE)),
+        skip: label(labels, UPGRADE_SKIP) == Some("true"),
+        unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true),
+        ready: node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+        initially_unschedulable: label(annotations, UPGRADE_INITIAL_UNSCHEDULABLE).is_some(),
+        requested: label(annotations, UPGRADE_REQUESTED) == Some("true"),
+        waiting_for_safe_load: label(annotations, UPGRADE_WAIT_FOR_SAFE_LOAD) == Some("true"),
+        upgrade_enabled_annotation: label(annotations, UPGRADE_ENABLED_ANNOTATION) == Some("true"),
+        restart_only: label(annotations, UPGRADE_RESTART_ONLY) == Some("true"),
+        wait_started: time(UPGRADE_WAIT_FOR_COMPLETION_START),
+        validation_started: time(UPGRADE_VALIDATION_START),
+        state_since: 0,
+        driver,
+        validator_ready_since,
+        pods: Vec::new(),
+    }
+}
+
+/// Every pod bound to the node, as the decision sees workloads.
+async fn pods_on(context: &Context, node: &str) -> Result<Vec<WorkloadPod>, kube::Error> {
+    let api: Api<Pod> = Api::all(context.client.clone());
+    let list = api
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?;
+    Ok(list.items.iter().map(workload_pod).collect())
+}
+
+/// A pod as the eviction rules see it.
+pub fn workload_pod(pod: &Pod) -> WorkloadPod {
+    let owners = pod.metadata.owner_references.iter().flatten();
+    let controller = owners.clone().find(|o| o.controller == Some(true));
+    let spec = pod.spec.as_ref();
+    let uses_gpu = spec.is_some_and(|spec| {
+        spec.containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .filter_map(|c| c.resources.as_ref())
+            .flat_map(|r| r.limits.iter().flatten().chain(r.requests.iter().flatten()))
+            .any(|(resource, _)| {
+                resource.starts_with("nvidia.com/gpu") || resource.starts_with("nvidia.com/mig-")
+            })
+    });
+    let mirror = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    WorkloadPod {
+        namespace: pod.namespace().unwrap_or_default(),
+        name: pod.name_any(),
+        labels: pod.metadata.labels.clone().unwrap_or_default(),
+        uses_gpu,
+        // Mirror pods belong to the kubelet; like DaemonSet pods, evicting them achieves nothing.
+        daemon: mirror || controller.is_some_and(|o| o.kind == "DaemonSet"),
+        controlled: controller.is_some(),
+        empty_dir: spec.is_some_and(|s| s.volumes.iter().flatten().any(|v| v.empty_dir.is_some())),
+        finished: matches!(phase, Some("Succeeded" | "Failed")),
+        terminating: pod.metadata.deletion_timestamp.is_some(),
+    }
+}
+
+/// Carries out a decision's steps, a few nodes at a time; returns when the pool wants another look.
+async fn carry_out(
+    context: &Context,
+    pool: &UpgradePool,
+    decision: &Decision,
+    nodes: &BTreeMap<String, Arc<Node>>,
+    memory: &mut Memory,
+) -> Duration {
+    let mut next = decision.recheck_in.map_or(RESYNC, Duration::from_secs);
+    let steps: Vec<&Step> = decision
+        .steps
+        .iter()
+        .filter(|step| {
+            // A driver pod this controller deleted a moment ago is not deleted again.
+            !(step
+                .restart_driver
+                .as_ref()
+                .is_some_and(|pod| memory.deleted.contains_key(pod))
+                && !step.patches_node()
+                && step.evict.is_empty())
+        })
+        .collect();
+    for chunk in steps.chunks(CONCURRENCY) {
+        let results = futures::future::join_all(chunk.iter().map(|step| {
+            let node = nodes.get(&step.node).cloned();
+            async move {
+                (
+                    step,
+                    node.clone(),
+                    execute(context, pool, step, node.as_deref()).await,
+                )
+            }
+        }))
+        .await;
+        for (step, before, result) in results {
+            match result {
+                Ok(outcome) => {
+                    if let (Some(patched), Some(before)) = (outcome.patched, before) {
+                        memory.patched.insert(
+                            step.node.clone(),
+                            (
+                                before.metadata.resource_version.clone(),
+                                Arc::new(patched),
+                                Instant::now(),
+                            ),
+                        );
+                    }
+                    if let Some(pod) = &step.restart_driver {
+                        memory.deleted.insert(pod.clone(), Instant::now());
+                    }
+                }
+                Err(error) => {
+                    warn!(node = %step.node, pool = %pool.owner, %error, "driver upgrade step failed; retrying");
+                    next = next.min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+    next
+}
+
+/// What a step did.
+#[derive(Default)]
+struct Executed {
+    patched: Option<Node>,
+}
+
+async fn execute(
+    context: &Context,
+    pool: &UpgradePool,
+    step: &Step,
+    node: Option<&Node>,
+) -> Result<Executed, kube::Error> {
+    let mut executed = Executed::default();
+    if step.patches_node() {
+        let Some(node) = node else {
+            return Ok(executed);
+        };
+        let api: Api<Node> = Api::all(context.client.clone());
+        let mut metadata = Map::new();
+        if let Some(state) = step.to {
+            metadata.insert("labels".into(), json!({ UPGRADE_STATE: state.label() }));
+        }
+        if !step.annotations.is_empty() {
+            let annotations: Map<String, Value> = step
+                .annotations
+                .iter()
+                .map(|(key, value)| {
+                    (
+                        (*key).to_owned(),
+                        value.clone().map_or(Value::Null, Value::String),
+                    )
+                })
+                .collect();
+            metadata.insert("annotations".into(), Value::Object(annotations));
+        }
+        if step.unschedulable == Some(true) {
+            // A cordon takes budget: it holds only for the node as decided on.
+            if let Some(version) = &node.metadata.resource_version {
+                metadata.insert("resourceVersion".into(), Value::String(version.clone()));
+            }
+        }
+        let mut patch = json!({ "metadata": metadata });
+        if let Some(unschedulable) = step.unschedulable {
+            patch["spec"] = json!({ "unschedulable": unschedulable });
+        }
+        match api
+            .patch(&step.node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(patched) => executed.patched = Some(patched),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                debug!(node = %step.node, "node changed since the decision; deciding again");
+                return Ok(executed);
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(executed),
+            Err(error) => return Err(error),
+        }
+        if let Some(to) = step.to {
+            info!(node = %step.node, pool = %pool.owner, from = %step.from, to = %to, "driver upgrade");
+        }
+        if let Some(cordon) = step.unschedulable {
+            info!(node = %step.node, pool = %pool.owner, "{}", if cordon { "cordoned" } else { "uncordoned" });
+        }
+    }
+    for key in &step.evict {
+        let Some((namespace, name)) = key.split_once('/') else {
+            continue;
+        };
+        let api: Api<Pod> = Api::namespaced(context.client.clone(), namespace);
+        match api.evict(name, &EvictParams::default()).await {
+            Ok(_) => info!(node = %step.node, pod = %key, "evicted for the driver upgrade"),
+            Err(kube::Error::Api(status)) if status.code == 429 => {
+                debug!(node = %step.node, pod = %key, message = %status.message, "eviction refused for now");
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(error),
+        }
+    }
+    if let Some(pod) = &step.restart_driver {
+        let api: Api<Pod> = Api::namespaced(context.client.clone(), &context.namespace);
+        match api.delete(pod, &DeleteParams::default()).await {
+            Ok(_) => info!(node = %step.node, pod = %pod, "deleted the outdated driver pod"),
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(error),
+        }
+    }
+    if let (Some(note), Some(node)) = (&step.note, node) {
+        let event = Event {
+            type_: if note.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: note.reason.to_owned(),
+            note: Some(crate::status::bounded_note(&note.message)),
+            action: "DriverUpgrade".into(),
+            secondary: None,
+        };
+        if let Err(error) = context.recorder.publish(&event, &node.object_ref(&())).await {
+            warn!(%error, "cannot publish an event");
+        }
+        if note.warning {
+            warn!(node = %step.node, pool = %pool.owner, reason = note.reason, "{}", note.message);
+        }
+    }
+    Ok(executed)
+}
+
+/// With automatic upgrades off, the state labels go (as NVIDIA's operator removes them), so that a later
+/// switch-on starts from what the drivers are, not from stale states.
+async fn switch_off(context: &Context, pool: &UpgradePool, members: &[&Arc<Node>]) -> Duration {
+    let api: Api<Node> = Api::all(context.client.clone());
+    let mut next = RESYNC;
+    for node in members {
+        let labelled = label(&node.metadata.labels, UPGRADE_STATE).is_some();
+        let annotated = label(&node.metadata.annotations, UPGRADE_ENABLED_ANNOTATION).is_some();
+        if !labelled && !annotated {
+            continue;
+        }
+        let patch = json!({
+            "metadata": {
+                "labels": { UPGRADE_STATE: null },
+                "annotations": { UPGRADE_ENABLED_ANNOTATION: null },
+            }
+        });
+        match api
+            .patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                info!(node = %node.name_any(), pool = %pool.owner, "automatic driver upgrades are off; state label removed")
+            }
+            Err(error) => {
+                warn!(node = %node.name_any(), %error, "cannot remove the upgrade state label; retrying");
+                next = Duration::from_secs(2);
+            }
+        }
+    }
+    next
+}
+
+fn add(total: &mut UpgradeCounts, counts: &UpgradeCounts) {
+    total.managed += counts.managed;
+    total.pending += counts.pending;
+    total.in_progress += counts.in_progress;
+    total.done += counts.done;
+    total.failed += counts.failed;
+    total.available += counts.available;
+    total.unavailable += counts.unavailable;
+    total.max_unavailable += counts.max_unavailable;
+}
