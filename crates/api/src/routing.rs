@@ -241,13 +241,16 @@ mod tests {
         items.iter().map(|s| (*s).to_owned()).collect()
     }
 
-    /// (case, nodes, drivers, expected owner per node: a driver name, "!conflict a,b" or "-" for unmatched)
+    /// A table row: (case, drivers, expected outcome per node: the owner, `!a,b` for a conflict between
+    /// a and b, or `-` for unmatched).
+    type Case = (&'static str, Vec<NVIDIADriver>, Vec<(&'static str, &'static str)>);
+
     #[test]
     fn nodes_go_to_the_one_selecting_driver_else_the_default() {
         let a100 = ("a100", gpu(&[("pool", "a100")]));
         let h100 = ("h100", gpu(&[("pool", "h100")]));
         let plain = ("plain", gpu(&[]));
-        let cases: Vec<(&str, Vec<NVIDIADriver>, Vec<(&str, &str)>)> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "only a default: every GPU node",
                 vec![driver("default", true, &[])],
