@@ -53,8 +53,11 @@ pub const GPU_SHARING_STRATEGY: &str = "nvidia.com/gpu.sharing-strategy";
 /// Installed driver version, major part.
 pub const CUDA_DRIVER_MAJOR: &str = "nvidia.com/cuda.driver.major";
 
-/// NVIDIADriver that owns the driver on this node.
+/// NVIDIADriver that owns the driver on this node (the routing label NVIDIA's operator writes).
 pub const DRIVER_OWNER: &str = "nvidia.com/gpu-operator.driver.owner";
+/// On every object rendered for an NVIDIADriver: its name, so the objects of one NVIDIADriver can be pruned
+/// by label. NVIDIA's operator has no such label (it finds them by ownerReference).
+pub const NVIDIA_DRIVER_NAME: &str = "nvidia.com/nvidiadriver";
 /// State of the node in the driver upgrade state machine.
 pub const UPGRADE_STATE: &str = "nvidia.com/gpu-driver-upgrade-state";
 /// `true` excludes the node from automatic driver upgrades.

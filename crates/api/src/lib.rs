@@ -15,6 +15,7 @@ pub mod labels;
 pub mod manifest;
 pub mod nvidia_driver;
 pub mod placement;
+pub mod routing;
 pub mod schema;
 pub mod selector;
 pub mod status;
@@ -25,5 +26,9 @@ pub use catalogue::{OPERANDS, Operand, OperandInfo};
 pub use cluster_policy::{ClusterPolicy, ClusterPolicySpec};
 pub use field::FieldError;
 pub use nvidia_driver::{NVIDIADriver, NVIDIADriverSpec};
+pub use routing::{DriverNodes, DriverRouting, RoutingProblem, route_nodes};
 pub use status::{PolicyStatus, State};
-pub use validate::{ImageDefaults, ValidatedPolicy, validate, validate_with};
+pub use validate::{
+    ImageDefaults, ValidatedDriver, ValidatedPolicy, validate, validate_driver, validate_driver_with,
+    validate_with,
+};

@@ -22,7 +22,7 @@ use crate::component::{ContainerSpec, EnvVar, ImageRef, ImageSpec, non_empty};
 use crate::driver::{ContainerProbeSpec, DriverAddonSpec, UpgradeRules};
 use crate::field::{FieldError, child, item};
 use crate::labels::{DRIVER_OWNER, dns_subdomain_problem, label_key_problem, label_value_problem};
-use crate::nvidia_driver::NVIDIADriver;
+use crate::nvidia_driver::{NVIDIADriver, NVIDIADriverSpec};
 
 /// The format of a Kubernetes quantity (`500m`, `1Gi`, `2`).
 pub const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
@@ -294,16 +294,40 @@ pub fn warnings(policy: &ClusterPolicy) -> Vec<FieldError> {
 pub struct ValidatedDriver {
     /// Name of the NVIDIADriver.
     pub name: String,
+    /// Its `metadata.uid`, when it has one (objects read from the API server do); NVIDIA derives the names
+    /// of its DaemonSets from it.
+    pub uid: Option<String>,
+    /// Its spec, unchanged.
+    pub spec: NVIDIADriverSpec,
     /// Kind of driver.
     pub driver_type: DriverType,
     /// Kernel modules it loads.
     pub kernel_module_type: KernelModuleType,
     /// The driver image, before the OS (and kernel) suffix is added.
     pub image: String,
+    /// The driver manager image: `spec.manager`, else `DRIVER_MANAGER_IMAGE` from the operator's
+    /// environment; `None` when neither gives one (rendering then refuses).
+    pub manager_image: Option<String>,
+    /// The GPUDirect Storage image (before the OS suffix), when GDS is enabled and one resolves
+    /// (`spec.gds`, else `GDS_IMAGE`).
+    pub gds_image: Option<String>,
+    /// The GDRCopy image (before the OS suffix), when GDRCopy is enabled and one resolves (`spec.gdrcopy`,
+    /// else `GDRCOPY_IMAGE`).
+    pub gdrcopy_image: Option<String>,
 }
 
-/// Validates an NVIDIADriver.
+/// Validates an NVIDIADriver with no image defaults from the environment.
 pub fn validate_driver(driver: &NVIDIADriver) -> Result<ValidatedDriver, Vec<FieldError>> {
+    validate_driver_with(driver, &ImageDefaults::default())
+}
+
+/// Validates an NVIDIADriver; the driver manager, GPUDirect Storage and GDRCopy images it leaves unset
+/// may come from `defaults`. An image that resolves nowhere is not an error here (a file checked offline
+/// cannot know the operator's environment); rendering refuses it, naming the field.
+pub fn validate_driver_with(
+    driver: &NVIDIADriver,
+    defaults: &ImageDefaults,
+) -> Result<ValidatedDriver, Vec<FieldError>> {
     let spec = &driver.spec;
     let mut errors = Vec::new();
     let driver_type = choice(
@@ -335,6 +359,15 @@ pub fn validate_driver(driver: &NVIDIADriver) -> Result<ValidatedDriver, Vec<Fie
             ));
         }
         check_labels("spec.nodeSelector", Some(selector), &mut errors);
+    }
+    if let Some(name) = driver.metadata.name.as_deref()
+        && let Some(problem) = label_value_problem(name)
+    {
+        errors.push(FieldError::invalid(
+            "metadata.name",
+            name,
+            format!("{problem}: the name is the value of the node label {DRIVER_OWNER}"),
+        ));
     }
     check_labels("spec.labels", spec.labels.as_ref(), &mut errors);
     check_annotations("spec.annotations", spec.annotations.as_ref(), &mut errors);
@@ -383,12 +416,39 @@ pub fn validate_driver(driver: &NVIDIADriver) -> Result<ValidatedDriver, Vec<Fie
         &mut errors,
     );
 
+    let mut optional_image = |section: &str, image: Option<&ImageSpec>, variable: &str| match image
+        .map(ImageSpec::reference)
+        .unwrap_or(ImageRef::Unset)
+    {
+        ImageRef::Resolved(reference) => Some(reference),
+        ImageRef::Unset => defaults.get(variable).map(str::to_owned),
+        ImageRef::Partial => {
+            partial_image_errors(section, image.unwrap_or(&ImageSpec::default()), &mut errors);
+            None
+        }
+    };
+    let manager_image = optional_image(
+        "spec.manager",
+        spec.manager.as_ref().map(|m| &m.image),
+        "DRIVER_MANAGER_IMAGE",
+    );
+    let gds = spec.gds.as_ref().filter(|gds| gds.is_enabled());
+    let gds_image = gds.and_then(|gds| optional_image("spec.gds", Some(&gds.image), "GDS_IMAGE"));
+    let gdrcopy = spec.gdrcopy.as_ref().filter(|gdrcopy| gdrcopy.is_enabled());
+    let gdrcopy_image =
+        gdrcopy.and_then(|gdrcopy| optional_image("spec.gdrcopy", Some(&gdrcopy.image), "GDRCOPY_IMAGE"));
+
     match (errors.is_empty(), driver_type, image) {
         (true, Some(driver_type), Some(image)) => Ok(ValidatedDriver {
             name: driver.metadata.name.clone().unwrap_or_default(),
+            uid: driver.metadata.uid.clone().filter(|uid| !uid.is_empty()),
+            spec: spec.clone(),
             driver_type,
             kernel_module_type,
             image,
+            manager_image,
+            gds_image,
+            gdrcopy_image,
         }),
         _ => Err(errors),
     }
@@ -1519,6 +1579,30 @@ mod tests {
         .unwrap();
         assert_eq!(validated.image, "nvcr.io/nvidia/driver:595.91.07");
         assert_eq!(validated.driver_type, DriverType::Gpu);
+        assert_eq!(validated.manager_image, None, "no manager image and no default");
+        let with_addons = format!(
+            "{base}  image: d:1\n  kernelModuleType: open\n  gds: {{enabled: true, repository: r, image: gds, version: '2.20.5'}}\n  gdrcopy: {{enabled: true}}\n"
+        );
+        let defaults = ImageDefaults::from_pairs([
+            ("DRIVER_MANAGER_IMAGE", "r/k8s-driver-manager:v1"),
+            ("GDRCOPY_IMAGE", "r/gdrdrv:v2"),
+        ]);
+        let validated = validate_driver_with(&driver(&with_addons), &defaults).unwrap();
+        assert_eq!(
+            validated.manager_image.as_deref(),
+            Some("r/k8s-driver-manager:v1")
+        );
+        assert_eq!(validated.gds_image.as_deref(), Some("r/gds:2.20.5"));
+        assert_eq!(validated.gdrcopy_image.as_deref(), Some("r/gdrdrv:v2"));
+        let long_name = format!(
+            "apiVersion: nvidia.com/v1alpha1\nkind: NVIDIADriver\nmetadata: {{name: {}}}\nspec: {{image: d:1}}\n",
+            "a".repeat(64)
+        );
+        assert_eq!(
+            validate_driver(&driver(&long_name)).unwrap_err()[0].path,
+            "metadata.name",
+            "the name must fit a label value"
+        );
         let messages = |yaml: String| -> Vec<String> {
             validate_driver(&driver(&yaml))
                 .err()

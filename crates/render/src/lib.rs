@@ -18,6 +18,7 @@
 //! - `rbac`: the ServiceAccount and RBAC of each operand.
 //! - `image`: image sections of the policy, and the driver image tag for an OS pool or kernel.
 //! - `operands`: one module per operand (or family of operands), in state order.
+//! - `nvidia_driver`: one NVIDIADriver's objects (`render_nvidia_driver`), with the driver's pod builder.
 //!
 //! Invariants: disabled operands render nothing; every object carries `app.kubernetes.io/managed-by:
 //! gpu-operator` and `app.kubernetes.io/component`; namespaced objects carry the operator namespace.
@@ -33,11 +34,13 @@ mod image;
 mod inputs;
 mod manifest;
 mod monitoring;
+mod nvidia_driver;
 mod operands;
 mod pod;
 mod rbac;
 
 pub use image::{os_tag, sanitized_kernel};
+pub use nvidia_driver::{NvidiaDriverFacts, render_nvidia_driver};
 
 use inputs::Inputs;
 use manifest::Objects;
@@ -209,6 +212,33 @@ pub enum RenderError {
         name: String,
         /// The operator namespace.
         namespace: String,
+    },
+    /// An NVIDIADriver field that cannot be rendered.
+    #[error("NVIDIADriver {driver}: {field} {problem}")]
+    NvidiaDriverField {
+        /// The NVIDIADriver's name.
+        driver: String,
+        /// The field, e.g. `spec.gds.enabled`.
+        field: &'static str,
+        /// What is wrong and what would be accepted.
+        problem: String,
+    },
+    /// The GPU nodes routed to an NVIDIADriver lack what its image tags need.
+    #[error("NVIDIADriver {driver}: {problem}")]
+    NvidiaDriverPool {
+        /// The NVIDIADriver's name.
+        driver: String,
+        /// What the nodes lack.
+        problem: String,
+    },
+    /// The driver pod of an NVIDIADriver cannot be built (fields named as in the NVIDIADriver).
+    #[error("NVIDIADriver {driver}: {source}")]
+    InNvidiaDriver {
+        /// The NVIDIADriver's name.
+        driver: String,
+        /// Why.
+        #[source]
+        source: Box<RenderError>,
     },
     /// Repository and certificate files go to OS-specific directories; this OS has none NVIDIA knows.
     #[error(

@@ -227,36 +227,46 @@ pub(crate) const EXPORTER_READ_PODS: &str = "nvidia-dcgm-exporter-read-pods";
 
 /// Adds the operand's ServiceAccount, Role, ClusterRole and bindings, in that order.
 pub(crate) fn push_access(objects: &mut Objects, info: &OperandInfo) {
-    let owner = Owner::operand(info);
-    let access = access(info.operand);
+    push_access_named(
+        objects,
+        Owner::operand(info),
+        info.operand,
+        access(info.operand).account,
+    );
+}
+
+/// Adds a ServiceAccount, Role, ClusterRole and bindings with the operand's rules under another name
+/// (each NVIDIADriver pool has its own account with the driver's rules).
+pub(crate) fn push_access_named(objects: &mut Objects, owner: Owner, operand: Operand, account: &str) {
+    let access = access(operand);
     let namespace = objects.namespace().to_owned();
     objects.push(
         owner,
         ServiceAccount {
-            metadata: meta(access.account, &[]),
+            metadata: meta(account, &[]),
             ..ServiceAccount::default()
         },
     );
     objects.push(
         owner,
         Role {
-            metadata: meta(access.account, &[]),
+            metadata: meta(account, &[]),
             rules: Some(policy_rules(access.role)),
         },
     );
     if !access.cluster_role.is_empty() {
-        push_cluster_role(objects, owner, access.account, access.cluster_role);
+        push_cluster_role(objects, owner, account, access.cluster_role);
     }
     objects.push(
         owner,
         RoleBinding {
-            metadata: meta(access.account, &[]),
-            role_ref: role_ref("Role", access.account),
-            subjects: Some(vec![subject(access.account, &namespace)]),
+            metadata: meta(account, &[]),
+            role_ref: role_ref("Role", account),
+            subjects: Some(vec![subject(account, &namespace)]),
         },
     );
     if !access.cluster_role.is_empty() {
-        push_cluster_role_binding(objects, owner, access.account, access.account);
+        push_cluster_role_binding(objects, owner, account, account);
     }
 }
 

@@ -6,8 +6,14 @@
 
 /// Policies and facts, as the tests build them.
 mod fixtures {
-    use gpuop_api::{ClusterPolicy, ValidatedPolicy, validate};
-    use gpuop_render::{ClusterFacts, ContainerRuntime, Manifest, OsPool, Rendered, render};
+    use gpuop_api::{
+        ClusterPolicy, ImageDefaults, NVIDIADriver, ValidatedDriver, ValidatedPolicy, validate,
+        validate_driver_with,
+    };
+    use gpuop_render::{
+        ClusterFacts, ContainerRuntime, Manifest, NvidiaDriverFacts, OsPool, Rendered, render,
+        render_nvidia_driver,
+    };
     use serde_json::Value;
 
     /// The default sample policy (NVIDIA's Helm defaults).
@@ -171,16 +177,73 @@ mod fixtures {
     pub fn pod(daemonset: &Value) -> &Value {
         &daemonset["spec"]["template"]["spec"]
     }
+
+    /// The NVIDIADriver samples shipped with the operator.
+    pub const DRIVER_SAMPLES: &str = include_str!("../../../deploy/samples/nvidiadrivers.yaml");
+
+    /// The NVIDIADriver documents of a manifest, each with a uid (samples have none; the API server gives
+    /// one) derived from its name.
+    pub fn nvidia_drivers(text: &str) -> Vec<NVIDIADriver> {
+        serde_saphyr::from_multiple::<Value>(text)
+            .unwrap()
+            .into_iter()
+            .filter(|doc| doc["kind"] == "NVIDIADriver")
+            .map(|doc| {
+                let mut driver: NVIDIADriver = serde_json::from_value(doc).unwrap();
+                if driver.metadata.uid.is_none() {
+                    driver.metadata.uid =
+                        Some(format!("uid-of-{}", driver.metadata.name.as_deref().unwrap()));
+                }
+                driver
+            })
+            .collect()
+    }
+
+    /// Image defaults from the operator's environment, as the tests' operator has them.
+    pub fn image_defaults() -> ImageDefaults {
+        ImageDefaults::from_pairs([(
+            "DRIVER_MANAGER_IMAGE",
+            "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.12.0",
+        )])
+    }
+
+    /// A sample NVIDIADriver by name, with a YAML fragment merged over its spec, validated.
+    pub fn sample_driver(name: &str, patch: &str) -> ValidatedDriver {
+        let driver = nvidia_drivers(DRIVER_SAMPLES)
+            .into_iter()
+            .find(|d| d.metadata.name.as_deref() == Some(name))
+            .unwrap();
+        let mut value = serde_json::to_value(&driver).unwrap();
+        merge(&mut value["spec"], serde_saphyr::from_str(patch).unwrap());
+        let driver: NVIDIADriver = serde_json::from_value(value).unwrap();
+        validate_driver_with(&driver, &image_defaults()).unwrap_or_else(|errors| panic!("{errors:#?}"))
+    }
+
+    /// NVIDIADriver facts: Ubuntu 22.04 nodes routed to it, containerd, host root `/`.
+    pub fn driver_facts(pools: Vec<OsPool>) -> NvidiaDriverFacts {
+        NvidiaDriverFacts {
+            namespace: "gpu-operator".into(),
+            runtime: ContainerRuntime::Containerd,
+            pools,
+            host_root: "/".into(),
+            config_map_keys: Default::default(),
+        }
+    }
+
+    /// Renders an NVIDIADriver, expecting success.
+    pub fn rendered_driver(driver: &ValidatedDriver, facts: &NvidiaDriverFacts) -> Rendered {
+        render_nvidia_driver(driver, facts).unwrap_or_else(|error| panic!("{error}"))
+    }
 }
 
 /// Every sample policy under several clusters, compared with the committed golden files.
 mod golden {
     use std::path::{Path, PathBuf};
 
-    use gpuop_api::validate;
-    use gpuop_render::{ClusterFacts, render};
+    use gpuop_api::{validate, validate_driver_with};
+    use gpuop_render::{ClusterFacts, NvidiaDriverFacts, render, render_nvidia_driver};
 
-    use crate::fixtures::cluster_policies;
+    use crate::fixtures::{cluster_policies, image_defaults, nvidia_drivers};
 
     /// (policy file relative to the crate, facts file in testdata/facts).
     const CASES: &[(&str, &str)] = &[
@@ -233,13 +296,85 @@ mod golden {
         crate_dir().join(format!("tests/golden/{stem}--{facts_name}.yaml"))
     }
 
+    /// (NVIDIADriver file relative to the crate, NVIDIADriver name, facts file in
+    /// testdata/nvidiadriver-facts).
+    const DRIVER_CASES: &[(&str, &str, &str)] = &[
+        ("../../deploy/samples/nvidiadrivers.yaml", "default", "ubuntu"),
+        (
+            "../../deploy/samples/nvidiadrivers.yaml",
+            "default",
+            "two-os-pools",
+        ),
+        ("../../deploy/samples/nvidiadrivers.yaml", "h100-pool", "ubuntu"),
+        (
+            "../../deploy/samples/nvidiadrivers.yaml",
+            "l4-inference",
+            "precompiled-kernels",
+        ),
+        (
+            "tests/testdata/nvidiadrivers/full-spec.yaml",
+            "full-spec",
+            "custom-root",
+        ),
+        (
+            "tests/testdata/nvidiadrivers/full-spec.yaml",
+            "vgpu-hosts",
+            "ubuntu",
+        ),
+    ];
+
+    /// The golden text of one NVIDIADriver case, in the same form as a policy's.
+    fn driver_golden_text(driver_path: &str, name: &str, facts_name: &str) -> String {
+        let dir = crate_dir();
+        let text = std::fs::read_to_string(dir.join(driver_path)).unwrap();
+        let facts_text =
+            std::fs::read_to_string(dir.join(format!("tests/testdata/nvidiadriver-facts/{facts_name}.yaml")))
+                .unwrap();
+        let facts: NvidiaDriverFacts = serde_saphyr::from_str(&facts_text).unwrap();
+        let driver = nvidia_drivers(&text)
+            .into_iter()
+            .find(|d| d.metadata.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no NVIDIADriver {name} in {driver_path}"));
+        let validated = validate_driver_with(&driver, &image_defaults())
+            .unwrap_or_else(|errors| panic!("{name}: {errors:#?}"));
+        let rendered =
+            render_nvidia_driver(&validated, &facts).unwrap_or_else(|error| panic!("{name}: {error}"));
+        let mut text = format!(
+            "# Rendered from NVIDIADriver {name} in {driver_path} with \
+             tests/testdata/nvidiadriver-facts/{facts_name}.yaml.\n\
+             # Regenerate: UPDATE_GOLDEN=1 cargo test -p gpuop-render\n"
+        );
+        for manifest in &rendered.objects {
+            let operand = manifest.operand.map_or("-".to_owned(), |o| o.to_string());
+            text.push_str(&format!("---\n# {} / {operand}\n", manifest.state));
+            text.push_str(&serde_saphyr::to_string(&manifest.object).unwrap());
+        }
+        text
+    }
+
+    fn driver_golden_path(name: &str, facts_name: &str) -> PathBuf {
+        crate_dir().join(format!("tests/golden/nvidiadriver-{name}--{facts_name}.yaml"))
+    }
+
+    /// Every case's golden path and rendered text.
+    fn all_cases() -> Vec<(PathBuf, String)> {
+        CASES
+            .iter()
+            .map(|(policy, facts)| (golden_path(policy, facts), golden_text(policy, facts)))
+            .chain(DRIVER_CASES.iter().map(|(file, name, facts)| {
+                (
+                    driver_golden_path(name, facts),
+                    driver_golden_text(file, name, facts),
+                )
+            }))
+            .collect()
+    }
+
     #[test]
     fn rendered_samples_match_the_golden_files() {
         let update = std::env::var_os("UPDATE_GOLDEN").is_some();
         let mut stale = Vec::new();
-        for (policy, facts) in CASES {
-            let text = golden_text(policy, facts);
-            let path = golden_path(policy, facts);
+        for (path, text) in all_cases() {
             if update {
                 std::fs::write(&path, &text).unwrap();
             } else if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
@@ -255,10 +390,9 @@ mod golden {
 
     #[test]
     fn golden_text_is_valid_yaml_with_one_object_per_document() {
-        for (policy, facts) in CASES {
-            let text = golden_text(policy, facts);
+        for (path, text) in all_cases() {
             let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
-            assert!(documents.len() > 10, "{policy} {facts}");
+            assert!(documents.len() > 6, "{}", path.display());
             for document in documents {
                 assert!(document["apiVersion"].is_string() && document["kind"].is_string());
             }
@@ -267,7 +401,7 @@ mod golden {
 
     #[test]
     fn every_golden_file_belongs_to_a_case() {
-        let expected: Vec<PathBuf> = CASES.iter().map(|(p, f)| golden_path(p, f)).collect();
+        let expected: Vec<PathBuf> = all_cases().into_iter().map(|(path, _)| path).collect();
         for entry in std::fs::read_dir(crate_dir().join("tests/golden")).unwrap() {
             let path = entry.unwrap().path();
             assert!(
@@ -1789,5 +1923,308 @@ mod operand_files {
                 "/drivers/ClientConfigToken/client_configuration_token.tok"
             ]
         );
+    }
+}
+
+/// An NVIDIADriver's objects: NVIDIA's names and selection, one DaemonSet per pool, and the errors a user
+/// can cause.
+mod nvidia_driver {
+    use gpuop_render::{RenderError, render_nvidia_driver};
+    use serde_json::Value;
+
+    use crate::fixtures::{
+        container, daemonsets, driver_facts, env, names, pod, pool, rendered_driver, sample_driver,
+    };
+
+    fn ubuntu() -> Vec<gpuop_render::OsPool> {
+        vec![pool("ubuntu", "22.04", None)]
+    }
+
+    fn only_daemonset(rendered: &gpuop_render::Rendered) -> &Value {
+        let sets = daemonsets(rendered);
+        assert_eq!(sets.len(), 1, "{:#?}", names(rendered));
+        &sets[0].object
+    }
+
+    #[test]
+    fn names_follow_nvidia_and_every_object_names_its_nvidia_driver() {
+        let rendered = rendered_driver(&sample_driver("h100-pool", "{}"), &driver_facts(ubuntu()));
+        let account = "nvidia-gpu-driver-h100-pool-ubuntu22.04";
+        let ds = only_daemonset(&rendered);
+        let name = ds["metadata"]["name"].as_str().unwrap();
+        assert!(
+            name.starts_with("nvidia-gpu-driver-ubuntu22.04-") && name.len() <= 63,
+            "{name}"
+        );
+        assert_eq!(ds["spec"]["selector"]["matchLabels"]["app"], name);
+        assert_eq!(pod(ds)["serviceAccountName"], account);
+        for kind in [
+            "ServiceAccount",
+            "Role",
+            "ClusterRole",
+            "RoleBinding",
+            "ClusterRoleBinding",
+        ] {
+            assert!(rendered.find(kind, account).is_some(), "{kind} {account}");
+        }
+        for manifest in &rendered.objects {
+            let labels = &manifest.object["metadata"]["labels"];
+            assert_eq!(
+                labels["nvidia.com/nvidiadriver"],
+                "h100-pool",
+                "{}",
+                manifest.name()
+            );
+            assert_eq!(labels["app.kubernetes.io/managed-by"], "gpu-operator");
+            assert_eq!(labels["app.kubernetes.io/component"], "nvidia-driver");
+        }
+        let template = &ds["spec"]["template"]["metadata"]["labels"];
+        assert_eq!(template["app.kubernetes.io/component"], "nvidia-driver");
+        assert_eq!(template["nvidia.com/nvidiadriver"], "h100-pool");
+    }
+
+    #[test]
+    fn pods_select_the_routed_nodes_of_their_pool() {
+        let rendered = rendered_driver(
+            &sample_driver("h100-pool", "{}"),
+            &driver_facts(vec![pool("rhel", "9.4", None), pool("ubuntu", "22.04", None)]),
+        );
+        let selectors: Vec<&Value> = daemonsets(&rendered)
+            .iter()
+            .map(|m| &pod(&m.object)["nodeSelector"])
+            .collect();
+        assert_eq!(selectors.len(), 2);
+        for selector in &selectors {
+            assert_eq!(selector["nvidia.com/gpu.deploy.driver"], "true");
+            assert_eq!(selector["nvidia.com/gpu.present"], "true");
+            assert_eq!(selector["nvidia.com/gpu-operator.driver.owner"], "h100-pool");
+            assert_eq!(selector["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3");
+        }
+        assert_eq!(
+            selectors[0]["feature.node.kubernetes.io/system-os_release.VERSION_ID.major"],
+            "9"
+        );
+        assert_eq!(
+            selectors[1]["feature.node.kubernetes.io/system-os_release.VERSION_ID"],
+            "22.04"
+        );
+        let images: Vec<&str> = daemonsets(&rendered)
+            .iter()
+            .map(|m| {
+                container(&m.object, "nvidia-driver-ctr")["image"]
+                    .as_str()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(
+            images,
+            [
+                "nvcr.io/nvidia/driver:595.91.07-rhel9",
+                "nvcr.io/nvidia/driver:595.91.07-ubuntu22.04"
+            ]
+        );
+    }
+
+    #[test]
+    fn precompiled_pools_are_per_kernel_and_share_the_os_account() {
+        let rendered = rendered_driver(
+            &sample_driver("l4-inference", "{}"),
+            &driver_facts(vec![
+                pool("ubuntu", "22.04", Some("5.15.0-105-generic")),
+                pool("ubuntu", "22.04", Some("5.15.0-113-generic")),
+            ]),
+        );
+        let sets = daemonsets(&rendered);
+        assert_eq!(sets.len(), 2);
+        assert_ne!(
+            sets[0].name(),
+            sets[1].name(),
+            "the kernel is part of the name hash"
+        );
+        let ds = &sets[0].object;
+        assert_eq!(
+            container(ds, "nvidia-driver-ctr")["image"],
+            "nvcr.io/nvidia/driver:580-5.15.0-105-generic-ubuntu22.04"
+        );
+        assert_eq!(
+            pod(ds)["nodeSelector"]["feature.node.kubernetes.io/kernel-version.full"],
+            "5.15.0-105-generic"
+        );
+        assert_eq!(ds["metadata"]["labels"]["nvidia.com/precompiled"], "true");
+        assert_eq!(
+            container(ds, "nvidia-driver-ctr")["startupProbe"]["initialDelaySeconds"],
+            5,
+            "precompiled modules are probed sooner, as NVIDIA does"
+        );
+        let accounts = rendered
+            .objects
+            .iter()
+            .filter(|m| m.kind() == "ServiceAccount")
+            .count();
+        assert_eq!(accounts, 1);
+    }
+
+    #[test]
+    fn tolerations_add_to_the_gpu_taint_and_args_follow_init() {
+        let driver = sample_driver(
+            "l4-inference",
+            "{args: [--debug], labels: {team: ml, app: x, app.kubernetes.io/part-of: x}}",
+        );
+        let rendered = rendered_driver(
+            &driver,
+            &driver_facts(vec![pool("ubuntu", "22.04", Some("6.8.0"))]),
+        );
+        let ds = only_daemonset(&rendered);
+        let keys: Vec<&str> = pod(ds)["tolerations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["key"].as_str().unwrap())
+            .collect();
+        assert_eq!(keys, ["nvidia.com/gpu", "inference-only"]);
+        assert_eq!(
+            container(ds, "nvidia-driver-ctr")["args"],
+            serde_json::json!(["init", "--debug"])
+        );
+        let labels = &ds["spec"]["template"]["metadata"]["labels"];
+        assert_eq!(labels["team"], "ml");
+        assert_ne!(labels["app"], "x");
+        assert!(labels.get("app.kubernetes.io/part-of").is_none());
+    }
+
+    #[test]
+    fn the_driver_runs_on_delete_with_the_config_digest_and_runc() {
+        let rendered = rendered_driver(&sample_driver("default", "{}"), &driver_facts(ubuntu()));
+        let ds = only_daemonset(&rendered);
+        assert_eq!(ds["spec"]["updateStrategy"]["type"], "OnDelete");
+        let digest = env(container(ds, "k8s-driver-manager"), "DRIVER_CONFIG_DIGEST").unwrap();
+        assert_eq!(
+            env(container(ds, "nvidia-driver-ctr"), "DRIVER_CONFIG_DIGEST"),
+            Some(digest)
+        );
+        assert_eq!(
+            env(container(ds, "nvidia-driver-ctr"), "NVIDIA_VISIBLE_DEVICES"),
+            Some("void")
+        );
+        let changed = rendered_driver(
+            &sample_driver("default", "{env: [{name: X, value: '1'}]}"),
+            &driver_facts(ubuntu()),
+        );
+        let other = env(
+            container(only_daemonset(&changed), "nvidia-driver-ctr"),
+            "DRIVER_CONFIG_DIGEST",
+        );
+        assert_ne!(other, Some(digest), "driver env is part of the install");
+        let values = &pod(ds)["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            [0]["labelSelector"]["matchExpressions"][0]["values"];
+        assert_eq!(
+            values,
+            &serde_json::json!(["nvidia-driver", "nvidia-vgpu-manager"])
+        );
+    }
+
+    #[test]
+    fn the_host_root_comes_from_the_facts() {
+        let mut facts = driver_facts(ubuntu());
+        facts.host_root = "/host".into();
+        let rendered = rendered_driver(&sample_driver("default", "{}"), &facts);
+        let volume = pod(only_daemonset(&rendered))["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "host-root")
+            .unwrap()
+            .clone();
+        assert_eq!(volume["hostPath"]["path"], "/host");
+        assert_eq!(
+            gpuop_render::NvidiaDriverFacts::host_root_of(None),
+            "/",
+            "without a ClusterPolicy NVIDIA mounts /"
+        );
+    }
+
+    #[test]
+    fn no_routed_node_renders_nothing() {
+        let rendered = rendered_driver(&sample_driver("default", "{}"), &driver_facts(Vec::new()));
+        assert!(rendered.objects.is_empty());
+    }
+
+    #[test]
+    fn errors_name_the_nvidia_driver_and_the_field() {
+        let facts = driver_facts(ubuntu());
+        let message = |driver, facts: &gpuop_render::NvidiaDriverFacts| {
+            render_nvidia_driver(&driver, facts).unwrap_err().to_string()
+        };
+        let mut no_uid = sample_driver("default", "{}");
+        no_uid.uid = None;
+        assert!(message(no_uid, &facts).starts_with("NVIDIADriver default: metadata.uid is missing"));
+
+        let mut no_manager = sample_driver("default", "{}");
+        no_manager.manager_image = None;
+        assert_eq!(
+            message(no_manager, &facts),
+            "NVIDIADriver default: spec.manager.image resolves to no image: set repository, image and \
+             version, or DRIVER_MANAGER_IMAGE in the operator's environment"
+        );
+
+        // Validation refuses this too; rendering does not trust that it ran.
+        let mut precompiled_gds = sample_driver("l4-inference", "{}");
+        precompiled_gds.spec.gds = Some(serde_json::from_str(r#"{"enabled": true}"#).unwrap());
+        assert!(
+            message(
+                precompiled_gds,
+                &driver_facts(vec![pool("ubuntu", "22.04", Some("6.8.0"))])
+            )
+            .starts_with("NVIDIADriver l4-inference: spec.gds.enabled cannot be true with usePrecompiled")
+        );
+
+        let repo = sample_driver("default", "{repoConfig: {name: missing}}");
+        let error = render_nvidia_driver(&repo, &facts).unwrap_err();
+        assert!(matches!(
+            &error,
+            RenderError::InNvidiaDriver { driver, source }
+                if driver == "default"
+                    && matches!(**source, RenderError::ConfigMapUnknown { field: "spec.repoConfig.name", .. })
+        ));
+
+        assert!(
+            message(sample_driver("l4-inference", "{}"), &facts)
+                .contains("spec.usePrecompiled is true but GPU nodes with OS ubuntu22.04 have no")
+        );
+    }
+
+    #[test]
+    fn the_vgpu_host_manager_runs_on_vgpu_manager_nodes_without_a_startup_probe() {
+        let driver = sample_driver(
+            "default",
+            "{driverType: vgpu-host-manager, image: vgpu-manager, repository: registry.example.com/nvidia}",
+        );
+        let rendered = rendered_driver(&driver, &driver_facts(ubuntu()));
+        let ds = only_daemonset(&rendered);
+        assert!(
+            ds["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("nvidia-vgpu-host-manager-driver-ubuntu22.04-")
+        );
+        assert_eq!(
+            pod(ds)["serviceAccountName"],
+            "nvidia-vgpu-manager-default-ubuntu22.04"
+        );
+        assert_eq!(
+            pod(ds)["nodeSelector"]["nvidia.com/gpu.deploy.vgpu-manager"],
+            "true"
+        );
+        assert!(
+            pod(ds)["nodeSelector"]
+                .get("nvidia.com/gpu.deploy.driver")
+                .is_none()
+        );
+        assert_eq!(
+            ds["metadata"]["labels"]["app.kubernetes.io/component"],
+            "nvidia-vgpu-host-manager"
+        );
+        assert!(container(ds, "nvidia-driver-ctr").get("startupProbe").is_none());
+        assert_eq!(pod(ds)["terminationGracePeriodSeconds"], 120);
     }
 }

@@ -41,11 +41,11 @@ use crate::rbac::access;
 use crate::{OsPool, RenderError};
 
 /// The startup probe script, mounted into the driver container.
-const STARTUP_PROBE: &str = include_str!("scripts/driver-startup-probe.sh");
+pub(crate) const STARTUP_PROBE: &str = include_str!("scripts/driver-startup-probe.sh");
 /// Name of the ConfigMap holding it.
-const STARTUP_PROBE_CONFIG_MAP: &str = "nvidia-driver-startup-probe";
+pub(crate) const STARTUP_PROBE_CONFIG_MAP: &str = "nvidia-driver-startup-probe";
 /// The driver container's name (images and `kubectl logs` look for it).
-const DRIVER_CONTAINER: &str = "nvidia-driver-ctr";
+pub(crate) const DRIVER_CONTAINER: &str = "nvidia-driver-ctr";
 /// The driver manager init container's name.
 const MANAGER_CONTAINER: &str = "k8s-driver-manager";
 /// Where kernel module parameters and licensing files go in the driver container.
@@ -195,7 +195,9 @@ pub(crate) fn render(
         .collect()
 }
 
-fn driver_pod(
+/// One driver pod for a pool: the builder both the ClusterPolicy's driver and every NVIDIADriver use (an
+/// NVIDIADriver's spec is first mapped onto a policy's `spec.driver`, see [`crate::nvidia_driver`]).
+pub(crate) fn driver_pod(
     inputs: &Inputs<'_>,
     info: &OperandInfo,
     image: &PulledImage,
@@ -1000,7 +1002,7 @@ pub(crate) fn config_digest(pod: &PodSpec) -> String {
 }
 
 /// 32-bit FNV-1a.
-fn fnv1a32(bytes: &[u8]) -> u32 {
+pub(crate) fn fnv1a32(bytes: &[u8]) -> u32 {
     bytes.iter().fold(0x811c_9dc5_u32, |hash, byte| {
         (hash ^ u32::from(*byte)).wrapping_mul(0x0100_0193)
     })

@@ -16,7 +16,7 @@ use crate::rbac::push_access;
 
 mod dcgm;
 mod device_plugin;
-mod driver;
+pub(crate) mod driver;
 mod feature_discovery;
 mod metrics;
 mod mig_layouts;
