@@ -11,15 +11,13 @@ use std::sync::Arc;
 
 use gpuop_api::labels::GpuDetection;
 use gpuop_api::placement::{Misfit, daemon_pod_fits};
+use gpuop_api::upgrade::observe::{is_pod_ready, latest_revision, revision_of};
 use gpuop_api::{OPERANDS, Operand};
 use gpuop_render::Rendered;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
 
 use crate::status::OperandObservation;
-
-/// Label naming the revision a DaemonSet pod or ControllerRevision belongs to.
-const REVISION_HASH: &str = "controller-revision-hash";
 
 /// What the cluster looks like to the judge: the caches' contents, shared rather than copied.
 #[derive(Clone, Copy, Debug)]
@@ -114,7 +112,7 @@ fn ready_nodes(observed: Observed<'_>) -> BTreeMap<String, BTreeSet<String>> {
             continue;
         };
         let name = daemonset.metadata.name.clone().unwrap_or_default();
-        let latest = latest_revision(uid, observed.revisions);
+        let latest = latest_revision(uid, observed.revisions.iter().map(|r| &**r));
         let nodes: BTreeSet<String> = observed
             .pods
             .iter()
@@ -125,11 +123,8 @@ fn ready_nodes(observed: Observed<'_>) -> BTreeMap<String, BTreeSet<String>> {
                     .flatten()
                     .any(|o| o.uid == uid)
             })
-            .filter(|pod| pod.metadata.deletion_timestamp.is_none() && is_ready(pod))
-            .filter(|pod| {
-                let hash = pod.metadata.labels.as_ref().and_then(|l| l.get(REVISION_HASH));
-                latest.is_none() || hash == latest.as_ref()
-            })
+            .filter(|pod| pod.metadata.deletion_timestamp.is_none() && is_pod_ready(pod))
+            .filter(|pod| latest.is_none() || revision_of(pod) == latest.as_deref())
             .filter_map(|pod| pod.spec.as_ref()?.node_name.clone())
             .collect();
         ready.insert(name, nodes);
@@ -137,40 +132,10 @@ fn ready_nodes(observed: Observed<'_>) -> BTreeMap<String, BTreeSet<String>> {
     ready
 }
 
-/// The `controller-revision-hash` of the newest ControllerRevision of the DaemonSet with this uid.
-pub(crate) fn latest_revision(uid: &str, revisions: &[Arc<ControllerRevision>]) -> Option<String> {
-    revisions
-        .iter()
-        .filter(|r| r.metadata.owner_references.iter().flatten().any(|o| o.uid == uid))
-        .max_by_key(|r| r.revision)
-        .and_then(|r| r.metadata.labels.as_ref()?.get(REVISION_HASH).cloned())
-}
-
-/// The pod's revision hash.
-pub(crate) fn revision_of(pod: &Pod) -> Option<&str> {
-    pod.metadata
-        .labels
-        .as_ref()?
-        .get(REVISION_HASH)
-        .map(String::as_str)
-}
-
-/// Running with its Ready condition True.
-pub(crate) fn is_ready(pod: &Pod) -> bool {
-    let Some(status) = pod.status.as_ref() else {
-        return false;
-    };
-    status.phase.as_deref() == Some("Running")
-        && status
-            .conditions
-            .iter()
-            .flatten()
-            .any(|c| c.type_ == "Ready" && c.status == "True")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuop_api::upgrade::observe::REVISION_HASH;
 
     fn arcs<T, const N: usize>(items: [T; N]) -> Vec<Arc<T>> {
         items.into_iter().map(Arc::new).collect()

@@ -13,16 +13,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
-use gpuop_api::labels::{
-    COMPONENT, DRIVER_OWNER, UPGRADE_ENABLED_ANNOTATION, UPGRADE_INITIAL_UNSCHEDULABLE, UPGRADE_REQUESTED,
-    UPGRADE_RESTART_ONLY, UPGRADE_SKIP, UPGRADE_STATE, UPGRADE_VALIDATION_START,
-    UPGRADE_WAIT_FOR_COMPLETION_START, UPGRADE_WAIT_FOR_SAFE_LOAD,
-};
-use gpuop_api::upgrade::{
-    Decision, DriverPod, NodeView, Step, UpgradeCounts, UpgradePolicy, UpgradeState, WorkloadPod, decide,
-};
-use k8s_openapi::api::apps::v1::DaemonSet;
+use gpuop_api::labels::{DRIVER_OWNER, UPGRADE_ENABLED_ANNOTATION, UPGRADE_STATE};
+use gpuop_api::upgrade::observe::{DriverPods, node_view, validators, workload_pod};
+use gpuop_api::upgrade::{Decision, Step, UpgradeCounts, UpgradePolicy, UpgradeState, WorkloadPod, decide};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
@@ -34,12 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::controller::Context;
-use crate::readiness::{is_ready, latest_revision, revision_of};
 
-/// The value of `app.kubernetes.io/component` on driver pods (NVIDIA's, for ClusterPolicy and NVIDIADriver).
-pub const DRIVER_COMPONENT: &str = "nvidia-driver";
-/// The `app` label of validator pods.
-const VALIDATOR_APP: &str = "nvidia-operator-validator";
 /// The shortest time between the starts of two passes: moves echo by the hundred during an upgrade.
 const MIN_PASS_INTERVAL: Duration = Duration::from_millis(200);
 /// How long a patched node stands in for its cached copy, or a deleted driver pod is not deleted again.
@@ -118,13 +106,12 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
     let pods = context.caches.pods.state();
     let daemonsets = context.caches.daemonsets.state();
     let revisions = context.caches.revisions.state();
-    let drivers = DriverPods::index(&pods, &daemonsets, &revisions);
-    let validators: BTreeMap<&str, Option<i64>> = pods
-        .iter()
-        .filter(|p| label(&p.metadata.labels, "app") == Some(VALIDATOR_APP))
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(|p| Some((p.spec.as_ref()?.node_name.as_deref()?, ready_since(p))))
-        .collect();
+    let drivers = DriverPods::index(
+        pods.iter().map(|p| &**p),
+        &daemonsets.iter().map(|d| &**d).collect::<Vec<_>>(),
+        &revisions.iter().map(|r| &**r).collect::<Vec<_>>(),
+    );
+    let validators = validators(pods.iter().map(|p| &**p));
 
     let mut next = RESYNC;
     let mut total = UpgradeCounts::default();
@@ -142,10 +129,10 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
         for node in &members {
             let name = node.name_any();
             seen.insert(name.clone());
-            let mut view = view_of(
+            let mut view = node_view(
                 node,
-                drivers.on(&name, pool),
-                validators.get(name.as_str()).copied().flatten(),
+                drivers.on(&name, &pool.daemonsets),
+                validators.get(&name).copied().flatten(),
             );
             let since = memory.since.entry(name.clone()).or_insert((view.state, now));
             if since.0 != view.state {
@@ -212,162 +199,11 @@ impl UpgradePool {
             Some(name) => owner == Some(name.as_str()),
             None => {
                 owner.is_none()
-                    && (drivers
-                        .by_node
-                        .get(node.name_any().as_str())
-                        .is_some_and(|pods| pods.iter().any(|p| self.daemonsets.contains(&p.daemonset)))
+                    && (drivers.runs_one_of(&node.name_any(), &self.daemonsets)
                         || UpgradeState::from_label(label(&node.metadata.labels, UPGRADE_STATE))
                             .is_in_progress())
             }
         }
-    }
-}
-
-/// A driver pod in the cache, with what the decision needs.
-#[derive(Clone, Debug)]
-struct CachedDriver {
-    daemonset: String,
-    pod: DriverPod,
-}
-
-/// Driver pods by node.
-struct DriverPods {
-    by_node: BTreeMap<String, Vec<CachedDriver>>,
-}
-
-impl DriverPods {
-    fn index(
-        pods: &[Arc<Pod>],
-        daemonsets: &[Arc<DaemonSet>],
-        revisions: &[Arc<k8s_openapi::api::apps::v1::ControllerRevision>],
-    ) -> Self {
-        let mut by_node: BTreeMap<String, Vec<CachedDriver>> = BTreeMap::new();
-        for pod in pods
-            .iter()
-            .filter(|p| label(&p.metadata.labels, COMPONENT) == Some(DRIVER_COMPONENT))
-        {
-            let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
-                continue;
-            };
-            let owner = pod
-                .metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .find(|o| o.kind == "DaemonSet" && o.controller == Some(true));
-            let daemonset = owner.and_then(|o| {
-                daemonsets
-                    .iter()
-                    .find(|ds| ds.metadata.uid.as_deref() == Some(&o.uid))
-            });
-            let (in_sync, restart_only) = match daemonset {
-                Some(ds) => {
-                    let latest = ds
-                        .metadata
-                        .uid
-                        .as_deref()
-                        .and_then(|uid| latest_revision(uid, revisions));
-                    let in_sync = latest.is_none() || latest.as_deref() == revision_of(pod);
-                    let wanted = ds
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.template.spec.as_ref())
-                        .and_then(|s| digest(&s.containers));
-                    let running = pod.spec.as_ref().and_then(|s| digest(&s.containers));
-                    (in_sync, wanted.is_some() && wanted == running)
-                }
-                None => (false, false),
-            };
-            let restarts = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .map_or(0, |statuses| {
-                    statuses.iter().map(|s| s.restart_count).max().unwrap_or(0)
-                });
-            by_node.entry(node).or_default().push(CachedDriver {
-                daemonset: owner.map(|o| o.name.clone()).unwrap_or_default(),
-                pod: DriverPod {
-                    name: pod.name_any(),
-                    in_sync,
-                    orphaned: daemonset.is_none(),
-                    restart_only,
-                    ready_since: ready_since(pod),
-                    restarts,
-                    terminating: pod.metadata.deletion_timestamp.is_some(),
-                },
-            });
-        }
-        Self { by_node }
-    }
-
-    /// The driver pod of a pool's node: the live one if a terminating one is still there too. A pod of
-    /// another pool's DaemonSet counts as orphaned here: the pool must replace it.
-    fn on(&self, node: &str, pool: &UpgradePool) -> Option<DriverPod> {
-        let pods = self.by_node.get(node)?;
-        let pick = pods
-            .iter()
-            .find(|p| !p.pod.terminating)
-            .or_else(|| pods.first())?;
-        let mut pod = pick.pod.clone();
-        if !pod.orphaned && !pool.daemonsets.contains(&pick.daemonset) {
-            pod.orphaned = true;
-        }
-        Some(pod)
-    }
-}
-
-fn digest(containers: &[k8s_openapi::api::core::v1::Container]) -> Option<String> {
-    containers
-        .iter()
-        .flat_map(|c| c.env.iter().flatten())
-        .find(|e| e.name == DRIVER_CONFIG_DIGEST)
-        .and_then(|e| e.value.clone())
-}
-
-fn ready_since(pod: &Pod) -> Option<i64> {
-    if !is_ready(pod) {
-        return None;
-    }
-    pod.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == "Ready")
-        .map(|c| c.last_transition_time.as_ref().map_or(0, |t| t.0.as_second()))
-}
-
-fn label<'a>(labels: &'a Option<BTreeMap<String, String>>, key: &str) -> Option<&'a str> {
-    labels.as_ref()?.get(key).map(String::as_str)
-}
-
-/// The decision's view of a node.
-fn view_of(node: &Node, driver: Option<DriverPod>, validator_ready_since: Option<i64>) -> NodeView {
-    let labels = &node.metadata.labels;
-    let annotations = &node.metadata.annotations;
-    let time = |key: &str| label(annotations, key).and_then(|v| v.parse::<i64>().ok());
-    NodeView {
-        name: node.name_any(),
-        state: UpgradeState::from_label(label(labels, UPGRADE_STATE)),
-        skip: label(labels, UPGRADE_SKIP) == Some("true"),
-        unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true),
-        ready: node
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
-        initially_unschedulable: label(annotations, UPGRADE_INITIAL_UNSCHEDULABLE).is_some(),
-        requested: label(annotations, UPGRADE_REQUESTED) == Some("true"),
-        waiting_for_safe_load: label(annotations, UPGRADE_WAIT_FOR_SAFE_LOAD) == Some("true"),
-        upgrade_enabled_annotation: label(annotations, UPGRADE_ENABLED_ANNOTATION) == Some("true"),
-        restart_only: label(annotations, UPGRADE_RESTART_ONLY) == Some("true"),
-        wait_started: time(UPGRADE_WAIT_FOR_COMPLETION_START),
-        validation_started: time(UPGRADE_VALIDATION_START),
-        state_since: 0,
-        driver,
-        validator_ready_since,
-        pods: Vec::new(),
     }
 }
 
@@ -378,41 +214,6 @@ async fn pods_on(context: &Context, node: &str) -> Result<Vec<WorkloadPod>, kube
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await?;
     Ok(list.items.iter().map(workload_pod).collect())
-}
-
-/// A pod as the eviction rules see it.
-pub fn workload_pod(pod: &Pod) -> WorkloadPod {
-    let owners = pod.metadata.owner_references.iter().flatten();
-    let controller = owners.clone().find(|o| o.controller == Some(true));
-    let spec = pod.spec.as_ref();
-    let uses_gpu = spec.is_some_and(|spec| {
-        spec.containers
-            .iter()
-            .chain(spec.init_containers.iter().flatten())
-            .filter_map(|c| c.resources.as_ref())
-            .flat_map(|r| r.limits.iter().flatten().chain(r.requests.iter().flatten()))
-            .any(|(resource, _)| {
-                resource.starts_with("nvidia.com/gpu") || resource.starts_with("nvidia.com/mig-")
-            })
-    });
-    let mirror = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    WorkloadPod {
-        namespace: pod.namespace().unwrap_or_default(),
-        name: pod.name_any(),
-        labels: pod.metadata.labels.clone().unwrap_or_default(),
-        uses_gpu,
-        // Mirror pods belong to the kubelet; like DaemonSet pods, evicting them achieves nothing.
-        daemon: mirror || controller.is_some_and(|o| o.kind == "DaemonSet"),
-        controlled: controller.is_some(),
-        empty_dir: spec.is_some_and(|s| s.volumes.iter().flatten().any(|v| v.empty_dir.is_some())),
-        finished: matches!(phase, Some("Succeeded" | "Failed")),
-        terminating: pod.metadata.deletion_timestamp.is_some(),
-    }
 }
 
 /// Carries out a decision's steps, a few nodes at a time; returns when the pool wants another look.
@@ -615,6 +416,10 @@ async fn switch_off(context: &Context, pool: &UpgradePool, members: &[&Arc<Node>
         }
     }
     next
+}
+
+fn label<'a>(labels: &'a Option<BTreeMap<String, String>>, key: &str) -> Option<&'a str> {
+    labels.as_ref()?.get(key).map(String::as_str)
 }
 
 fn add(total: &mut UpgradeCounts, counts: &UpgradeCounts) {

@@ -22,6 +22,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+pub mod observe;
+
 use crate::driver::EffectiveUpgradePolicy;
 use crate::labels::{
     UPGRADE_ENABLED_ANNOTATION, UPGRADE_INITIAL_UNSCHEDULABLE, UPGRADE_REQUESTED, UPGRADE_RESTART_ONLY,

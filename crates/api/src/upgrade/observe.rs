@@ -1,0 +1,462 @@
+//! From Kubernetes objects to what [`decide`](super::decide) and [`plan`](super::plan) read: the operator
+//! builds its views from its caches with these, and `kubectl gpu upgrade-plan` from a cluster or a
+//! snapshot, so both see a node, its driver pod and its workloads by the same rules.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::core::v1::{Container, Node, Pod};
+
+use super::{DriverPod, NodeView, UpgradeState, WorkloadPod};
+use crate::driver::DRIVER_CONFIG_DIGEST;
+use crate::labels::{
+    COMPONENT, UPGRADE_ENABLED_ANNOTATION, UPGRADE_INITIAL_UNSCHEDULABLE, UPGRADE_REQUESTED,
+    UPGRADE_RESTART_ONLY, UPGRADE_SKIP, UPGRADE_STATE, UPGRADE_VALIDATION_START,
+    UPGRADE_WAIT_FOR_COMPLETION_START, UPGRADE_WAIT_FOR_SAFE_LOAD,
+};
+
+/// `app.kubernetes.io/component` of driver pods, NVIDIA's for ClusterPolicy and NVIDIADriver alike.
+pub const DRIVER_COMPONENT: &str = "nvidia-driver";
+/// The `app` label of the validator's pods.
+pub const VALIDATOR_APP: &str = "nvidia-operator-validator";
+/// Label naming the revision a DaemonSet pod or ControllerRevision belongs to.
+pub const REVISION_HASH: &str = "controller-revision-hash";
+
+/// The `controller-revision-hash` of the newest ControllerRevision of the DaemonSet with this uid.
+pub fn latest_revision<'a>(
+    uid: &str,
+    revisions: impl IntoIterator<Item = &'a ControllerRevision>,
+) -> Option<String> {
+    revisions
+        .into_iter()
+        .filter(|r| r.metadata.owner_references.iter().flatten().any(|o| o.uid == uid))
+        .max_by_key(|r| r.revision)
+        .and_then(|r| r.metadata.labels.as_ref()?.get(REVISION_HASH).cloned())
+}
+
+/// The pod's revision hash.
+pub fn revision_of(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .labels
+        .as_ref()?
+        .get(REVISION_HASH)
+        .map(String::as_str)
+}
+
+/// Running with its Ready condition True.
+pub fn is_pod_ready(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    status.phase.as_deref() == Some("Running")
+        && status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// Since when the pod has been Ready (seconds), if it is.
+pub fn ready_since(pod: &Pod) -> Option<i64> {
+    if !is_pod_ready(pod) {
+        return None;
+    }
+    pod.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.last_transition_time.as_ref().map_or(0, |t| t.0.as_second()))
+}
+
+fn label<'a>(labels: &'a Option<BTreeMap<String, String>>, key: &str) -> Option<&'a str> {
+    labels.as_ref()?.get(key).map(String::as_str)
+}
+
+fn digest(containers: &[Container]) -> Option<&str> {
+    containers
+        .iter()
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == DRIVER_CONFIG_DIGEST)
+        .and_then(|e| e.value.as_deref())
+}
+
+/// A driver pod, with the DaemonSet that owns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnedDriver {
+    /// Name of the owning DaemonSet; empty for an orphan.
+    pub daemonset: String,
+    /// The pod as the decision sees it.
+    pub pod: DriverPod,
+}
+
+/// The driver pods of a cluster, by node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DriverPods {
+    /// Per node, its driver pods (usually one; two while one replaces another).
+    pub by_node: BTreeMap<String, Vec<OwnedDriver>>,
+}
+
+impl DriverPods {
+    /// Indexes the driver pods among `pods` (those labelled `app.kubernetes.io/component=nvidia-driver`),
+    /// judging each against its DaemonSet's latest revision.
+    pub fn index<'a>(
+        pods: impl IntoIterator<Item = &'a Pod>,
+        daemonsets: &[&DaemonSet],
+        revisions: &[&ControllerRevision],
+    ) -> Self {
+        let mut by_node: BTreeMap<String, Vec<OwnedDriver>> = BTreeMap::new();
+        for pod in pods
+            .into_iter()
+            .filter(|p| label(&p.metadata.labels, COMPONENT) == Some(DRIVER_COMPONENT))
+        {
+            let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+                continue;
+            };
+            let owner = pod
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|o| o.kind == "DaemonSet" && o.controller == Some(true));
+            let daemonset = owner.and_then(|o| {
+                daemonsets
+                    .iter()
+                    .find(|ds| ds.metadata.uid.as_deref() == Some(o.uid.as_str()))
+            });
+            let (in_sync, restart_only) = match daemonset {
+                Some(ds) => {
+                    let latest = ds
+                        .metadata
+                        .uid
+                        .as_deref()
+                        .and_then(|uid| latest_revision(uid, revisions.iter().copied()));
+                    let in_sync = latest.is_none() || latest.as_deref() == revision_of(pod);
+                    let wanted = ds
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.template.spec.as_ref())
+                        .and_then(|s| digest(&s.containers));
+                    let running = pod.spec.as_ref().and_then(|s| digest(&s.containers));
+                    (in_sync, wanted.is_some() && wanted == running)
+                }
+                None => (false, false),
+            };
+            let restarts = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .map_or(0, |statuses| {
+                    statuses.iter().map(|s| s.restart_count).max().unwrap_or(0)
+                });
+            by_node.entry(node).or_default().push(OwnedDriver {
+                daemonset: daemonset
+                    .and_then(|ds| ds.metadata.name.clone())
+                    .unwrap_or_default(),
+                pod: DriverPod {
+                    name: pod.metadata.name.clone().unwrap_or_default(),
+                    in_sync,
+                    orphaned: daemonset.is_none(),
+                    restart_only,
+                    ready_since: ready_since(pod),
+                    restarts,
+                    terminating: pod.metadata.deletion_timestamp.is_some(),
+                },
+            });
+        }
+        Self { by_node }
+    }
+
+    /// Whether one of the node's driver pods comes from one of these DaemonSets.
+    pub fn runs_one_of(&self, node: &str, daemonsets: &BTreeSet<String>) -> bool {
+        self.by_node
+            .get(node)
+            .is_some_and(|pods| pods.iter().any(|p| daemonsets.contains(&p.daemonset)))
+    }
+
+    /// The node's driver pod as a pool with these DaemonSets sees it. While an outdated or foreign pod
+    /// still runs, that one (it must go first); then the live one; then one being deleted. A pod of
+    /// another DaemonSet counts as orphaned: the pool must replace it.
+    pub fn on(&self, node: &str, daemonsets: &BTreeSet<String>) -> Option<DriverPod> {
+        let pods = self.by_node.get(node)?;
+        let current =
+            |p: &&OwnedDriver| p.pod.in_sync && !p.pod.orphaned && daemonsets.contains(&p.daemonset);
+        let pick = pods
+            .iter()
+            .find(|p| !p.pod.terminating && !current(p))
+            .or_else(|| pods.iter().find(|p| !p.pod.terminating))
+            .or_else(|| pods.first())?;
+        let mut pod = pick.pod.clone();
+        if !daemonsets.contains(&pick.daemonset) {
+            pod.orphaned = true;
+        }
+        Some(pod)
+    }
+}
+
+/// The decision's view of a node, from its labels, annotations, cordon and Ready condition. The caller
+/// adds the time it has seen the state since, and the pods when the node is being emptied.
+pub fn node_view(node: &Node, driver: Option<DriverPod>, validator_ready_since: Option<i64>) -> NodeView {
+    let labels = &node.metadata.labels;
+    let annotations = &node.metadata.annotations;
+    let time = |key: &str| label(annotations, key).and_then(|v| v.parse::<i64>().ok());
+    NodeView {
+        name: node.metadata.name.clone().unwrap_or_default(),
+        state: UpgradeState::from_label(label(labels, UPGRADE_STATE)),
+        skip: label(labels, UPGRADE_SKIP) == Some("true"),
+        unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true),
+        ready: node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+        initially_unschedulable: label(annotations, UPGRADE_INITIAL_UNSCHEDULABLE).is_some(),
+        requested: label(annotations, UPGRADE_REQUESTED) == Some("true"),
+        waiting_for_safe_load: label(annotations, UPGRADE_WAIT_FOR_SAFE_LOAD) == Some("true"),
+        upgrade_enabled_annotation: label(annotations, UPGRADE_ENABLED_ANNOTATION) == Some("true"),
+        restart_only: label(annotations, UPGRADE_RESTART_ONLY) == Some("true"),
+        wait_started: time(UPGRADE_WAIT_FOR_COMPLETION_START),
+        validation_started: time(UPGRADE_VALIDATION_START),
+        state_since: 0,
+        driver,
+        validator_ready_since,
+        pods: Vec::new(),
+    }
+}
+
+/// Per node, since when its validator pod has been Ready (`None` while it is not).
+pub fn validators<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> BTreeMap<String, Option<i64>> {
+    pods.into_iter()
+        .filter(|p| label(&p.metadata.labels, "app") == Some(VALIDATOR_APP))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, ready_since(p))))
+        .collect()
+}
+
+/// Whether the pod requests GPUs: `nvidia.com/gpu*` or `nvidia.com/mig-*` in any container's limits or
+/// requests (as NVIDIA's pod deletion filter decides).
+pub fn uses_gpu(pod: &Pod) -> bool {
+    pod.spec.as_ref().is_some_and(|spec| {
+        spec.containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .filter_map(|c| c.resources.as_ref())
+            .flat_map(|r| r.limits.iter().flatten().chain(r.requests.iter().flatten()))
+            .any(|(resource, _)| {
+                resource.starts_with("nvidia.com/gpu") || resource.starts_with("nvidia.com/mig-")
+            })
+    })
+}
+
+/// A pod as the eviction rules see it.
+pub fn workload_pod(pod: &Pod) -> WorkloadPod {
+    let controller = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true));
+    let mirror = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    WorkloadPod {
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        labels: pod.metadata.labels.clone().unwrap_or_default(),
+        uses_gpu: uses_gpu(pod),
+        // Mirror pods belong to the kubelet; like DaemonSet pods, evicting them achieves nothing.
+        daemon: mirror || controller.is_some_and(|o| o.kind == "DaemonSet"),
+        controlled: controller.is_some(),
+        empty_dir: pod
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.volumes.iter().flatten().any(|v| v.empty_dir.is_some())),
+        finished: matches!(phase, Some("Succeeded" | "Failed")),
+        terminating: pod.metadata.deletion_timestamp.is_some(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::DaemonSetSpec;
+    use k8s_openapi::api::core::v1::{EnvVar, PodCondition, PodSpec, PodStatus, PodTemplateSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+    fn owner(kind: &str, name: &str, uid: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: uid.into(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }
+    }
+
+    fn env(digest: &str) -> Vec<Container> {
+        vec![Container {
+            name: "nvidia-driver-ctr".into(),
+            env: Some(vec![EnvVar {
+                name: DRIVER_CONFIG_DIGEST.into(),
+                value: Some(digest.into()),
+                ..EnvVar::default()
+            }]),
+            ..Container::default()
+        }]
+    }
+
+    fn driver_pod(
+        name: &str,
+        node: &str,
+        owner_ref: Option<OwnerReference>,
+        hash: &str,
+        digest: &str,
+    ) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(BTreeMap::from([
+                    (COMPONENT.to_owned(), DRIVER_COMPONENT.to_owned()),
+                    (REVISION_HASH.to_owned(), hash.to_owned()),
+                ])),
+                owner_references: owner_ref.map(|o| vec![o]),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(node.into()),
+                containers: env(digest),
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    ..PodCondition::default()
+                }]),
+                ..PodStatus::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn driver_pods_are_judged_against_their_daemonsets_latest_revision() {
+        let ds = DaemonSet {
+            metadata: ObjectMeta {
+                name: Some("nvidia-driver-daemonset".into()),
+                uid: Some("ds-uid".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(DaemonSetSpec {
+                template: PodTemplateSpec {
+                    spec: Some(PodSpec {
+                        containers: env("d2"),
+                        ..PodSpec::default()
+                    }),
+                    ..PodTemplateSpec::default()
+                },
+                ..DaemonSetSpec::default()
+            }),
+            ..DaemonSet::default()
+        };
+        let revision = |hash: &str, number: i64| ControllerRevision {
+            metadata: ObjectMeta {
+                labels: Some(BTreeMap::from([(REVISION_HASH.to_owned(), hash.to_owned())])),
+                owner_references: Some(vec![owner("DaemonSet", "nvidia-driver-daemonset", "ds-uid")]),
+                ..ObjectMeta::default()
+            },
+            revision: number,
+            ..ControllerRevision::default()
+        };
+        let revisions = [revision("old", 1), revision("new", 2)];
+        let ds_owner = owner("DaemonSet", "nvidia-driver-daemonset", "ds-uid");
+        let pods = [
+            driver_pod("a", "node-a", Some(ds_owner.clone()), "new", "d2"),
+            driver_pod("b", "node-b", Some(ds_owner.clone()), "old", "d1"),
+            driver_pod("c", "node-c", Some(ds_owner), "old", "d2"),
+            driver_pod("d", "node-d", None, "old", "d1"),
+        ];
+        let drivers = DriverPods::index(&pods, &[&ds], &revisions.iter().collect::<Vec<_>>());
+        let ours = BTreeSet::from(["nvidia-driver-daemonset".to_owned()]);
+        let a = drivers.on("node-a", &ours).unwrap();
+        assert!(a.in_sync && !a.orphaned && a.ready_since.is_some());
+        let b = drivers.on("node-b", &ours).unwrap();
+        assert!(
+            !b.in_sync && !b.restart_only,
+            "outdated, and the digest differs: a reinstall"
+        );
+        assert!(
+            drivers.on("node-c", &ours).unwrap().restart_only,
+            "same digest: a restart will do"
+        );
+        assert!(drivers.on("node-d", &ours).unwrap().orphaned);
+        let theirs = BTreeSet::from(["nvidia-gpu-driver-ubuntu22.04-abc".to_owned()]);
+        assert!(
+            drivers.on("node-a", &theirs).unwrap().orphaned,
+            "another pool's pod must be replaced"
+        );
+        assert!(drivers.runs_one_of("node-a", &ours) && !drivers.runs_one_of("node-d", &ours));
+    }
+
+    #[test]
+    fn an_outdated_pod_is_seen_before_its_pending_replacement() {
+        let ds_owner = owner("DaemonSet", "new-ds", "new-uid");
+        let ds = DaemonSet {
+            metadata: ObjectMeta {
+                name: Some("new-ds".into()),
+                uid: Some("new-uid".into()),
+                ..ObjectMeta::default()
+            },
+            ..DaemonSet::default()
+        };
+        let pods = [
+            driver_pod("replacement", "n", Some(ds_owner), "h", "d"),
+            driver_pod("orphan", "n", None, "h", "d"),
+        ];
+        let drivers = DriverPods::index(&pods, &[&ds], &[]);
+        let ours = BTreeSet::from(["new-ds".to_owned()]);
+        assert_eq!(
+            drivers.on("n", &ours).unwrap().name,
+            "orphan",
+            "the orphan must go first"
+        );
+    }
+
+    #[test]
+    fn workload_pods_are_classified_as_kubectl_drain_does() {
+        let mut pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("train-0".into()),
+                namespace: Some("ml".into()),
+                owner_references: Some(vec![owner("ReplicaSet", "train", "rs")]),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    resources: Some(k8s_openapi::api::core::v1::ResourceRequirements {
+                        limits: Some(BTreeMap::from([(
+                            "nvidia.com/mig-1g.10gb".to_owned(),
+                            k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()),
+                        )])),
+                        ..Default::default()
+                    }),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        };
+        let seen = workload_pod(&pod);
+        assert!(seen.uses_gpu && seen.controlled && !seen.daemon && !seen.empty_dir);
+        assert_eq!(seen.key(), "ml/train-0");
+        pod.metadata.owner_references = Some(vec![owner("DaemonSet", "agent", "ds")]);
+        assert!(workload_pod(&pod).daemon);
+        pod.metadata.owner_references = None;
+        assert!(!workload_pod(&pod).controlled);
+    }
+}
