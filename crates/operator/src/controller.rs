@@ -18,6 +18,7 @@ use std::time::Duration;
 use gpuop_api::labels::GpuDetection;
 use gpuop_api::status::{PolicyStatus, State};
 use gpuop_api::upgrade::UpgradePolicy;
+use gpuop_api::upgrade::observe::PoolScope;
 use gpuop_api::validate::{ImageDefaults, validate_with};
 use gpuop_api::{ClusterPolicy, FieldError, Operand, ValidatedPolicy};
 use gpuop_render::{Rendered, render};
@@ -360,8 +361,10 @@ fn upgrade_pools(context: &Context, validated: &ValidatedPolicy, rendered: &Rend
         });
     vec![UpgradePool {
         owner: format!("ClusterPolicy/{}", validated.name),
-        routed_to: None,
-        daemonsets,
+        scope: PoolScope {
+            routed_to: None,
+            daemonsets,
+        },
         policy,
     }]
 }

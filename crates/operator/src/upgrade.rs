@@ -13,8 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuop_api::labels::{DRIVER_OWNER, UPGRADE_ENABLED_ANNOTATION, UPGRADE_STATE};
-use gpuop_api::upgrade::observe::{DriverPods, node_view, validators, workload_pod};
+use gpuop_api::labels::{UPGRADE_ENABLED_ANNOTATION, UPGRADE_STATE};
+use gpuop_api::upgrade::observe::{DriverPods, PoolScope, node_view, validators, workload_pod};
 use gpuop_api::upgrade::{Decision, Step, UpgradeCounts, UpgradePolicy, UpgradeState, WorkloadPod, decide};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams};
@@ -42,11 +42,8 @@ const CONCURRENCY: usize = 16;
 pub struct UpgradePool {
     /// `ClusterPolicy/<name>` or `NVIDIADriver/<name>`, for logs.
     pub owner: String,
-    /// For an NVIDIADriver pool, its name: the pool's nodes carry `nvidia.com/gpu-operator.driver.owner`
-    /// with it. A ClusterPolicy pool has the GPU nodes that carry no such label.
-    pub routed_to: Option<String>,
-    /// Names of the pool's driver DaemonSets (in the operator namespace).
-    pub daemonsets: BTreeSet<String>,
+    /// Its nodes and driver DaemonSets.
+    pub scope: PoolScope,
     /// The policy; `None` when automatic upgrades are off (the state labels are then removed, as NVIDIA's
     /// operator does, and drivers change only when a person deletes their pods).
     pub policy: Option<UpgradePolicy>,
@@ -119,7 +116,7 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
     for pool in pools {
         let members: Vec<&Arc<Node>> = nodes
             .values()
-            .filter(|node| pool.includes(node, &drivers))
+            .filter(|node| pool.scope.includes(node, &drivers))
             .collect();
         let Some(policy) = &pool.policy else {
             next = next.min(switch_off(context, pool, &members).await);
@@ -131,7 +128,7 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
             seen.insert(name.clone());
             let mut view = node_view(
                 node,
-                drivers.on(&name, &pool.daemonsets),
+                drivers.on(&name, &pool.scope.daemonsets),
                 validators.get(&name).copied().flatten(),
             );
             let since = memory.since.entry(name.clone()).or_insert((view.state, now));
@@ -188,23 +185,6 @@ fn emptying(state: UpgradeState) -> bool {
         state,
         UpgradeState::WaitForJobsRequired | UpgradeState::PodDeletionRequired | UpgradeState::DrainRequired
     )
-}
-
-impl UpgradePool {
-    /// Whether the node is one of the pool's: routed to its NVIDIADriver, or, for a ClusterPolicy, running
-    /// one of its driver pods or in the middle of an upgrade, and routed to no NVIDIADriver.
-    fn includes(&self, node: &Node, drivers: &DriverPods) -> bool {
-        let owner = label(&node.metadata.labels, DRIVER_OWNER);
-        match &self.routed_to {
-            Some(name) => owner == Some(name.as_str()),
-            None => {
-                owner.is_none()
-                    && (drivers.runs_one_of(&node.name_any(), &self.daemonsets)
-                        || UpgradeState::from_label(label(&node.metadata.labels, UPGRADE_STATE))
-                            .is_in_progress())
-            }
-        }
-    }
 }
 
 /// Every pod bound to the node, as the decision sees workloads.

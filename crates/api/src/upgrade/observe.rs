@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use super::{DriverPod, NodeView, UpgradeState, WorkloadPod};
 use crate::driver::DRIVER_CONFIG_DIGEST;
 use crate::labels::{
-    COMPONENT, UPGRADE_ENABLED_ANNOTATION, UPGRADE_INITIAL_UNSCHEDULABLE, UPGRADE_REQUESTED,
+    COMPONENT, DRIVER_OWNER, UPGRADE_ENABLED_ANNOTATION, UPGRADE_INITIAL_UNSCHEDULABLE, UPGRADE_REQUESTED,
     UPGRADE_RESTART_ONLY, UPGRADE_SKIP, UPGRADE_STATE, UPGRADE_VALIDATION_START,
     UPGRADE_WAIT_FOR_COMPLETION_START, UPGRADE_WAIT_FOR_SAFE_LOAD,
 };
@@ -192,6 +192,35 @@ impl DriverPods {
             pod.orphaned = true;
         }
         Some(pod)
+    }
+}
+
+/// The nodes and driver DaemonSets of one upgrade pool: a ClusterPolicy's driver, or an NVIDIADriver's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolScope {
+    /// For an NVIDIADriver, its name: its nodes carry `nvidia.com/gpu-operator.driver.owner` with it. A
+    /// ClusterPolicy's pool has the nodes that carry no such label.
+    pub routed_to: Option<String>,
+    /// Names of the pool's driver DaemonSets (in the operator namespace).
+    pub daemonsets: BTreeSet<String>,
+}
+
+impl PoolScope {
+    /// Whether the node is the pool's: routed to its NVIDIADriver; or, for a ClusterPolicy, routed to none
+    /// and running one of its driver pods or in the middle of an upgrade (its driver pod may be gone for
+    /// a moment, and the node still holds budget).
+    pub fn includes(&self, node: &Node, drivers: &DriverPods) -> bool {
+        let labels = &node.metadata.labels;
+        let owner = label(labels, DRIVER_OWNER);
+        match &self.routed_to {
+            Some(name) => owner == Some(name.as_str()),
+            None => {
+                let name = node.metadata.name.as_deref().unwrap_or_default();
+                owner.is_none()
+                    && (drivers.runs_one_of(name, &self.daemonsets)
+                        || UpgradeState::from_label(label(labels, UPGRADE_STATE)).is_in_progress())
+            }
+        }
     }
 }
 
