@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
 
-use gpuop_api::ClusterPolicy;
-use gpuop_api::labels::{FIELD_MANAGER, MANAGED_BY, MANAGED_BY_VALUE};
+use gpuop_api::labels::{COMPONENT, FIELD_MANAGER, MANAGED_BY, MANAGED_BY_VALUE, NVIDIA_DRIVER_NAME};
+use gpuop_api::upgrade::observe::DRIVER_COMPONENT;
 use gpuop_render::{Manifest, Rendered};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{
@@ -200,14 +200,14 @@ impl Hasher for Fnv64 {
     }
 }
 
-/// The controller owner reference every rendered object gets, so that deleting the ClusterPolicy
-/// garbage-collects them.
-pub fn owner_reference(policy: &ClusterPolicy) -> OwnerReference {
+/// The controller owner reference every rendered object gets, so that deleting its ClusterPolicy (or
+/// NVIDIADriver) garbage-collects them.
+pub fn owner_reference<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReference {
     OwnerReference {
-        api_version: ClusterPolicy::api_version(&()).into_owned(),
-        kind: ClusterPolicy::kind(&()).into_owned(),
-        name: policy.name_any(),
-        uid: policy.metadata.uid.clone().unwrap_or_default(),
+        api_version: K::api_version(&()).into_owned(),
+        kind: K::kind(&()).into_owned(),
+        name: owner.meta().name.clone().unwrap_or_default(),
+        uid: owner.meta().uid.clone().unwrap_or_default(),
         controller: Some(true),
         block_owner_deletion: Some(true),
     }
@@ -226,11 +226,13 @@ pub fn live_hashes(caches: &BTreeMap<&'static str, Store<DynamicObject>>) -> BTr
                     owned_by_policy: object
                         .owner_references()
                         .iter()
-                        .any(|o| o.kind == "ClusterPolicy"),
+                        .any(|o| OWNER_KINDS.contains(&o.kind.as_str())),
                     managed: object
                         .labels()
                         .get(MANAGED_BY)
                         .is_some_and(|v| v == MANAGED_BY_VALUE),
+                    driver: object.labels().get(COMPONENT).map(String::as_str) == Some(DRIVER_COMPONENT),
+                    nvidia_driver: object.labels().get(NVIDIA_DRIVER_NAME).cloned(),
                 },
             );
         }
@@ -238,15 +240,31 @@ pub fn live_hashes(caches: &BTreeMap<&'static str, Store<DynamicObject>>) -> BTr
     live
 }
 
+/// Kinds whose objects own what the operator renders: a ClusterPolicy, or an NVIDIADriver.
+const OWNER_KINDS: &[&str] = &["ClusterPolicy", "NVIDIADriver"];
+
 /// What the operator needs to know of a live managed object.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LiveObject {
     /// Its applied-hash annotation.
     pub hash: Option<String>,
-    /// Whether a ClusterPolicy owns it.
+    /// Whether a ClusterPolicy or an NVIDIADriver owns it.
     pub owned_by_policy: bool,
     /// Whether it carries the managed-by label.
     pub managed: bool,
+    /// Whether it is a driver's (`app.kubernetes.io/component: nvidia-driver`).
+    pub driver: bool,
+    /// The NVIDIADriver it was rendered for (its `nvidia.com/nvidiadriver` label).
+    pub nvidia_driver: Option<String>,
+}
+
+/// Objects rendered for one owner (the ClusterPolicy, or one NVIDIADriver).
+#[derive(Clone, Copy, Debug)]
+pub struct Owned<'a> {
+    /// The objects.
+    pub rendered: &'a Rendered,
+    /// Their owner.
+    pub owner: &'a OwnerReference,
 }
 
 /// The key of a rendered object.
@@ -269,18 +287,34 @@ pub struct ApplyPlan {
     pub apply: Vec<(ObjectKey, Value)>,
     /// Objects to delete, in [`MANAGED_KINDS`] order.
     pub delete: Vec<ObjectKey>,
+    /// Of those, the ones deleted with their dependents left behind (driver DaemonSets whose pods the
+    /// upgrade controller replaces node by node).
+    pub orphan: BTreeSet<ObjectKey>,
+}
+
+/// How managed objects that were not rendered are pruned.
+#[derive(Clone, Copy, Debug)]
+pub struct Prune<'a> {
+    /// Delete driver DaemonSets without their pods: an upgrade pool replaces those pods within its budget,
+    /// never all at once.
+    pub orphan_drivers: bool,
+    /// NVIDIADrivers whose objects stay as they are (invalid ones: nothing running is touched).
+    pub keep_drivers: &'a BTreeSet<String>,
 }
 
 /// Decides what to write: rendered objects whose hash differs from the live one, and managed objects owned by
-/// a ClusterPolicy that were not rendered.
+/// a ClusterPolicy or an NVIDIADriver that were not rendered (see [`Prune`]).
 pub fn plan(
-    rendered: &Rendered,
-    owner: &OwnerReference,
+    owned: &[Owned<'_>],
     live: &BTreeMap<ObjectKey, LiveObject>,
+    rules: Prune<'_>,
 ) -> Result<ApplyPlan, ApplyError> {
     let mut plan = ApplyPlan::default();
     let mut wanted = BTreeSet::new();
-    for manifest in &rendered.objects {
+    for (manifest, owner) in owned
+        .iter()
+        .flat_map(|set| set.rendered.objects.iter().map(|m| (m, set.owner)))
+    {
         let key = key_of(manifest).ok_or_else(|| ApplyError::UnknownKind {
             api_version: manifest.object["apiVersion"]
                 .as_str()
@@ -300,7 +334,14 @@ pub fn plan(
             if key.0 != kind.kind {
                 break;
             }
-            if object.managed && object.owned_by_policy && !wanted.contains(key) {
+            let kept = object
+                .nvidia_driver
+                .as_ref()
+                .is_some_and(|name| rules.keep_drivers.contains(name));
+            if object.managed && object.owned_by_policy && !wanted.contains(key) && !kept {
+                if rules.orphan_drivers && object.driver && key.0 == "DaemonSet" {
+                    plan.orphan.insert(key.clone());
+                }
                 plan.delete.push(key.clone());
             }
         }
@@ -353,20 +394,27 @@ pub async fn execute(
         info!(kind, name = %name, "applied");
         done.applied += 1;
     }
-    let background = DeleteParams {
-        propagation_policy: Some(PropagationPolicy::Background),
-        ..DeleteParams::default()
-    };
-    for (kind, object_namespace, name) in &plan.delete {
+    for key in &plan.delete {
+        let (kind, object_namespace, name) = key;
         let managed = MANAGED_KINDS
             .iter()
             .find(|k| k.kind == *kind)
             .expect("keys come from MANAGED_KINDS");
+        let orphan = plan.orphan.contains(key);
+        let params = DeleteParams {
+            propagation_policy: Some(if orphan {
+                PropagationPolicy::Orphan
+            } else {
+                PropagationPolicy::Background
+            }),
+            ..DeleteParams::default()
+        };
         match managed
             .api(client.clone(), object_namespace)
-            .delete(name, &background)
+            .delete(name, &params)
             .await
         {
+            Ok(_) if orphan => info!(kind, name = %name, "pruned, its pods left for the upgrade controller"),
             Ok(_) => info!(kind, name = %name, "pruned: no longer rendered"),
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             Err(source) => {
@@ -412,6 +460,20 @@ mod tests {
         }
     }
 
+    static KEEP_NONE: BTreeSet<String> = BTreeSet::new();
+    const NONE: Prune<'static> = Prune {
+        orphan_drivers: false,
+        keep_drivers: &KEEP_NONE,
+    };
+
+    fn one(rendered: &Rendered) -> [Owned<'_>; 1] {
+        static OWNER: std::sync::LazyLock<OwnerReference> = std::sync::LazyLock::new(owner);
+        [Owned {
+            rendered,
+            owner: &OWNER,
+        }]
+    }
+
     fn live_from(rendered: &Rendered) -> BTreeMap<ObjectKey, LiveObject> {
         rendered
             .objects
@@ -424,6 +486,8 @@ mod tests {
                         hash: Some(hash),
                         owned_by_policy: true,
                         managed: true,
+                        driver: false,
+                        nvidia_driver: None,
                     },
                 )
             })
@@ -438,11 +502,11 @@ mod tests {
                 manifest("ConfigMap", "v1", "b", "1"),
             ],
         };
-        let first = plan(&rendered, &owner(), &BTreeMap::new()).unwrap();
+        let first = plan(&one(&rendered), &BTreeMap::new(), NONE).unwrap();
         assert_eq!(first.apply.len(), 2);
         let live = live_from(&rendered);
         assert_eq!(
-            plan(&rendered, &owner(), &live).unwrap(),
+            plan(&one(&rendered), &live, NONE).unwrap(),
             ApplyPlan::default(),
             "steady state writes nothing"
         );
@@ -452,7 +516,7 @@ mod tests {
                 manifest("ConfigMap", "v1", "b", "1"),
             ],
         };
-        let second = plan(&changed, &owner(), &live).unwrap();
+        let second = plan(&one(&changed), &live, NONE).unwrap();
         assert_eq!(second.apply.len(), 1);
         assert_eq!(
             second.apply[0].0,
@@ -481,14 +545,53 @@ mod tests {
                 hash: None,
                 owned_by_policy: false,
                 managed: true,
+                driver: false,
+                nvidia_driver: None,
             },
         );
-        let plan = plan(&now, &owner(), &live).unwrap();
+        let plan = plan(&one(&now), &live, NONE).unwrap();
         assert_eq!(
             plan.delete,
             [("DaemonSet", "gpu-operator".to_owned(), "ds".to_owned())]
         );
         assert!(plan.apply.is_empty());
+    }
+
+    #[test]
+    fn driver_daemonsets_are_orphaned_only_when_nvidia_drivers_take_over() {
+        let empty = Rendered { objects: vec![] };
+        let key = (
+            "DaemonSet",
+            "gpu-operator".to_owned(),
+            "nvidia-driver-daemonset".to_owned(),
+        );
+        let live = BTreeMap::from([(
+            key.clone(),
+            LiveObject {
+                hash: None,
+                owned_by_policy: true,
+                managed: true,
+                driver: true,
+                nvidia_driver: None,
+            },
+        )]);
+        let switched = plan(
+            &one(&empty),
+            &live,
+            Prune {
+                orphan_drivers: true,
+                ..NONE
+            },
+        )
+        .unwrap();
+        assert_eq!(switched.delete, std::slice::from_ref(&key));
+        assert!(
+            switched.orphan.contains(&key),
+            "its pods stay for the upgrade controller"
+        );
+        let disabled = plan(&one(&empty), &live, NONE).unwrap();
+        assert_eq!(disabled.delete, [key]);
+        assert!(disabled.orphan.is_empty(), "a disabled driver goes with its pods");
     }
 
     #[test]
@@ -502,7 +605,7 @@ mod tests {
         let unknown = Rendered {
             objects: vec![manifest("Widget", "example.com/v1", "w", "1")],
         };
-        let error = plan(&unknown, &owner(), &BTreeMap::new()).unwrap_err();
+        let error = plan(&one(&unknown), &BTreeMap::new(), NONE).unwrap_err();
         assert_eq!(
             error.to_string(),
             r#"Widget "w" is of a kind the operator cannot apply (apiVersion "example.com/v1")"#

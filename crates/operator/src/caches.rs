@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use gpuop_api::ClusterPolicy;
 use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
 use gpuop_api::labels::{MANAGED_BY, MANAGED_BY_VALUE};
+use gpuop_api::{ClusterPolicy, NVIDIADriver};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::DynamicObject;
@@ -44,6 +44,8 @@ impl Changes {
 pub struct Caches {
     /// ClusterPolicies.
     pub policies: Store<ClusterPolicy>,
+    /// NVIDIADrivers.
+    pub drivers: Store<NVIDIADriver>,
     /// Nodes, trimmed.
     pub nodes: Store<Node>,
     /// The operator's DaemonSets, whole.
@@ -73,6 +75,13 @@ impl Caches {
             Api::all(client.clone()),
             watcher::Config::default(),
             |_| {},
+            changed,
+            shutdown,
+        );
+        let drivers = spawn(
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            |driver: &mut NVIDIADriver| driver.metadata.managed_fields = None,
             changed,
             shutdown,
         );
@@ -137,6 +146,7 @@ impl Caches {
         let (synced_sender, synced) = watch::channel(false);
         let caches = Self {
             policies,
+            drivers,
             nodes,
             daemonsets,
             pods,
@@ -160,6 +170,7 @@ impl Caches {
         let stores = self.clone();
         tokio::spawn(async move {
             let _ = stores.policies.wait_until_ready().await;
+            let _ = stores.drivers.wait_until_ready().await;
             let _ = stores.nodes.wait_until_ready().await;
             let _ = stores.daemonsets.wait_until_ready().await;
             let _ = stores.pods.wait_until_ready().await;

@@ -11,7 +11,7 @@
 //!
 //! Only the leader writes; followers keep their caches warm and compute nothing they would write.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,7 +20,8 @@ use gpuop_api::status::{PolicyStatus, State};
 use gpuop_api::upgrade::UpgradePolicy;
 use gpuop_api::upgrade::observe::PoolScope;
 use gpuop_api::validate::{ImageDefaults, validate_with};
-use gpuop_api::{ClusterPolicy, FieldError, Operand, ValidatedPolicy};
+use gpuop_api::{ClusterPolicy, FieldError, NVIDIADriver, Operand, ValidatedPolicy};
+use gpuop_render::NvidiaDriverFacts;
 use gpuop_render::{Rendered, render};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -32,14 +33,17 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::apply::{self, ApplyPlan, ObjectKey};
+use crate::apply::{self, ApplyPlan, ObjectKey, Owned, Prune};
 use crate::caches::{Caches, Changes};
+use crate::drivers::{self, DriverOutcome, DriverPlan, DriversInput};
 use crate::facts::{FactsInput, NodeFacts, cluster_facts};
 use crate::labeler::{LabelPolicy, NodePatch, desired_labels};
 use crate::lease::Leadership;
 use crate::metrics::{Metrics, ReconciliationStatus};
 use crate::readiness::{Observed, observe};
-use crate::status::{Outcome, only_counts_differ, policy_status, transition};
+use crate::status::{
+    OperandObservation, Outcome, bounded_note, driver_status, only_counts_differ, policy_status, transition,
+};
 use crate::upgrade::{Pools, UpgradePool};
 
 /// How long a write the caches have not shown yet is trusted before it is made again.
@@ -151,6 +155,15 @@ pub enum ReconcileError {
     /// Applying or pruning an object failed.
     #[error(transparent)]
     Apply(#[from] apply::ApplyError),
+    /// Writing an NVIDIADriver's status failed.
+    #[error("cannot write the status of NVIDIADriver {name:?}: {source}")]
+    DriverStatus {
+        /// The NVIDIADriver.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
     /// Writing a status failed.
     #[error("cannot write the status of ClusterPolicy {name:?}: {source}")]
     Status {
@@ -266,13 +279,25 @@ async fn reconcile_active(
             return Ok(next);
         }
     };
-    let label_policy = LabelPolicy::from_policy(&validated);
+    let nvidia_drivers_on = validated.spec.driver.use_nvidia_driver_crd();
+    let drivers = context.caches.drivers.state();
+    let nodes: Vec<Arc<Node>> = context.caches.nodes.state();
+    let routing = drivers::routing(&drivers, &nodes, &context.detection);
+    let mut label_policy = LabelPolicy::from_policy(&validated);
+    if nvidia_drivers_on {
+        label_policy.nvidia_drivers = Some(
+            drivers
+                .iter()
+                .filter(|d| d.metadata.deletion_timestamp.is_none())
+                .map(|d| (**d).clone())
+                .collect(),
+        );
+    }
     context
         .labelling
         .send_if_modified(|current| replace(current, Some(Some(label_policy.clone()))));
 
-    let nodes: Vec<Arc<Node>> = context.caches.nodes.state();
-    let (mut facts, census) = cluster_facts(
+    let (mut facts, mut census) = cluster_facts(
         nodes.iter().map(|node| NodeFacts::of(node)),
         FactsInput {
             namespace: &context.namespace,
@@ -282,7 +307,16 @@ async fn reconcile_active(
             labelling: &label_policy,
         },
     );
-    facts.config_map_keys = config_map_keys(context, &validated.spec).await?;
+    if nvidia_drivers_on {
+        census.gpu_nodes_without_driver = routing.unmatched.iter().cloned().collect();
+    }
+    facts.config_map_keys = config_map_keys(context, policy_config_maps(&validated.spec)).await?;
+    let driver_config_maps: Vec<String> = if nvidia_drivers_on {
+        drivers.iter().flat_map(|d| drivers::config_maps(d)).collect()
+    } else {
+        Vec::new()
+    };
+    let driver_config_map_keys = config_map_keys(context, driver_config_maps).await?;
     context.metrics.census(census.gpu_nodes, census.nfd_labels);
     context
         .metrics
@@ -299,8 +333,25 @@ async fn reconcile_active(
             return Ok(written.deferred.unwrap_or(RESYNC));
         }
     };
-    let awaiting_echo = leader && apply_rendered(context, active, &rendered).await?;
-    let pools = upgrade_pools(context, &validated, &rendered);
+    let host_root = NvidiaDriverFacts::host_root_of(Some(&validated.spec));
+    let driver_plans = drivers::plan(
+        &drivers,
+        &nodes,
+        &routing,
+        DriversInput {
+            enabled: nvidia_drivers_on,
+            namespace: &context.namespace,
+            detection: &context.detection,
+            image_defaults: &context.image_defaults,
+            host_root: &host_root,
+            runtime: facts.runtime,
+            config_map_keys: &driver_config_map_keys,
+            validation_timeout_seconds: context.upgrade_validation_timeout_seconds,
+        },
+    );
+    let mut pools = upgrade_pools(context, &validated, &rendered);
+    pools.extend(driver_plans.iter().filter_map(|plan| plan.pool.clone()));
+    let awaiting_echo = leader && apply_rendered(context, active, &rendered, &driver_plans, &pools).await?;
     context
         .upgrade_pools
         .send_if_modified(|current| replace(current, Some(pools)));
@@ -308,16 +359,13 @@ async fn reconcile_active(
     let daemonsets = context.caches.daemonsets.state();
     let pods = context.caches.pods.state();
     let revisions = context.caches.revisions.state();
-    let operands = observe(
-        &rendered,
-        Observed {
-            nodes: &nodes,
-            daemonsets: &daemonsets,
-            pods: &pods,
-            revisions: &revisions,
-        },
-        &context.detection,
-    );
+    let observed = Observed {
+        nodes: &nodes,
+        daemonsets: &daemonsets,
+        pods: &pods,
+        revisions: &revisions,
+    };
+    let operands = observe(&rendered, observed, &context.detection);
     context.metrics.operands(operands.iter().filter_map(|o| {
         Some((
             o.operand?.id().to_owned(),
@@ -325,6 +373,15 @@ async fn reconcile_active(
             o.ready.intersection(&o.expected).count() as i64,
         ))
     }));
+    let mut next = if awaiting_echo { IN_FLIGHT } else { RESYNC };
+    for plan in &driver_plans {
+        let observation = observe(&plan.rendered, observed, &context.detection)
+            .into_iter()
+            .next();
+        if let Some(deferred) = write_driver_status(context, plan, observation.as_ref(), leader).await? {
+            next = next.min(deferred);
+        }
+    }
     let outcome = Outcome::Applied { operands, census };
     let written = write_status(context, active, &outcome, leader).await?;
     let reconciliation = match written.status.state {
@@ -332,8 +389,89 @@ async fn reconcile_active(
         _ => ReconciliationStatus::NotReady,
     };
     context.metrics.reconciled(reconciliation, now_seconds());
-    let next = if awaiting_echo { IN_FLIGHT } else { RESYNC };
     Ok(written.deferred.map_or(next, |deferred| deferred.min(next)))
+}
+
+/// Writes an NVIDIADriver's status when it differs from the stored one (counts at most once per
+/// [`STATUS_INTERVAL`]), with an event when its Ready condition changes reason; returns when to come back
+/// for a put-off write.
+async fn write_driver_status(
+    context: &Context,
+    plan: &DriverPlan,
+    observation: Option<&OperandObservation>,
+    leader: bool,
+) -> Result<Option<Duration>, ReconcileError> {
+    let driver = &plan.driver;
+    let name = driver.name_any();
+    let key = format!("NVIDIADriver/{name}");
+    let stored = driver.status.as_ref();
+    let status = driver_status(
+        &plan.outcome,
+        observation,
+        &context.namespace,
+        driver.metadata.generation,
+        stored,
+        &now(),
+    );
+    if !leader || stored == Some(&status) {
+        return Ok(None);
+    }
+    {
+        let recent = context.recent();
+        if let Some((sent, at)) = recent.statuses.get(&key) {
+            if *sent == status && at.elapsed() < IN_FLIGHT {
+                return Ok(None);
+            }
+            if stored.is_some_and(|s| only_counts_differ(s, &status)) && at.elapsed() < STATUS_INTERVAL {
+                return Ok(Some(STATUS_INTERVAL - at.elapsed()));
+            }
+        }
+    }
+    let api: Api<NVIDIADriver> = Api::all(context.client.clone());
+    api.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "status": status })),
+    )
+    .await
+    .map_err(|source| ReconcileError::DriverStatus {
+        name: name.clone(),
+        source,
+    })?;
+    context
+        .recent()
+        .statuses
+        .insert(key, (status.clone(), Instant::now()));
+    let reason = |s: Option<&gpuop_api::PolicyStatus>| {
+        s.and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .map(|c| (c.reason.clone(), c.status.clone()))
+    };
+    if reason(stored) != reason(Some(&status))
+        && let Some(ready) = status.conditions.iter().flatten().find(|c| c.type_ == "Ready")
+    {
+        info!(nvidiadriver = %name, state = ?status.state, reason = %ready.reason, "NVIDIADriver state changed");
+        let warning = ready.status != "True" && ready.reason != gpuop_api::status::reason::DRIVER_NOT_READY;
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: ready.reason.clone(),
+            note: Some(bounded_note(if ready.message.is_empty() {
+                "the ClusterPolicy manages the driver"
+            } else {
+                &ready.message
+            })),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(error) = context.recorder.publish(&event, &driver.object_ref(&())).await {
+            warn!(%error, "cannot publish an event");
+        }
+    }
+    Ok(None)
 }
 
 /// The upgrade pools of a policy: its driver DaemonSets under its upgrade policy. None when NVIDIADriver
@@ -393,14 +531,41 @@ async fn invalid(
 /// Applies what changed and prunes what is gone, skipping writes the caches have not echoed yet. Returns
 /// whether it skipped any: then the pass must run again once those writes stop being trusted, in case they
 /// never show (a write lost after the API server acknowledged it, or a watch that missed it).
+///
+/// Everything the operator owns is planned together: the policy's objects and every NVIDIADriver's. An
+/// NVIDIADriver that is invalid or cannot be rendered keeps what it has; a driver DaemonSet no longer
+/// rendered leaves its pods to the upgrade controller when an upgrade pool will replace them.
 async fn apply_rendered(
     context: &Context,
     policy: &ClusterPolicy,
     rendered: &Rendered,
+    drivers: &[DriverPlan],
+    pools: &[UpgradePool],
 ) -> Result<bool, ReconcileError> {
     let owner = apply::owner_reference(policy);
+    let driver_owners: Vec<_> = drivers
+        .iter()
+        .map(|plan| apply::owner_reference(&*plan.driver))
+        .collect();
+    let mut owned = vec![Owned {
+        rendered,
+        owner: &owner,
+    }];
+    owned.extend(drivers.iter().zip(&driver_owners).map(|(plan, owner)| Owned {
+        rendered: &plan.rendered,
+        owner,
+    }));
+    let keep: BTreeSet<String> = drivers
+        .iter()
+        .filter(|plan| matches!(plan.outcome, DriverOutcome::Invalid(_) | DriverOutcome::Failed(_)))
+        .map(|plan| plan.driver.name_any())
+        .collect();
     let live = apply::live_hashes(&context.caches.managed);
-    let mut plan = apply::plan(rendered, &owner, &live)?;
+    let rules = Prune {
+        orphan_drivers: pools.iter().any(|pool| pool.policy.is_some()),
+        keep_drivers: &keep,
+    };
+    let mut plan = apply::plan(&owned, &live, rules)?;
     let wanted = plan.apply.len() + plan.delete.len();
     let now = Instant::now();
     {
@@ -548,11 +713,8 @@ async fn transition_event(
     }
 }
 
-/// Keys of the ConfigMaps the driver mounts file by file, read from the operator namespace.
-async fn config_map_keys(
-    context: &Context,
-    spec: &gpuop_api::ClusterPolicySpec,
-) -> Result<BTreeMap<String, Vec<String>>, ReconcileError> {
+/// The ConfigMaps a policy's driver (and vGPU manager) mount file by file.
+fn policy_config_maps(spec: &gpuop_api::ClusterPolicySpec) -> Vec<String> {
     let driver = &spec.driver;
     let names = [
         driver
@@ -572,9 +734,17 @@ async fn config_map_keys(
             .and_then(|v| v.kernel_module_config.as_ref())
             .and_then(|c| c.get().map(str::to_owned)),
     ];
+    names.into_iter().flatten().filter(|n| !n.is_empty()).collect()
+}
+
+/// Keys of the named ConfigMaps (those a driver mounts file by file), read from the operator namespace.
+async fn config_map_keys(
+    context: &Context,
+    names: Vec<String>,
+) -> Result<BTreeMap<String, Vec<String>>, ReconcileError> {
     let api: Api<ConfigMap> = Api::namespaced(context.client.clone(), &context.namespace);
     let mut keys = BTreeMap::new();
-    for name in names.into_iter().flatten().filter(|n| !n.is_empty()) {
+    for name in names {
         if keys.contains_key(&name) {
             continue;
         }

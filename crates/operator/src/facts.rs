@@ -68,6 +68,8 @@ pub struct Census {
     pub nfd_labels: bool,
     /// GPU nodes without the NFD OS labels a driver image needs.
     pub gpu_nodes_without_os: Vec<String>,
+    /// With NVIDIADriver objects managing the driver: GPU nodes none of them selects (they get no driver).
+    pub gpu_nodes_without_driver: Vec<String>,
 }
 
 /// What the facts depend on besides the nodes.

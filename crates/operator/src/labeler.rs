@@ -16,17 +16,18 @@ use std::collections::BTreeMap;
 use gpuop_api::catalogue::deploy_labels_for;
 use gpuop_api::choice::{SandboxMode, WorkloadConfig};
 use gpuop_api::labels::{
-    DEPLOY_OPERANDS, DEPLOY_PREFIX, GPU_PRESENT, GpuDetection, LEGACY_DEPLOY_LABELS, MIG_CONFIG,
-    WORKLOAD_CONFIG, is_mig_capable,
+    DEPLOY_OPERANDS, DEPLOY_PREFIX, DRIVER_OWNER, GPU_PRESENT, GpuDetection, LEGACY_DEPLOY_LABELS,
+    MIG_CONFIG, WORKLOAD_CONFIG, is_mig_capable,
 };
 use gpuop_api::validate::{Sandbox, ValidatedPolicy};
+use gpuop_api::{NVIDIADriver, route_nodes};
 
 /// Node annotation recording the labels the operator wrote on this node and their values, as
 /// `key=value` pairs separated by commas (label values never contain commas).
 pub const OWNED_LABELS: &str = "nvidia.com/gpu-operator.owned-labels";
 
 /// What the labeller needs from the policy.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct LabelPolicy {
     /// Sandbox settings, when sandbox workloads are on.
     pub sandbox: Option<Sandbox>,
@@ -34,6 +35,9 @@ pub struct LabelPolicy {
     pub mig_manager: bool,
     /// Layout stamped on MIG-capable nodes that have none.
     pub mig_default_layout: Option<String>,
+    /// With NVIDIADriver objects managing the driver, the live ones: each GPU node's
+    /// `nvidia.com/gpu-operator.driver.owner` names the one that serves it.
+    pub nvidia_drivers: Option<Vec<NVIDIADriver>>,
 }
 
 impl LabelPolicy {
@@ -43,6 +47,7 @@ impl LabelPolicy {
             sandbox: policy.sandbox,
             mig_manager: policy.spec.mig_manager_enabled(),
             mig_default_layout: policy.mig_default_layout.clone(),
+            nvidia_drivers: None,
         }
     }
 }
@@ -109,8 +114,10 @@ pub fn desired_labels(
             None => true,
             // Already right: own it without a write (adopts what an earlier operator wrote).
             Some(existing) if existing == value => false,
-            // Still what the operator wrote, or the operator's own protocol label: rewrite it.
-            Some(existing) if ours_unchanged(key, existing) || key == GPU_PRESENT => true,
+            // Still what the operator wrote, or one of the operator's own protocol labels: rewrite it.
+            Some(existing) if ours_unchanged(key, existing) || key == GPU_PRESENT || key == DRIVER_OWNER => {
+                true
+            }
             // A value someone else chose wins, and the label is no longer the operator's.
             Some(_) => continue,
         };
@@ -130,7 +137,9 @@ pub fn desired_labels(
             && key != DEPLOY_OPERANDS
             && (LEGACY_DEPLOY_LABELS.contains(&key.as_str())
                 || (kill_switch && key.starts_with(DEPLOY_PREFIX)));
-        if ours_unchanged(key, value) || stray_switch {
+        // The routing label is the operator's alone (NVIDIADrivers may not select on it): a node no
+        // NVIDIADriver serves has none, whoever wrote it.
+        if ours_unchanged(key, value) || stray_switch || key == DRIVER_OWNER {
             patch.labels.insert(key.clone(), None);
         }
     }
@@ -161,7 +170,24 @@ fn wanted_labels(
         // The GPU went away: say so (flip, do not delete), as NVIDIA's operator does.
         wanted.insert(GPU_PRESENT.to_owned(), "false".to_owned());
     }
-    if !has_gpu || labels.get(DEPLOY_OPERANDS).is_some_and(|v| v == "false") {
+    if !has_gpu {
+        return wanted;
+    }
+    if let Some(drivers) = &policy.nvidia_drivers {
+        let live: Vec<&NVIDIADriver> = drivers.iter().collect();
+        let name = "node";
+        let routing = route_nodes([(name, labels)], &live);
+        let owner = match routing.owner(name) {
+            Some(owner) => Some(owner),
+            // Claimed by several: fail closed, the node keeps what it has.
+            None if routing.conflicts.contains_key(name) => labels.get(DRIVER_OWNER).map(String::as_str),
+            None => None,
+        };
+        if let Some(owner) = owner {
+            wanted.insert(DRIVER_OWNER.to_owned(), owner.to_owned());
+        }
+    }
+    if labels.get(DEPLOY_OPERANDS).is_some_and(|v| v == "false") {
         return wanted;
     }
     let (workload, mode) = workload_of(labels, policy.sandbox);
@@ -288,6 +314,7 @@ mod tests {
             sandbox: None,
             mig_manager: true,
             mig_default_layout: Some("all-disabled".into()),
+            nvidia_drivers: None,
         }
     }
 
@@ -302,6 +329,63 @@ mod tests {
             .get(OWNED_LABELS)
             .map(|v| v.split(',').map(|pair| pair.split_once('=').unwrap().0).collect())
             .unwrap_or_default()
+    }
+
+    #[test]
+    fn nvidia_drivers_route_gpu_nodes_with_the_owner_label() {
+        let driver = |name: &str, yaml: &str| -> NVIDIADriver {
+            let mut driver: NVIDIADriver = serde_saphyr::from_str(&format!(
+                "apiVersion: nvidia.com/v1alpha1\nkind: NVIDIADriver\nmetadata: {{name: {name}}}\nspec: {yaml}"
+            ))
+            .unwrap();
+            driver.metadata.name = Some(name.to_owned());
+            driver
+        };
+        let routed = LabelPolicy {
+            nvidia_drivers: Some(vec![
+                driver("default", "{default: true, driverType: gpu, image: driver}"),
+                driver(
+                    "h100",
+                    "{driverType: gpu, image: driver, nodeSelector: {pool: h100}}",
+                ),
+            ]),
+            ..policy()
+        };
+        let node = Node::gpu().reconciled(Some(&routed));
+        assert_eq!(
+            node.label(DRIVER_OWNER),
+            Some("default"),
+            "the default serves the rest"
+        );
+        let h100 = node.with("pool", "h100").reconciled(Some(&routed));
+        assert_eq!(h100.label(DRIVER_OWNER), Some("h100"));
+
+        // Two drivers claim the node: it keeps its owner (fail closed) and nothing else moves.
+        let overlapping = LabelPolicy {
+            nvidia_drivers: Some(vec![
+                driver(
+                    "h100",
+                    "{driverType: gpu, image: driver, nodeSelector: {pool: h100}}",
+                ),
+                driver(
+                    "fast",
+                    "{driverType: gpu, image: driver, nodeSelector: {pool: h100}}",
+                ),
+            ]),
+            ..policy()
+        };
+        assert!(!h100.patch(Some(&overlapping)).labels.contains_key(DRIVER_OWNER));
+
+        // Back to the ClusterPolicy's driver: the routing label goes.
+        let back = h100.reconciled(Some(&policy()));
+        assert_eq!(back.label(DRIVER_OWNER), None);
+        assert!(
+            Node::default()
+                .reconciled(Some(&routed))
+                .label(DRIVER_OWNER)
+                .is_none(),
+            "no GPU, no owner"
+        );
     }
 
     #[test]

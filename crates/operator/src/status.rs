@@ -118,6 +118,94 @@ pub fn policy_status(
     }
 }
 
+/// The status of an NVIDIADriver: `disabled` while the ClusterPolicy keeps the driver, an error when it is
+/// invalid or cannot be rendered, `notReady` while nodes it selects are shared with another NVIDIADriver or
+/// its driver is not ready on every node routed to it, else `ready`. `observation` is its driver's.
+pub fn driver_status(
+    outcome: &crate::drivers::DriverOutcome,
+    observation: Option<&OperandObservation>,
+    namespace: &str,
+    generation: Option<i64>,
+    previous: Option<&PolicyStatus>,
+    now: &Time,
+) -> PolicyStatus {
+    use crate::drivers::DriverOutcome;
+    let no_error = (false, reason::READY, String::new());
+    let (state, ready, error, operands) = match outcome {
+        DriverOutcome::Disabled => (
+            State::Disabled,
+            (false, reason::ERROR, String::new()),
+            (
+                true,
+                reason::RECONCILE_FAILED,
+                "useNvidiaDriverCRD is not enabled in the ClusterPolicy: the ClusterPolicy manages the driver"
+                    .to_owned(),
+            ),
+            None,
+        ),
+        DriverOutcome::Invalid(errors) => {
+            let problems: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            let message = format!(
+                "the NVIDIADriver is invalid and was not applied; running drivers are unchanged: {}",
+                problems.join("; ")
+            );
+            (
+                State::NotReady,
+                (false, reason::ERROR, String::new()),
+                (true, reason::RECONCILE_FAILED, bounded(&message, CONDITION_MESSAGE_LIMIT)),
+                None,
+            )
+        }
+        DriverOutcome::Failed(message) => (
+            State::NotReady,
+            (false, reason::ERROR, String::new()),
+            (true, reason::RECONCILE_FAILED, bounded(message, CONDITION_MESSAGE_LIMIT)),
+            previous.and_then(|p| p.operands.clone()),
+        ),
+        DriverOutcome::Rendered { problems } => {
+            let statuses: Vec<OperandStatus> = observation.and_then(operand_status).into_iter().collect();
+            let not_ready = statuses.iter().find(|s| s.ready < s.expected);
+            let ready = if !problems.is_empty() {
+                let message = format!(
+                    "nodes it selects get no new driver (their running driver is left alone): {}",
+                    problems.join("; ")
+                );
+                (
+                    false,
+                    reason::CONFLICTING_NODE_SELECTOR,
+                    bounded(&message, CONDITION_MESSAGE_LIMIT),
+                )
+            } else if let Some(status) = not_ready {
+                (
+                    false,
+                    reason::DRIVER_NOT_READY,
+                    bounded(&format!("not ready: {}", describe(status, MAX_LISTED_NODES)), CONDITION_MESSAGE_LIMIT),
+                )
+            } else {
+                let nodes = statuses.first().map_or(0, |s| s.expected);
+                (
+                    true,
+                    reason::RECONCILED,
+                    format!("the driver is ready on all {nodes} node(s) routed to this NVIDIADriver"),
+                )
+            };
+            let state = if ready.0 { State::Ready } else { State::NotReady };
+            (state, ready, no_error, Some(statuses))
+        }
+    };
+    let previous_conditions = previous.and_then(|p| p.conditions.as_deref()).unwrap_or_default();
+    PolicyStatus {
+        state,
+        namespace: Some(namespace.to_owned()),
+        conditions: Some(vec![
+            condition(CONDITION_READY, ready, generation, previous_conditions, now),
+            condition(CONDITION_ERROR, error, generation, previous_conditions, now),
+        ]),
+        observed_generation: generation,
+        operands,
+    }
+}
+
 /// Whether `b` tells a reader nothing `a` did not, but for counts, node lists and messages: the same
 /// generation, state, and conditions with the same status and reason. Such a write can wait a moment.
 pub fn only_counts_differ(a: &PolicyStatus, b: &PolicyStatus) -> bool {
@@ -199,6 +287,17 @@ fn readiness(
             listed(
                 &census.gpu_nodes_unlabelled,
                 census.gpu_nodes_unlabelled.len(),
+                names
+            )
+        ));
+    }
+    if !census.gpu_nodes_without_driver.is_empty() {
+        waiting.push(format!(
+            "{} GPU node(s) are selected by no NVIDIADriver and get no driver ({})",
+            census.gpu_nodes_without_driver.len(),
+            listed(
+                &census.gpu_nodes_without_driver,
+                census.gpu_nodes_without_driver.len(),
                 names
             )
         ));

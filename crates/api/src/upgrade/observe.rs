@@ -207,8 +207,9 @@ pub struct PoolScope {
 
 impl PoolScope {
     /// Whether the node is the pool's: routed to its NVIDIADriver; or, for a ClusterPolicy, routed to none
-    /// and running one of its driver pods or in the middle of an upgrade (its driver pod may be gone for
-    /// a moment, and the node still holds budget).
+    /// and running a driver pod (its own, or one left behind by an NVIDIADriver, which it must replace) or
+    /// in the middle of an upgrade (its driver pod may be gone for a moment, and the node still holds
+    /// budget).
     pub fn includes(&self, node: &Node, drivers: &DriverPods) -> bool {
         let labels = &node.metadata.labels;
         let owner = label(labels, DRIVER_OWNER);
@@ -217,7 +218,7 @@ impl PoolScope {
             None => {
                 let name = node.metadata.name.as_deref().unwrap_or_default();
                 owner.is_none()
-                    && (drivers.runs_one_of(name, &self.daemonsets)
+                    && (drivers.by_node.contains_key(name)
                         || UpgradeState::from_label(label(labels, UPGRADE_STATE)).is_in_progress())
             }
         }
