@@ -78,6 +78,8 @@ pub const UPGRADE_WAIT_FOR_COMPLETION_START: &str =
 pub const UPGRADE_VALIDATION_START: &str = "nvidia.com/gpu-driver-upgrade-validation-start-time";
 /// Node annotation: force an upgrade of this node.
 pub const UPGRADE_REQUESTED: &str = "nvidia.com/gpu-driver-upgrade-requested";
+/// Node annotation (this operator's): why the node's driver upgrade failed, while it is `upgrade-failed`.
+pub const UPGRADE_FAILURE: &str = "nvidia.com/gpu-driver-upgrade.failure";
 /// Node annotation (this operator's): the upgrade under way only restarts the driver pod, without a
 /// reinstall, so the validator that ran before still vouches for the driver.
 pub const UPGRADE_RESTART_ONLY: &str = "nvidia.com/gpu-driver-upgrade.restart-only";

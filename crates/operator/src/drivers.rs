@@ -36,6 +36,8 @@ pub enum DriverOutcome {
     Rendered {
         /// Routing problems, for the status and an event.
         problems: Vec<String>,
+        /// Its nodes whose driver upgrade failed, with why.
+        failures: Vec<(String, String)>,
     },
 }
 
@@ -135,7 +137,7 @@ fn plan_one(
     let mine: BTreeSet<&str> = routed
         .map(|r| r.nodes.iter().map(String::as_str).collect())
         .unwrap_or_default();
-    let (facts, _) = cluster_facts(
+    let (facts, census) = cluster_facts(
         nodes
             .iter()
             .filter(|node| mine.contains(node.metadata.name.as_deref().unwrap_or_default()))
@@ -183,6 +185,7 @@ fn plan_one(
                 problems: routed
                     .map(|r| r.problems().iter().map(ToString::to_string).collect())
                     .unwrap_or_default(),
+                failures: census.upgrade_failures,
             };
             plan.rendered = rendered;
         }

@@ -9,7 +9,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuop_api::labels::{GpuDetection, NFD_KERNEL_VERSION, NFD_OS_ID, NFD_OS_VERSION, NFD_PREFIX};
+use gpuop_api::labels::{
+    GpuDetection, NFD_KERNEL_VERSION, NFD_OS_ID, NFD_OS_VERSION, NFD_PREFIX, UPGRADE_FAILURE, UPGRADE_STATE,
+};
+use gpuop_api::upgrade::UpgradeState;
 use gpuop_render::{ClusterFacts, ContainerRuntime, OsPool};
 use k8s_openapi::api::core::v1::Node;
 
@@ -70,6 +73,8 @@ pub struct Census {
     pub gpu_nodes_without_os: Vec<String>,
     /// With NVIDIADriver objects managing the driver: GPU nodes none of them selects (they get no driver).
     pub gpu_nodes_without_driver: Vec<String>,
+    /// GPU nodes whose driver upgrade failed, with the reason the upgrade controller left on them.
+    pub upgrade_failures: Vec<(String, String)>,
 }
 
 /// What the facts depend on besides the nodes.
@@ -105,6 +110,14 @@ pub fn cluster_facts<'a>(
             continue;
         }
         census.gpu_nodes += 1;
+        if node.labels.get(UPGRADE_STATE).map(String::as_str) == Some(UpgradeState::Failed.label()) {
+            let why = node
+                .annotations
+                .get(UPGRADE_FAILURE)
+                .cloned()
+                .unwrap_or_else(|| "no reason recorded".to_owned());
+            census.upgrade_failures.push((node.name.to_owned(), why));
+        }
         let patch = desired_labels(
             node.labels,
             node.annotations,

@@ -162,9 +162,10 @@ pub fn driver_status(
             (true, reason::RECONCILE_FAILED, bounded(message, CONDITION_MESSAGE_LIMIT)),
             previous.and_then(|p| p.operands.clone()),
         ),
-        DriverOutcome::Rendered { problems } => {
+        DriverOutcome::Rendered { problems, failures } => {
             let statuses: Vec<OperandStatus> = observation.and_then(operand_status).into_iter().collect();
             let not_ready = statuses.iter().find(|s| s.ready < s.expected);
+            let failed = upgrade_failures(failures, MAX_LISTED_NODES);
             let ready = if !problems.is_empty() {
                 let message = format!(
                     "nodes it selects get no new driver (their running driver is left alone): {}",
@@ -175,11 +176,15 @@ pub fn driver_status(
                     reason::CONFLICTING_NODE_SELECTOR,
                     bounded(&message, CONDITION_MESSAGE_LIMIT),
                 )
-            } else if let Some(status) = not_ready {
+            } else if not_ready.is_some() || failed.is_some() {
+                let waiting: Vec<String> = failed
+                    .into_iter()
+                    .chain(not_ready.map(|status| describe(status, MAX_LISTED_NODES)))
+                    .collect();
                 (
                     false,
                     reason::DRIVER_NOT_READY,
-                    bounded(&format!("not ready: {}", describe(status, MAX_LISTED_NODES)), CONDITION_MESSAGE_LIMIT),
+                    bounded(&format!("not ready: {}", waiting.join("; ")), CONDITION_MESSAGE_LIMIT),
                 )
             } else {
                 let nodes = statuses.first().map_or(0, |s| s.expected);
@@ -302,6 +307,9 @@ fn readiness(
             )
         ));
     }
+    if let Some(failed) = upgrade_failures(&census.upgrade_failures, names) {
+        waiting.push(failed);
+    }
     for status in statuses.iter().filter(|s| s.ready < s.expected) {
         waiting.push(describe(status, names));
     }
@@ -334,6 +342,28 @@ fn readiness(
             bounded(&message, CONDITION_MESSAGE_LIMIT),
         ),
     )
+}
+
+/// "driver upgrade failed on 2 node(s): a (why); b (why)", or nothing when none failed.
+fn upgrade_failures(failures: &[(String, String)], names: usize) -> Option<String> {
+    if failures.is_empty() {
+        return None;
+    }
+    let shown: Vec<String> = failures
+        .iter()
+        .take(names)
+        .map(|(node, why)| format!("{node} ({why})"))
+        .collect();
+    let more = failures.len().saturating_sub(shown.len());
+    let mut text = format!(
+        "driver upgrade failed on {} node(s): {}",
+        failures.len(),
+        shown.join("; ")
+    );
+    if more > 0 {
+        text.push_str(&format!(" and {more} more"));
+    }
+    Some(text)
 }
 
 /// The `Error` condition's message for a policy that could not be applied.
@@ -667,6 +697,101 @@ mod tests {
             error_condition(&changed).last_transition_time,
             time(10),
             "Error stayed False"
+        );
+    }
+
+    #[test]
+    fn failed_upgrades_and_unserved_nodes_keep_the_policy_not_ready_with_the_reason() {
+        let outcome = Outcome::Applied {
+            operands: vec![observation(Operand::Driver, &["a", "b"], &["a", "b"])],
+            census: Census {
+                upgrade_failures: vec![("b".into(), "the validator did not pass within 600s".into())],
+                gpu_nodes_without_driver: vec!["c".into()],
+                ..census(3)
+            },
+        };
+        let status = policy_status(&outcome, "ns", None, None, &time(1));
+        assert_eq!(status.state, State::NotReady);
+        assert_eq!(
+            ready_condition(&status).message,
+            "not ready: 1 GPU node(s) are selected by no NVIDIADriver and get no driver (c); driver upgrade \
+             failed on 1 node(s): b (the validator did not pass within 600s)"
+        );
+    }
+
+    #[test]
+    fn an_nvidia_driver_says_disabled_conflicting_failed_or_ready() {
+        use crate::drivers::DriverOutcome;
+        let reason = |status: &PolicyStatus| ready_condition(status).reason.clone();
+        let disabled = driver_status(&DriverOutcome::Disabled, None, "ns", Some(1), None, &time(1));
+        assert_eq!(disabled.state, State::Disabled);
+        assert!(
+            error_condition(&disabled)
+                .message
+                .contains("useNvidiaDriverCRD is not enabled")
+        );
+
+        let ready_driver = observation(Operand::Driver, &["a", "b"], &["a", "b"]);
+        let rendered = |problems: Vec<String>, failures: Vec<(String, String)>| DriverOutcome::Rendered {
+            problems,
+            failures,
+        };
+        let ready = driver_status(
+            &rendered(vec![], vec![]),
+            Some(&ready_driver),
+            "ns",
+            Some(1),
+            None,
+            &time(1),
+        );
+        assert_eq!(
+            (ready.state, reason(&ready)),
+            (State::Ready, "Reconciled".to_owned())
+        );
+        assert_eq!(
+            ready_condition(&ready).message,
+            "the driver is ready on all 2 node(s) routed to this NVIDIADriver"
+        );
+        let operands = ready.operands.as_ref().unwrap();
+        assert_eq!(
+            (operands[0].expected, operands[0].ready),
+            (2, 2),
+            "nodes expected and ready"
+        );
+
+        let conflict = driver_status(
+            &rendered(
+                vec!["node c is also selected by NVIDIADriver h100".into()],
+                vec![],
+            ),
+            Some(&ready_driver),
+            "ns",
+            Some(1),
+            None,
+            &time(1),
+        );
+        assert_eq!(reason(&conflict), "ConflictingNodeSelector");
+        assert!(
+            ready_condition(&conflict)
+                .message
+                .contains("node c is also selected by NVIDIADriver h100")
+        );
+
+        let failed = driver_status(
+            &rendered(vec![], vec![("b".into(), "driver pod restarted 11 times".into())]),
+            Some(&ready_driver),
+            "ns",
+            Some(1),
+            None,
+            &time(1),
+        );
+        assert_eq!(
+            (failed.state, reason(&failed)),
+            (State::NotReady, "DriverNotReady".to_owned())
+        );
+        assert_eq!(
+            ready_condition(&failed).message,
+            "not ready: driver upgrade failed on 1 node(s): b (driver pod restarted 11 times)"
         );
     }
 

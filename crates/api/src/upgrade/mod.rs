@@ -26,8 +26,9 @@ pub mod observe;
 
 use crate::driver::EffectiveUpgradePolicy;
 use crate::labels::{
-    UPGRADE_ENABLED_ANNOTATION, UPGRADE_INITIAL_UNSCHEDULABLE, UPGRADE_REQUESTED, UPGRADE_RESTART_ONLY,
-    UPGRADE_VALIDATION_START, UPGRADE_WAIT_FOR_COMPLETION_START, UPGRADE_WAIT_FOR_SAFE_LOAD,
+    UPGRADE_ENABLED_ANNOTATION, UPGRADE_FAILURE, UPGRADE_INITIAL_UNSCHEDULABLE, UPGRADE_REQUESTED,
+    UPGRADE_RESTART_ONLY, UPGRADE_VALIDATION_START, UPGRADE_WAIT_FOR_COMPLETION_START,
+    UPGRADE_WAIT_FOR_SAFE_LOAD,
 };
 use crate::selector::{LabelSelector, SelectorError};
 use crate::validate::IntOrPercent;
@@ -533,11 +534,20 @@ pub fn decide(policy: &UpgradePolicy, nodes: &[NodeView], now: i64) -> Decision 
             None if node.state == UpgradeState::Required => Step::new(node),
             None => advance(policy, node, now, &mut recheck, &mut decision.waiting),
         };
-        let step = if node.upgrade_enabled_annotation {
+        let mut step = if node.upgrade_enabled_annotation {
             step
         } else {
             step.annotate(UPGRADE_ENABLED_ANNOTATION, Some("true".to_owned()))
         };
+        // Why a node failed stays on it, for the status and the doctor, until it leaves the state.
+        match (step.from, step.to) {
+            (_, Some(UpgradeState::Failed)) => {
+                let why = step.note.as_ref().map(|n| n.message.clone());
+                step = step.annotate(UPGRADE_FAILURE, why);
+            }
+            (UpgradeState::Failed, Some(_)) => step = step.annotate(UPGRADE_FAILURE, None),
+            _ => {}
+        }
         if !step.is_empty() {
             decision.steps.push(step);
         }
@@ -1651,7 +1661,11 @@ mod tests {
         let crashing = starting.driver(|d| d.restarts = DRIVER_RESTART_LIMIT + 1);
         let step = one(&p, crashing);
         assert_eq!(step.to, Some(Failed));
-        assert!(step.note.unwrap().message.contains("restarted 11 times"));
+        let why = annotation(&step, UPGRADE_FAILURE).flatten().unwrap();
+        assert!(
+            why.contains("restarted 11 times"),
+            "the reason stays on the node: {why}"
+        );
 
         let ready = NodeView::test("a").in_state(PodRestartRequired).cordoned();
         assert_eq!(one(&p, ready).to, Some(ValidationRequired));
@@ -1730,6 +1744,11 @@ mod tests {
         assert!(one(&p, unproven).to.is_none());
         let proven = one(&p, NodeView::test("a").in_state(Failed).cordoned());
         assert_eq!((proven.to, proven.unschedulable), (Some(Done), Some(false)));
+        assert_eq!(
+            annotation(&proven, UPGRADE_FAILURE),
+            Some(None),
+            "the reason goes with the state"
+        );
         assert_eq!(proven.note.unwrap().reason, "DriverUpgradeRecovered");
         let asked = NodeView {
             requested: true,
