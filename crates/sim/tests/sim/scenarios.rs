@@ -18,7 +18,7 @@ use gpuop_sim::cluster_spec::{ClusterSpec, GpuSpec, NodePool, TaintSpec};
 use gpuop_sim::hardware::GpuModel;
 use gpuop_sim::heartbeat::{Heartbeats, LEASE_NAMESPACE};
 use gpuop_sim::kubelet::Timing;
-use gpuop_sim::scenario::{Action, Scenario};
+use gpuop_sim::scenario::{Action, DriverInstallFault, Scenario};
 use gpuop_sim::simulation::{Plays, Simulation};
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetStatus};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -360,6 +360,7 @@ impl Cluster {
         let spec = ClusterSpec {
             nfd: true,
             node_pools: pools.into_iter().map(|pool| pool.0).collect(),
+            workloads: Vec::new(),
         };
         spec.check().expect("a valid cluster spec");
         let sim = Simulation::start_playing(server.client_as(gpuop_sim::USER_AGENT), spec, timing, plays)
@@ -936,7 +937,9 @@ async fn the_chain_comes_up_in_order_through_the_status_files() {
 #[tokio::test]
 async fn a_driver_that_fails_to_install_crash_loops() {
     let cluster = Cluster::start([Pool::h100("h100", 2).deploying(&[Operand::Driver])]).await;
-    cluster.act(Action::DriverInstallFails("h100-1".to_owned())).await;
+    cluster
+        .act(Action::DriverInstallFails(DriverInstallFault::on("h100-1")))
+        .await;
     let driver = OperandSet::of(Operand::Driver);
     let app = driver.name();
     cluster.deploy(driver).await;
