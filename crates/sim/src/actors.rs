@@ -528,6 +528,9 @@ async fn scheduler(client: Client, caches: Caches, shutdown: CancellationToken) 
     caches.ready().await;
     let mut changed = caches.changes();
     let mut binding: Expectations<String> = Expectations::default();
+    // Where pods whose binding the caches do not show yet were bound: their GPUs are taken there, or the
+    // next pass would give them to another pod as well.
+    let mut bound_to: BTreeMap<String, String> = BTreeMap::new();
     let mut wake = Some(Duration::ZERO);
     let mut pace = Pace::new();
     while next_pass(&mut changed, wake, &mut pace, &shutdown).await {
@@ -549,6 +552,15 @@ async fn scheduler(client: Client, caches: Caches, shutdown: CancellationToken) 
         }
         let nodes = caches.nodes.state();
         let mut used = used_by_node(&pods);
+        bound_to.retain(|key, _| binding.pending(key));
+        for pod in &unbound {
+            let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+            if let Some(node) = bound_to.get(&key) {
+                for (resource, amount) in gpu_requests(pod) {
+                    *used.entry(node.clone()).or_default().entry(resource).or_insert(0) += amount;
+                }
+            }
+        }
         for pod in unbound {
             let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
             if binding.pending(&key) {
@@ -602,7 +614,8 @@ async fn scheduler(client: Client, caches: Caches, shutdown: CancellationToken) 
                         .await
                     {
                         Ok(_) => {
-                            binding.expect(key);
+                            binding.expect(key.clone());
+                            bound_to.insert(key, target.clone());
                             for (resource, amount) in &wanted {
                                 *used
                                     .entry(target.clone())

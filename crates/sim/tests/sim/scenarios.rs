@@ -45,7 +45,7 @@ const WORKLOADS: &str = "ml";
 const PATIENCE: Duration = Duration::from_secs(60);
 
 /// Polls `check` until it succeeds; fails the test with what it saw last once [`PATIENCE`] is spent.
-async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, String>) -> T {
+pub(crate) async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, String>) -> T {
     let deadline = Instant::now() + PATIENCE;
     loop {
         let seen = match check().await {
