@@ -1631,9 +1631,14 @@ fn every_example_scenario_parses() {
     }
     let names: Vec<&str> = parsed.keys().map(String::as_str).collect();
     assert!(
-        names.contains(&"faults.yaml") && names.contains(&"scale-1000.yaml"),
+        names.contains(&"faults.yaml")
+            && names.contains(&"scale-1000.yaml")
+            && names.contains(&"upgrade.yaml"),
         "{names:?}"
     );
+    let upgrade = parsed["upgrade.yaml"].cluster();
+    assert_eq!(upgrade.nodes().count(), 12);
+    assert!(upgrade.workloads.iter().all(|w| w.disruption_budget.is_some()));
     assert_eq!(parsed["faults.yaml"].cluster(), ClusterSpec::demo());
     assert_eq!(parsed["scale-1000.yaml"].cluster().nodes().count(), 1000);
 }

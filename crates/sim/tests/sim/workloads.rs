@@ -639,3 +639,61 @@ async fn scenario_actions_apply_patch_and_delete_a_cluster_policy() {
     assert!(policies.get_opt("cluster-policy").await.unwrap().is_none());
     sim.stop().await;
 }
+
+#[tokio::test]
+async fn the_upgrade_scenario_sets_up_its_workloads_and_its_policy_changes_the_driver_version() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/scenarios/upgrade.yaml");
+    let scenario = gpuop_sim::up::load_scenario(Some(&path)).expect("the scenario loads");
+    let server = FakeServer::new();
+    let client = server.client_as("test");
+    gpuop_sim::demo::install(&client).await.expect("CRDs installed");
+    let sim = Simulation::start(
+        server.client_as(gpuop_sim::USER_AGENT),
+        scenario.cluster(),
+        Timing::instant(),
+    )
+    .await
+    .expect("the simulation starts");
+    for workload in &scenario.cluster().workloads {
+        let rs = Api::<ReplicaSet>::namespaced(client.clone(), &workload.namespace)
+            .get(&workload.name)
+            .await
+            .expect("the workload's ReplicaSet exists");
+        assert_eq!(rs.spec.unwrap().replicas, Some(workload.replicas as i32));
+        Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(
+            client.clone(),
+            &workload.namespace,
+        )
+        .get(&workload.name)
+        .await
+        .expect("the workload's budget exists");
+    }
+    // The timeline's object actions, in order, against the CRDs' schemas.
+    for event in &scenario.timeline {
+        sim.apply(&event.action)
+            .await
+            .unwrap_or_else(|error| panic!("{:?}: {error}", event.action));
+    }
+    let resource = kube::discovery::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy"),
+        "clusterpolicies",
+    );
+    let policy = Api::<DynamicObject>::all_with(client.clone(), &resource)
+        .get("cluster-policy")
+        .await
+        .expect("the ClusterPolicy was applied");
+    let driver = &policy.data["spec"]["driver"];
+    assert_eq!(driver["version"], "580.95.05");
+    assert_eq!(driver["upgradePolicy"]["autoUpgrade"], true);
+    assert_eq!(driver["upgradePolicy"]["maxParallelUpgrades"], 3);
+    assert_eq!(driver["upgradePolicy"]["maxUnavailable"], "25%");
+    assert_eq!(
+        sim.state()
+            .faults()
+            .driver_install_fails
+            .iter()
+            .collect::<Vec<_>>(),
+        [&("a100-4".to_owned(), Some("580.95.05".to_owned()))]
+    );
+    sim.stop().await;
+}
