@@ -67,6 +67,12 @@ pub(crate) fn apply(info: &ResourceInfo, object: &mut Value) {
                 template(spec);
             }
         }
+        ("apps", "ReplicaSet") => {
+            if let Some(spec) = object_at(object, "spec") {
+                set(spec, "replicas", json!(1));
+                template(spec);
+            }
+        }
         ("", "Service") => {
             if let Some(spec) = object_at(object, "spec") {
                 set(spec, "type", json!("ClusterIP"));
@@ -266,6 +272,7 @@ pub(crate) fn initial_status(info: &ResourceInfo, object: &mut Value) {
             "currentNumberScheduled": 0, "numberMisscheduled": 0, "desiredNumberScheduled": 0, "numberReady": 0
         })),
         ("apps", "Deployment") => Some(json!({})),
+        ("apps", "ReplicaSet") => Some(json!({"replicas": 0})),
         ("", "Service") => Some(json!({"loadBalancer": {}})),
         ("policy", "PodDisruptionBudget") => Some(
             json!({"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0}),

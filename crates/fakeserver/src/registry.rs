@@ -267,6 +267,10 @@ const BUILTINS: &[Builtin] = &[
         .status()
         .generation()
         .short(&["deploy"]),
+    builtin("apps", "v1", "ReplicaSet", "replicasets", true)
+        .status()
+        .generation()
+        .short(&["rs"]),
     builtin("apps", "v1", "ControllerRevision", "controllerrevisions", true),
     builtin("events.k8s.io", "v1", "Event", "events", true)
         .short(&["ev"])
@@ -362,7 +366,10 @@ impl Registry {
                     status_subresource: b.status,
                     subresources: b.subresources.to_vec(),
                     short_names: b.short_names.iter().map(|s| (*s).to_owned()).collect(),
-                    categories: if matches!(b.plural, "pods" | "services" | "daemonsets" | "deployments") {
+                    categories: if matches!(
+                        b.plural,
+                        "pods" | "services" | "daemonsets" | "deployments" | "replicasets"
+                    ) {
                         vec!["all".to_owned()]
                     } else {
                         Vec::new()

@@ -72,6 +72,7 @@ pub(crate) fn normalize(info: &ResourceInfo, object: &Value) -> Result<Normalize
             ("", "Event") => roundtrip::<core::v1::Event>(info, object)?,
             ("apps", "DaemonSet") => roundtrip::<apps::v1::DaemonSet>(info, object)?,
             ("apps", "Deployment") => roundtrip::<apps::v1::Deployment>(info, object)?,
+            ("apps", "ReplicaSet") => roundtrip::<apps::v1::ReplicaSet>(info, object)?,
             ("apps", "ControllerRevision") => roundtrip::<apps::v1::ControllerRevision>(info, object)?,
             ("events.k8s.io", "Event") => roundtrip::<events::v1::Event>(info, object)?,
             ("rbac.authorization.k8s.io", "Role") => roundtrip::<rbac::v1::Role>(info, object)?,

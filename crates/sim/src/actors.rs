@@ -1,5 +1,7 @@
 //! The actors of a simulated cluster, each an ordinary API client with its own caches:
 //! - the **DaemonSet controller** carries out [`daemonset::plan`] for every DaemonSet;
+//! - the **ReplicaSet controller** carries out [`replicaset::plan`] for every ReplicaSet (the GPU
+//!   workloads' pods);
 //! - the **scheduler** binds pods that name no node to a node they fit, GPU requests included;
 //! - the **kubelets** advance every pod on a simulated node with [`kubelet::step`], keep each host's state
 //!   in line with the operand pods that run there, and report what the node advertises (the device plugin's
@@ -22,7 +24,7 @@ use gpuop_api::Operand;
 use gpuop_api::catalogue::status_file;
 use gpuop_api::labels::{self, MIG_CONFIG, MIG_CONFIG_STATE};
 use gpuop_api::placement::pod_fits;
-use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus};
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus, ReplicaSet};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Binding, ConfigMap, Namespace, Node, ObjectReference, Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -44,6 +46,7 @@ use crate::heartbeat::{Heartbeats, LEASE_NAMESPACE, Schedule};
 use crate::host::{Host, PluginSettings};
 use crate::kubelet::{self, operand_of};
 use crate::operands::{config_map_volumes, driver_version, mig_layout, plugin_settings};
+use crate::replicaset;
 use crate::simulation::{Plays, SimState};
 
 /// How long a write is expected to show in the caches before it is retried.
@@ -87,6 +90,15 @@ pub fn spawn(
         tasks.push(tokio::spawn(daemonset_controller(
             client.clone(),
             caches.clone(),
+            shutdown.clone(),
+        )));
+        // Only the ReplicaSet controller reads ReplicaSets: playing the nodes of a real cluster needs no
+        // right to watch them.
+        let replica_sets = cache::<ReplicaSet>(Api::all(client.clone()), &caches.changed, &shutdown);
+        tasks.push(tokio::spawn(replicaset_controller(
+            client.clone(),
+            caches.clone(),
+            replica_sets,
             shutdown.clone(),
         )));
         tasks.push(tokio::spawn(scheduler(
@@ -262,6 +274,11 @@ impl<K: Ord> Expectations<K> {
     fn observed(&mut self, key: &K) {
         self.pending.remove(key);
     }
+
+    /// How many writes are pending among those `matching`.
+    fn count(&self, matching: impl Fn(&K) -> bool) -> usize {
+        self.pending.keys().filter(|key| matching(key)).count()
+    }
 }
 
 async fn daemonset_controller(client: Client, caches: Caches, shutdown: CancellationToken) {
@@ -360,6 +377,88 @@ async fn daemonset_controller(client: Client, caches: Caches, shutdown: Cancella
     }
 }
 
+async fn replicaset_controller(
+    client: Client,
+    caches: Caches,
+    replica_sets: Store<ReplicaSet>,
+    shutdown: CancellationToken,
+) {
+    caches.ready().await;
+    let _ = replica_sets.wait_until_ready().await;
+    let mut changed = caches.changes();
+    // (ReplicaSet uid, pod name) of pods created or deleted that the caches do not show so yet.
+    let mut creating: Expectations<(String, String)> = Expectations::default();
+    let mut deleting: Expectations<(String, String)> = Expectations::default();
+    let mut wake = Some(Duration::ZERO);
+    let mut pace = Pace::new();
+    while next_pass(&mut changed, wake, &mut pace, &shutdown).await {
+        wake = None;
+        creating.expire();
+        deleting.expire();
+        let mut pods_by_owner: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
+        for pod in caches.pods.state() {
+            if let Some(owner) = pod
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true) && o.kind == "ReplicaSet")
+            {
+                pods_by_owner
+                    .entry(owner.uid.clone())
+                    .or_default()
+                    .push(pod.clone());
+            }
+        }
+        for rs in replica_sets.state() {
+            if rs.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let uid = rs.metadata.uid.clone().unwrap_or_default();
+            let namespace = rs.namespace().unwrap_or_default();
+            let mut pods = pods_by_owner.remove(&uid).unwrap_or_default();
+            for pod in &pods {
+                creating.observed(&(uid.clone(), pod.name_any()));
+                if pod.metadata.deletion_timestamp.is_some() {
+                    deleting.observed(&(uid.clone(), pod.name_any()));
+                }
+            }
+            // A pod it has asked to delete is gone for the controller, as the real one counts it.
+            pods.retain(|pod| !deleting.pending(&(uid.clone(), pod.name_any())));
+            let unseen = creating.count(|(owner, _)| *owner == uid);
+            let plan = replicaset::plan(&rs, &pods, unseen);
+            let pod_api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+            for pod in &plan.create {
+                match pod_api.create(&PostParams::default(), pod).await {
+                    Ok(created) => {
+                        info!(replicaset = %rs.name_any(), %namespace, pod = %created.name_any(), "created a workload pod");
+                        creating.expect((uid.clone(), created.name_any()));
+                    }
+                    Err(error) => {
+                        warn!(replicaset = %rs.name_any(), %error, "cannot create a ReplicaSet pod");
+                        wake = Some(Duration::from_secs(1));
+                    }
+                }
+            }
+            for name in &plan.delete {
+                match pod_api.delete(name, &DeleteParams::default()).await {
+                    Ok(_) => deleting.expect((uid.clone(), name.clone())),
+                    Err(kube::Error::Api(status)) if status.code == 404 => {}
+                    Err(error) => warn!(pod = %name, %error, "cannot delete a ReplicaSet pod"),
+                }
+            }
+            if rs.status.as_ref() != Some(&plan.status) {
+                let api: Api<ReplicaSet> = Api::namespaced(client.clone(), &namespace);
+                let patch = json!({ "status": plan.status });
+                if let Err(error) = api
+                    .patch_status(&rs.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    warn!(replicaset = %rs.name_any(), %error, "cannot update ReplicaSet status");
+                }
+            }
+        }
+    }
+}
+
 /// A merge patch that makes a DaemonSet's status exactly `status`: counts that went back to zero are
 /// absent from it (as the real controller omits them) and must be removed, not left at their old value.
 fn status_patch(status: &DaemonSetStatus) -> serde_json::Value {
@@ -429,6 +528,9 @@ async fn scheduler(client: Client, caches: Caches, shutdown: CancellationToken) 
     caches.ready().await;
     let mut changed = caches.changes();
     let mut binding: Expectations<String> = Expectations::default();
+    // Where pods whose binding the caches do not show yet were bound: their GPUs are taken there, or the
+    // next pass would give them to another pod as well.
+    let mut bound_to: BTreeMap<String, String> = BTreeMap::new();
     let mut wake = Some(Duration::ZERO);
     let mut pace = Pace::new();
     while next_pass(&mut changed, wake, &mut pace, &shutdown).await {
@@ -450,6 +552,15 @@ async fn scheduler(client: Client, caches: Caches, shutdown: CancellationToken) 
         }
         let nodes = caches.nodes.state();
         let mut used = used_by_node(&pods);
+        bound_to.retain(|key, _| binding.pending(key));
+        for pod in &unbound {
+            let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+            if let Some(node) = bound_to.get(&key) {
+                for (resource, amount) in gpu_requests(pod) {
+                    *used.entry(node.clone()).or_default().entry(resource).or_insert(0) += amount;
+                }
+            }
+        }
         for pod in unbound {
             let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
             if binding.pending(&key) {
@@ -503,7 +614,8 @@ async fn scheduler(client: Client, caches: Caches, shutdown: CancellationToken) 
                         .await
                     {
                         Ok(_) => {
-                            binding.expect(key);
+                            binding.expect(key.clone());
+                            bound_to.insert(key, target.clone());
                             for (resource, amount) in &wanted {
                                 *used
                                     .entry(target.clone())
@@ -646,7 +758,17 @@ async fn kubelets(client: Client, caches: Caches, state: Arc<SimState>, shutdown
                 })
                 .unwrap_or(0);
             let mut work = NodeWork::default();
+            // The kubelet admits a pod once, before it starts: pods it runs keep their GPUs when
+            // allocatable drops later (an XID, a device plugin restarting while its driver is replaced).
             let mut used: BTreeMap<String, u64> = BTreeMap::new();
+            for pod in pods
+                .iter()
+                .filter(|pod| operand_of(pod).is_none() && admitted(pod))
+            {
+                for (resource, amount) in gpu_requests(pod) {
+                    *used.entry(resource).or_insert(0) += amount;
+                }
+            }
             for pod in &pods {
                 let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
                 if pod.metadata.deletion_timestamp.is_some() {
@@ -660,7 +782,7 @@ async fn kubelets(client: Client, caches: Caches, state: Arc<SimState>, shutdown
                     continue;
                 }
                 let operand = operand_of(pod);
-                if operand.is_none() && !admit(&api, pod, node, &mut used).await {
+                if operand.is_none() && !admitted(pod) && !admit(&api, pod, node, &mut used).await {
                     continue;
                 }
                 let host = state.hosts().get(&node_name).cloned();
@@ -669,7 +791,14 @@ async fn kubelets(client: Client, caches: Caches, state: Arc<SimState>, shutdown
                     pod,
                     &host,
                     allocatable_gpus,
-                    &faults.for_pod(&node_name, operand),
+                    &faults.for_pod(
+                        &node_name,
+                        operand,
+                        pod.spec
+                            .as_ref()
+                            .and_then(|s| s.containers.first())
+                            .and_then(|c| c.image.as_deref()),
+                    ),
                     state.timing,
                     now,
                 );
@@ -790,6 +919,13 @@ async fn kubelets(client: Client, caches: Caches, state: Arc<SimState>, shutdown
             .await;
         }
     }
+}
+
+/// Whether the kubelet has admitted a pod already: it has started it (and the pod still runs).
+fn admitted(pod: &Pod) -> bool {
+    pod.status.as_ref().is_some_and(|s| s.start_time.is_some())
+        && !is_terminal(pod)
+        && pod.metadata.deletion_timestamp.is_none()
 }
 
 /// Admits a workload pod if the node has the GPUs it asks for; fails it the way the kubelet does otherwise.

@@ -49,6 +49,7 @@ pub fn gpu_cluster(count: u32) -> ClusterSpec {
     ClusterSpec {
         nfd: true,
         node_pools: vec![pool],
+        workloads: Vec::new(),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The simulated cluster's shape, as a person writes it in YAML: node pools with their GPUs, OS, kernel,
-//! container runtime, preinstalled driver, taints and labels; and the Node objects a real cluster would
-//! show for them (labels NFD would add, capacity, node info, conditions, addresses).
+//! container runtime, preinstalled driver, taints and labels, and the GPU workloads running on them
+//! ([`Workload`]); and the Node objects a real cluster would show for them (labels NFD would add,
+//! capacity, node info, conditions, addresses).
 
 use std::collections::BTreeMap;
 
@@ -15,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 use crate::hardware::GpuModel;
+use crate::workload::Workload;
 
 /// A simulated cluster.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -25,6 +27,9 @@ pub struct ClusterSpec {
     pub nfd: bool,
     /// The node pools.
     pub node_pools: Vec<NodePool>,
+    /// GPU workloads: ReplicaSets of pods asking for GPUs, with optional disruption budgets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workloads: Vec<Workload>,
 }
 
 fn yes() -> bool {
@@ -122,6 +127,16 @@ pub enum SpecError {
     /// The YAML does not parse into a cluster spec.
     #[error("the cluster spec does not parse: {0}")]
     Parse(String),
+    /// A workload's field has a value the simulator cannot use.
+    #[error("workloads[{workload}].{field}: {problem}")]
+    Workload {
+        /// Index of the workload.
+        workload: usize,
+        /// The field.
+        field: &'static str,
+        /// What is wrong and what is accepted.
+        problem: String,
+    },
     /// A field has a value the simulator does not know.
     #[error("nodePools[{pool}].{field}: {problem}")]
     Field {
@@ -192,7 +207,7 @@ impl ClusterSpec {
         Ok(spec)
     }
 
-    /// Checks the values serde cannot: OS, runtime and taint effects.
+    /// Checks the values serde cannot: OS, runtime and taint effects, workload names and budgets.
     pub fn check(&self) -> Result<(), SpecError> {
         for (pool_index, pool) in self.node_pools.iter().enumerate() {
             let field = |field: &'static str, problem: String| SpecError::Field {
@@ -255,6 +270,26 @@ impl ClusterSpec {
                 });
             }
         }
+        let mut workloads = std::collections::BTreeSet::new();
+        for (index, workload) in self.workloads.iter().enumerate() {
+            let error = |field, problem| SpecError::Workload {
+                workload: index,
+                field,
+                problem,
+            };
+            if let Some((field, problem)) = workload.problem() {
+                return Err(error(field, problem));
+            }
+            if !workloads.insert((&workload.namespace, &workload.name)) {
+                return Err(error(
+                    "name",
+                    format!(
+                        "{:?} is used twice in namespace {:?}",
+                        workload.name, workload.namespace
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -311,7 +346,15 @@ impl ClusterSpec {
                 tainted,
                 cpu,
             ],
+            workloads: Vec::new(),
         }
+    }
+
+    /// The cluster with this workload too.
+    #[must_use]
+    pub fn with_workload(mut self, workload: Workload) -> Self {
+        self.workloads.push(workload);
+        self
     }
 
     /// Every node of the cluster, with its pool.
@@ -467,6 +510,52 @@ mod tests {
             error("nodePools:\n- name: a\n  taints: [{key: x, effect: Never}]\n"),
             r#"nodePools[0].taints: effect "Never" is not one of NoSchedule, PreferNoSchedule, NoExecute"#
         );
+    }
+
+    #[test]
+    fn workloads_parse_with_defaults_and_mistakes_name_the_workload() {
+        let spec = ClusterSpec::from_yaml(
+            "nodePools: [{name: h100, gpu: {model: H100-80GB}}]
+workloads:
+  - {name: infer, replicas: 3}
+  - name: train
+    namespace: ml
+    replicas: 4
+    gpusPerPod: 2
+    nodeSelector: {gpu-sim.io/pool: h100}
+    tolerations: [{key: dedicated, operator: Exists, effect: NoSchedule}]
+    disruptionBudget: {maxUnavailable: 25%}
+",
+        )
+        .unwrap();
+        assert_eq!(spec.workloads[0], Workload::gpu("infer", 3));
+        let train = &spec.workloads[1];
+        assert_eq!(
+            (
+                train.namespace.as_str(),
+                train.gpus_per_pod,
+                train.gpu_resource.as_str()
+            ),
+            ("ml", 2, "nvidia.com/gpu")
+        );
+        assert_eq!(train.tolerations[0].key.as_deref(), Some("dedicated"));
+        let budget = train.disruption_budget().unwrap().spec.unwrap();
+        assert_eq!(
+            budget.max_unavailable,
+            Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(
+                "25%".into()
+            ))
+        );
+        let error = |yaml: &str| ClusterSpec::from_yaml(yaml).unwrap_err().to_string();
+        assert_eq!(
+            error("nodePools: []\nworkloads: [{name: a}, {name: a}]\n"),
+            r#"workloads[1].name: "a" is used twice in namespace "default""#
+        );
+        assert_eq!(
+            error("nodePools: []\nworkloads: [{name: a, disruptionBudget: {}}]\n"),
+            "workloads[0].disruptionBudget: give exactly one of minAvailable, maxUnavailable"
+        );
+        assert!(error("nodePools: []\nworkloads: [{name: a, gpus: 2}]\n").contains("unknown field `gpus`"));
     }
 
     #[test]

@@ -77,8 +77,11 @@ impl Timing {
 /// Faults that apply to one pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodFaults {
-    /// The main container exits with this message every time it starts.
+    /// The main container exits with this message, running or not.
     pub crash: Option<String>,
+    /// The main container exits with this message every time it starts; once running it keeps running (a
+    /// driver container that has loaded its driver is not touched by a later install fault).
+    pub start_crash: Option<String>,
     /// Extra time to pull the images.
     pub slow_pull: Duration,
 }
@@ -317,7 +320,7 @@ pub fn step(
     // Main containers.
     let operand = operand_of(pod);
     let failure = main_container_failure(operand, host, faults);
-    let at_start = start_failure(operand, host);
+    let at_start = start_failure(operand, host).or_else(|| faults.start_crash.clone());
     let mut statuses = status.container_statuses.clone().unwrap_or_default();
     statuses.resize_with(spec.containers.len(), ContainerStatus::default);
     let mut wake = None;
@@ -797,15 +800,48 @@ mod tests {
         let mut host = Host::new(Some(GpuModel::T4), 1, None);
         let faults = PodFaults {
             crash: Some("segfault".into()),
-            slow_pull: Duration::ZERO,
+            ..PodFaults::default()
         };
         let crashing = run(pod("gpu-feature-discovery", vec![]), &mut host, &faults, 2);
         assert!(crashing.status.container_statuses.as_ref().unwrap()[0].restart_count >= 1);
         let slow = PodFaults {
-            crash: None,
             slow_pull: Duration::from_secs(30),
+            ..PodFaults::default()
         };
         let pulling = run(pod("gpu-feature-discovery", vec![]), &mut host, &slow, 2);
         assert_eq!(state(&pulling.status), "Pending");
+    }
+
+    #[test]
+    fn a_start_crash_fails_a_starting_driver_and_leaves_a_running_one() {
+        let mut host = Host::new(Some(GpuModel::H100_80GB), 8, None);
+        let install_fails = PodFaults {
+            start_crash: Some("failed to install the NVIDIA driver".into()),
+            ..PodFaults::default()
+        };
+        let running = run(
+            pod("nvidia-driver-daemonset", vec![]),
+            &mut host,
+            &PodFaults::default(),
+            1,
+        );
+        assert_eq!(state(&running.status), "Running/Ready");
+        let mut loaded = pod("nvidia-driver-daemonset", vec![]);
+        loaded.status = Some(running.status);
+        let later = step(&loaded, &host, 8, &install_fails, Timing::instant(), at(2_000));
+        assert_eq!(
+            state(&later.status),
+            "Running/Ready",
+            "a loaded driver keeps running"
+        );
+        let starting = run(
+            pod("nvidia-driver-daemonset", vec![]),
+            &mut host,
+            &install_fails,
+            2,
+        );
+        let main = &starting.status.container_statuses.as_ref().unwrap()[0];
+        assert!(main.restart_count >= 2, "it fails at every start: {main:?}");
+        assert_eq!(state(&starting.status), "Running");
     }
 }

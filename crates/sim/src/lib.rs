@@ -1,14 +1,16 @@
 //! The simulated GPU cluster: the parts of a Kubernetes cluster that are not the API server, played by
 //! ordinary API clients, so that the operator can be run, tested, demonstrated and benchmarked anywhere.
 //!
-//! - Data: [`cluster_spec`] (node pools as a person writes them), [`hardware`] (GPU models and their MIG
-//!   profiles), [`scenario`] (a timeline of events and faults).
-//! - Pure decisions: [`daemonset`] (the DaemonSet controller), [`kubelet`] (one pod's next status),
+//! - Data: [`cluster_spec`] (node pools as a person writes them), [`workload`] (GPU workloads and their
+//!   ReplicaSets and disruption budgets), [`hardware`] (GPU models and their MIG profiles), [`scenario`] (a
+//!   timeline of events, faults and changes to the cluster's objects).
+//! - Pure decisions: [`daemonset`] (the DaemonSet controller), [`replicaset`] (the ReplicaSet controller),
+//!   [`kubelet`] (one pod's next status),
 //!   [`heartbeat`] (when each kubelet renews its Lease and reports its status),
 //!   [`host`] (what a node's host has and advertises), [`sharing`] (GPU sharing per resource, as the
 //!   device plugin and feature discovery apply it), [`operands`] (operand configuration read through the
 //!   images' contract), [`progress`] (what a person watching sees).
-//! - I/O: [`simulation`] (a running cluster and scenario actions), [`actors`] (controller, scheduler,
+//! - I/O: [`simulation`] (a running cluster and scenario actions), [`actors`] (controllers, scheduler,
 //!   kubelets), and the commands [`demo`], [`up`], [`serve`], [`bench`] and [`cluster_bench`].
 
 pub mod actors;
@@ -24,11 +26,13 @@ pub mod host;
 pub mod kubelet;
 pub mod operands;
 pub mod progress;
+pub mod replicaset;
 pub mod scenario;
 pub mod serve;
 pub mod sharing;
 pub mod simulation;
 pub mod up;
+pub mod workload;
 
 use cli::{Bench, Cli, Command};
 

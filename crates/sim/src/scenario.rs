@@ -1,6 +1,7 @@
 //! Scenarios: a cluster and a timeline of things that happen to it — nodes joining, leaving or going
 //! NotReady, a driver install failing, an XID error taking a GPU away, an operand crash-looping, slow
-//! image pulls, a person labelling or tainting a node.
+//! image pulls, a person labelling or tainting a node, or applying, patching or deleting any object (a
+//! ClusterPolicy, an NVIDIADriver) as `kubectl` would.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -51,8 +52,10 @@ pub enum Action {
     NodeNotReady(String),
     /// A NotReady node comes back.
     NodeReady(String),
-    /// Driver containers on this node fail to install the driver.
-    DriverInstallFails(String),
+    /// Driver containers that start on this node from now on (of one driver version, or of any) fail to
+    /// install the driver; one already running is not touched. YAML: `driverInstallFails: h100-1` or
+    /// `driverInstallFails: {node: h100-1, version: 580.95.05}`.
+    DriverInstallFails(DriverInstallFault),
     /// An XID error marks one GPU of a node unhealthy.
     Xid {
         /// The node.
@@ -100,6 +103,156 @@ pub enum Action {
         /// Effect.
         effect: String,
     },
+    /// A person applies a whole manifest (server-side apply as [`SCENARIO_MANAGER`], forcing conflicts):
+    /// `apply: {apiVersion: nvidia.com/v1, kind: ClusterPolicy, metadata: {name: ...}, spec: {...}}`. A
+    /// namespaced object without a namespace goes to `default`.
+    Apply(serde_json::Value),
+    /// A person changes an object with a JSON merge patch:
+    /// `patch: {apiVersion: nvidia.com/v1, kind: ClusterPolicy, name: cluster-policy, merge: {spec: ...}}`.
+    Patch(ObjectPatch),
+    /// A person deletes an object: `delete: {apiVersion: v1, kind: Pod, name: x, namespace: ml}`.
+    Delete(ObjectRef),
+}
+
+/// The field manager of the objects a scenario applies: `kubectl get -o yaml --show-managed-fields` tells
+/// them from the operator's and the simulator's own writes.
+pub const SCENARIO_MANAGER: &str = "gpu-sim-scenario";
+
+/// Which driver installs fail on a node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "DriverInstallFaultText")]
+pub struct DriverInstallFault {
+    /// The node.
+    pub node: String,
+    /// Only this driver version (the image tag's, `580.95.05`) fails; absent: every version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+impl DriverInstallFault {
+    /// Every driver that starts on `node` fails to install.
+    pub fn on(node: &str) -> Self {
+        Self {
+            node: node.to_owned(),
+            version: None,
+        }
+    }
+
+    /// Only drivers of `version` that start on `node` fail to install.
+    pub fn of_version(node: &str, version: &str) -> Self {
+        Self {
+            node: node.to_owned(),
+            version: Some(version.to_owned()),
+        }
+    }
+}
+
+/// The two ways a scenario writes a [`DriverInstallFault`].
+#[derive(Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a node name, or {node: <node>, version: <driver version>}"
+)]
+enum DriverInstallFaultText {
+    Node(String),
+    #[serde(rename_all = "camelCase")]
+    Version {
+        node: String,
+        #[serde(default)]
+        version: Option<String>,
+    },
+}
+
+impl From<DriverInstallFaultText> for DriverInstallFault {
+    fn from(text: DriverInstallFaultText) -> Self {
+        match text {
+            DriverInstallFaultText::Node(node) => Self { node, version: None },
+            DriverInstallFaultText::Version { node, version } => Self { node, version },
+        }
+    }
+}
+
+/// An object of any kind the server serves, by name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObjectRef {
+    /// `v1`, `apps/v1`, `nvidia.com/v1`, ...
+    #[serde(default)]
+    pub api_version: String,
+    /// `Pod`, `ClusterPolicy`, `NVIDIADriver`, ...
+    #[serde(default)]
+    pub kind: String,
+    /// The object's name.
+    #[serde(default)]
+    pub name: String,
+    /// Its namespace, for a namespaced kind (default `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// A JSON merge patch of one object.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObjectPatch {
+    /// `v1`, `apps/v1`, `nvidia.com/v1`, ...
+    #[serde(default)]
+    pub api_version: String,
+    /// `Pod`, `ClusterPolicy`, `NVIDIADriver`, ...
+    #[serde(default)]
+    pub kind: String,
+    /// The object's name.
+    #[serde(default)]
+    pub name: String,
+    /// Its namespace, for a namespaced kind (default `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// The patch (RFC 7386): fields set, `null` removes.
+    #[serde(default)]
+    pub merge: serde_json::Value,
+}
+
+impl ObjectPatch {
+    /// The object patched.
+    pub fn target(&self) -> ObjectRef {
+        ObjectRef {
+            api_version: self.api_version.clone(),
+            kind: self.kind.clone(),
+            name: self.name.clone(),
+            namespace: self.namespace.clone(),
+        }
+    }
+}
+
+impl ObjectRef {
+    /// The object an `apply` manifest names.
+    pub fn of_manifest(manifest: &serde_json::Value) -> Self {
+        let text = |pointer: &str| {
+            manifest
+                .pointer(pointer)
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        Self {
+            api_version: text("/apiVersion"),
+            kind: text("/kind"),
+            name: text("/metadata/name"),
+            namespace: Some(text("/metadata/namespace")).filter(|n| !n.is_empty()),
+        }
+    }
+
+    /// The first required field that is empty, if one is, named as a scenario writes it (the name is
+    /// `name_field`).
+    fn missing(&self, name_field: &str) -> Option<String> {
+        [
+            ("apiVersion", &self.api_version),
+            ("kind", &self.kind),
+            (name_field, &self.name),
+        ]
+        .into_iter()
+        .find(|(_, value)| value.is_empty())
+        .map(|(field, _)| field.to_owned())
+    }
 }
 
 fn one() -> u32 {
@@ -110,11 +263,11 @@ impl Action {
     /// The node the action is about, if it is about one existing node.
     pub fn node(&self) -> Option<&str> {
         match self {
-            Action::NodeJoins { .. } => None,
+            Action::NodeJoins { .. } | Action::Apply(_) | Action::Patch(_) | Action::Delete(_) => None,
+            Action::DriverInstallFails(fault) => Some(&fault.node),
             Action::NodeLeaves(node)
             | Action::NodeNotReady(node)
             | Action::NodeReady(node)
-            | Action::DriverInstallFails(node)
             | Action::Xid { node, .. }
             | Action::CrashLoop { node, .. }
             | Action::SlowImagePulls { node, .. }
@@ -175,6 +328,25 @@ impl Scenario {
                         "effect {effect:?} is not one of NoSchedule, PreferNoSchedule, NoExecute"
                     ))
                 }
+                Action::Apply(manifest) => {
+                    if manifest.is_object() {
+                        ObjectRef::of_manifest(manifest)
+                            .missing("metadata.name")
+                            .map(|field| format!("apply.{field} is required"))
+                    } else {
+                        Some("apply: a whole manifest (apiVersion, kind, metadata, ...) is required".into())
+                    }
+                }
+                Action::Patch(patch) => match patch.target().missing("name") {
+                    Some(field) => Some(format!("patch.{field} is required")),
+                    None if !patch.merge.is_object() => {
+                        Some("patch.merge: an object (the JSON merge patch) is required".into())
+                    }
+                    None => None,
+                },
+                Action::Delete(object) => object
+                    .missing("name")
+                    .map(|field| format!("delete.{field} is required")),
                 _ => None,
             };
             let problem = problem.or_else(|| {
@@ -321,5 +493,125 @@ mod tests {
                 .contains(r#"timeline[1]: node "h100-0" is not in the cluster at 1m"#)
         );
         assert!(error("timeline: [{at: 1s, explode: x}]").contains("explode"));
+    }
+
+    #[test]
+    fn a_driver_install_fault_names_a_node_and_optionally_a_version() {
+        let scenario = Scenario::from_yaml(
+            "timeline:
+  - {at: 0s, driverInstallFails: h100-0}
+  - {at: 1s, driverInstallFails: {node: h100-1, version: 580.95.05}}
+",
+        )
+        .unwrap();
+        assert_eq!(
+            scenario.timeline[0].action,
+            Action::DriverInstallFails(DriverInstallFault {
+                node: "h100-0".into(),
+                version: None
+            })
+        );
+        assert_eq!(
+            scenario.timeline[1].action,
+            Action::DriverInstallFails(DriverInstallFault {
+                node: "h100-1".into(),
+                version: Some("580.95.05".into())
+            })
+        );
+        let error = |yaml: &str| Scenario::from_yaml(yaml).unwrap_err().to_string();
+        assert!(
+            error("timeline: [{at: 1s, driverInstallFails: {node: h100-9}}]")
+                .contains(r#"timeline[0]: node "h100-9" is not in the cluster at 1s"#)
+        );
+        assert!(
+            error("timeline: [{at: 1s, driverInstallFails: [h100-0]}]")
+                .contains("a node name, or {node: <node>, version: <driver version>}")
+        );
+    }
+
+    #[test]
+    fn objects_are_applied_patched_and_deleted_by_kind_and_name() {
+        let scenario = Scenario::from_yaml(
+            "timeline:
+  - at: 0s
+    apply:
+      apiVersion: nvidia.com/v1
+      kind: ClusterPolicy
+      metadata: {name: cluster-policy}
+      spec:
+        driver: {version: 570.124.06, upgradePolicy: {autoUpgrade: true, maxParallelUpgrades: 3, maxUnavailable: 25%}}
+  - at: 90s
+    patch:
+      apiVersion: nvidia.com/v1
+      kind: ClusterPolicy
+      name: cluster-policy
+      merge: {spec: {driver: {version: 580.95.05}}}
+  - {at: 2m, delete: {apiVersion: v1, kind: ConfigMap, name: x, namespace: ml}}
+",
+        )
+        .unwrap();
+        let Action::Apply(manifest) = &scenario.timeline[0].action else {
+            panic!("{:?}", scenario.timeline[0].action)
+        };
+        assert_eq!(
+            manifest["spec"]["driver"]["upgradePolicy"]["maxParallelUpgrades"],
+            3
+        );
+        assert_eq!(
+            manifest["spec"]["driver"]["upgradePolicy"]["maxUnavailable"],
+            "25%"
+        );
+        assert_eq!(
+            ObjectRef::of_manifest(manifest),
+            ObjectRef {
+                api_version: "nvidia.com/v1".into(),
+                kind: "ClusterPolicy".into(),
+                name: "cluster-policy".into(),
+                namespace: None
+            }
+        );
+        let Action::Patch(patch) = &scenario.timeline[1].action else {
+            panic!("{:?}", scenario.timeline[1].action)
+        };
+        assert_eq!(patch.target().kind, "ClusterPolicy");
+        assert_eq!(patch.merge["spec"]["driver"]["version"], "580.95.05");
+        assert_eq!(
+            scenario.timeline[2].action,
+            Action::Delete(ObjectRef {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                name: "x".into(),
+                namespace: Some("ml".into())
+            })
+        );
+    }
+
+    #[test]
+    fn object_actions_missing_what_names_an_object_are_refused() {
+        let error = |yaml: &str| Scenario::from_yaml(yaml).unwrap_err().to_string();
+        assert!(
+            error("timeline: [{at: 1s, nodeLeaves: h100-0}, {at: 2s, apply: {apiVersion: v1, kind: ConfigMap, metadata: {}}}]")
+                .contains("timeline[1]: apply.metadata.name is required"),
+        );
+        assert!(
+            error("timeline: [{at: 1s, apply: {kind: ConfigMap, metadata: {name: x}}}]")
+                .contains("timeline[0]: apply.apiVersion is required")
+        );
+        assert!(
+            error("timeline: [{at: 1s, patch: {apiVersion: nvidia.com/v1, name: p, merge: {}}}]")
+                .contains("timeline[0]: patch.kind is required")
+        );
+        assert!(
+            error("timeline: [{at: 1s, patch: {apiVersion: nvidia.com/v1, kind: ClusterPolicy, name: p}}]")
+                .contains("timeline[0]: patch.merge: an object")
+        );
+        assert!(
+            error("timeline: [{at: 1s, delete: {apiVersion: v1, kind: Pod}}]")
+                .contains("timeline[0]: delete.name is required")
+        );
+        assert!(
+            error("timeline: [{at: 1s, delete: {apiVersion: v1, kind: Pod, name: p, nmespace: x}}]")
+                .contains("nmespace")
+        );
     }
 }

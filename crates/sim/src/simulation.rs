@@ -1,5 +1,6 @@
-//! A running simulated cluster: the nodes of a [`ClusterSpec`], their hosts, and the actors that play the
-//! parts of a cluster that are not the API server (the DaemonSet controller, the scheduler, the kubelets).
+//! A running simulated cluster: the nodes and workloads of a [`ClusterSpec`], the nodes' hosts, and the
+//! actors that play the parts of a cluster that are not the API server (the DaemonSet and ReplicaSet
+//! controllers, the scheduler, the kubelets).
 //! Every actor is an ordinary API client, so a simulation drives the fake API server or a real one alike.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -7,10 +8,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use gpuop_api::Operand;
-use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::{Namespace, Node, NodeCondition, Taint};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::discovery::Scope;
 use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::Notify;
@@ -22,7 +26,9 @@ use crate::actors;
 use crate::cluster_spec::{ClusterSpec, NodePool, node_object};
 use crate::host::Host;
 use crate::kubelet::{PodFaults, Timing};
-use crate::scenario::{Action, joining_names};
+use crate::operands::driver_version;
+use crate::scenario::{Action, ObjectRef, SCENARIO_MANAGER, joining_names};
+use crate::workload::Workload;
 
 /// Field manager of the simulator's own writes.
 pub const SIM_MANAGER: &str = "gpu-sim";
@@ -30,8 +36,9 @@ pub const SIM_MANAGER: &str = "gpu-sim";
 /// Faults injected by a scenario.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Faults {
-    /// Nodes where driver containers fail to install the driver.
-    pub driver_install_fails: BTreeSet<String>,
+    /// (node, driver version or every version) where driver containers that start fail to install the
+    /// driver.
+    pub driver_install_fails: BTreeSet<(String, Option<String>)>,
     /// (node, operand id) whose main container crash-loops.
     pub crash_loops: BTreeSet<(String, String)>,
     /// Extra image pull time per node.
@@ -41,21 +48,28 @@ pub struct Faults {
 }
 
 impl Faults {
-    /// The faults that apply to a pod of `operand` on `node`.
-    pub fn for_pod(&self, node: &str, operand: Option<Operand>) -> PodFaults {
+    /// The faults that apply to a pod of `operand` on `node` whose main container runs `image`.
+    pub fn for_pod(&self, node: &str, operand: Option<Operand>, image: Option<&str>) -> PodFaults {
         let id = operand.map(Operand::id).unwrap_or_default();
-        let crash = if self.crash_loops.contains(&(node.to_owned(), id.to_owned())) {
-            Some(format!("{id} exited: injected crash loop"))
-        } else if operand == Some(Operand::Driver) && self.driver_install_fails.contains(node) {
-            Some(
-                "failed to install the NVIDIA driver: kernel headers for this kernel not found (injected)"
-                    .to_owned(),
+        let crash = self
+            .crash_loops
+            .contains(&(node.to_owned(), id.to_owned()))
+            .then(|| format!("{id} exited: injected crash loop"));
+        let version = image.map(driver_version);
+        let install_fails = operand == Some(Operand::Driver)
+            && self
+                .driver_install_fails
+                .iter()
+                .any(|(at, only)| at == node && (only.is_none() || only.as_ref() == version.as_ref()));
+        let start_crash = install_fails.then(|| {
+            format!(
+                "failed to install the NVIDIA driver {}: kernel headers for this kernel not found (injected)",
+                version.as_deref().unwrap_or("unknown")
             )
-        } else {
-            None
-        };
+        });
         PodFaults {
             crash,
+            start_crash,
             slow_pull: self.slow_pulls.get(node).copied().unwrap_or_default(),
         }
     }
@@ -161,6 +175,10 @@ impl Simulation {
         for (index, (name, pool)) in spec.nodes().enumerate() {
             add_node(&client, &state, &name, pool, spec.nfd, index as u32).await?;
         }
+        // Next to a real cluster too: its own ReplicaSet controller and scheduler then run the pods.
+        for workload in &spec.workloads {
+            add_workload(&client, workload).await?;
+        }
         let shutdown = CancellationToken::new();
         let tasks = actors::spawn(client.clone(), state.clone(), plays, shutdown.clone());
         info!(nodes = state.hosts().len(), "simulated cluster started");
@@ -245,9 +263,12 @@ impl Simulation {
                 }
                 set_ready(&nodes, node, ready).await?;
             }
-            Action::DriverInstallFails(node) => {
-                known(node)?;
-                self.state.faults().driver_install_fails.insert(node.clone());
+            Action::DriverInstallFails(fault) => {
+                known(&fault.node)?;
+                self.state
+                    .faults()
+                    .driver_install_fails
+                    .insert((fault.node.clone(), fault.version.clone()));
             }
             Action::Xid { node, gpu, code } => {
                 known(node)?;
@@ -300,9 +321,79 @@ impl Simulation {
                     .await
                     .map_err(|source| api_error(format!("taint node {node}"), source))?;
             }
+            Action::Apply(manifest) => {
+                let target = ObjectRef::of_manifest(manifest);
+                let (api, namespace) = self.dynamic_api(&target).await?;
+                let mut manifest = manifest.clone();
+                if let Some(namespace) = &namespace {
+                    manifest["metadata"]["namespace"] = json!(namespace);
+                }
+                api.patch(
+                    &target.name,
+                    &PatchParams::apply(SCENARIO_MANAGER).force(),
+                    &Patch::Apply(&manifest),
+                )
+                .await
+                .map_err(|source| api_error(format!("apply {}", describe(&target)), source))?;
+                info!(object = %describe(&target), "applied");
+            }
+            Action::Patch(patch) => {
+                let target = patch.target();
+                let (api, _) = self.dynamic_api(&target).await?;
+                api.patch(
+                    &target.name,
+                    &PatchParams {
+                        field_manager: Some(SCENARIO_MANAGER.to_owned()),
+                        ..PatchParams::default()
+                    },
+                    &Patch::Merge(&patch.merge),
+                )
+                .await
+                .map_err(|source| api_error(format!("patch {}", describe(&target)), source))?;
+                info!(object = %describe(&target), "patched");
+            }
+            Action::Delete(target) => {
+                let (api, _) = self.dynamic_api(target).await?;
+                api.delete(&target.name, &DeleteParams::default())
+                    .await
+                    .map_err(|source| api_error(format!("delete {}", describe(target)), source))?;
+                info!(object = %describe(target), "deleted");
+            }
         }
         self.state.changed.notify_one();
         Ok(())
+    }
+
+    /// An API for the kind of `target`, found through discovery (so `ClusterPolicy` is served at
+    /// `clusterpolicies` and `NVIDIADriver` at `nvidiadrivers`), and the namespace for a namespaced kind
+    /// (`default` when the target names none).
+    async fn dynamic_api(
+        &self,
+        target: &ObjectRef,
+    ) -> Result<(Api<DynamicObject>, Option<String>), SimError> {
+        let (group, version) = target
+            .api_version
+            .rsplit_once('/')
+            .unwrap_or(("", target.api_version.as_str()));
+        let gvk = GroupVersionKind::gvk(group, version, &target.kind);
+        let (resource, capabilities) =
+            kube::discovery::pinned_kind(&self.client, &gvk)
+                .await
+                .map_err(|source| {
+                    api_error(
+                        format!("find {}/{} on the server", target.api_version, target.kind),
+                        source,
+                    )
+                })?;
+        Ok(if capabilities.scope == Scope::Namespaced {
+            let namespace = target.namespace.clone().unwrap_or_else(|| "default".to_owned());
+            (
+                Api::namespaced_with(self.client.clone(), &namespace, &resource),
+                Some(namespace),
+            )
+        } else {
+            (Api::all_with(self.client.clone(), &resource), None)
+        })
     }
 
     /// Stops every actor.
@@ -316,6 +407,59 @@ impl Simulation {
 
 fn api_error(what: String, source: kube::Error) -> SimError {
     SimError::Api { what, source }
+}
+
+/// An object as `kubectl` names it: `ClusterPolicy cluster-policy`, `Pod ml/train-x2b4k`.
+fn describe(target: &ObjectRef) -> String {
+    match &target.namespace {
+        Some(namespace) => format!("{} {namespace}/{}", target.kind, target.name),
+        None => format!("{} {}", target.kind, target.name),
+    }
+}
+
+/// Creates a workload's namespace when missing, and applies its ReplicaSet and disruption budget.
+async fn add_workload(client: &Client, workload: &Workload) -> Result<(), SimError> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let exists = namespaces
+        .get_opt(&workload.namespace)
+        .await
+        .map_err(|source| api_error(format!("read namespace {}", workload.namespace), source))?
+        .is_some();
+    if !exists {
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(workload.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        match namespaces.create(&PostParams::default(), &namespace).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(source) => {
+                return Err(api_error(
+                    format!("create namespace {}", workload.namespace),
+                    source,
+                ));
+            }
+        }
+    }
+    let apply = PatchParams::apply(SIM_MANAGER).force();
+    let what = |kind: &str| format!("apply {kind} {}/{}", workload.namespace, workload.name);
+    let replica_sets: Api<ReplicaSet> = Api::namespaced(client.clone(), &workload.namespace);
+    replica_sets
+        .patch(&workload.name, &apply, &Patch::Apply(workload.replica_set()))
+        .await
+        .map_err(|source| api_error(what("ReplicaSet"), source))?;
+    if let Some(budget) = workload.disruption_budget() {
+        let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &workload.namespace);
+        budgets
+            .patch(&workload.name, &apply, &Patch::Apply(budget))
+            .await
+            .map_err(|source| api_error(what("PodDisruptionBudget"), source))?;
+    }
+    info!(workload = %workload.name, namespace = %workload.namespace, replicas = workload.replicas, "workload created");
+    Ok(())
 }
 
 /// Creates a node (if it does not exist) and its host.

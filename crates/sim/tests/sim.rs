@@ -3,7 +3,8 @@
 //! - `kubectl`: `gpu-sim serve` driven by the real kubectl;
 //! - `helm`: a chart installed, upgraded and uninstalled with the real Helm;
 //! - `scenarios`: the simulator's actors on the fake API server, driven by hand-written objects and faults;
-//! - `operator`: the operator converging simulated clusters (controller-level tests of issue 5).
+//! - `operator`: the operator converging simulated clusters (controller-level tests of issue 5);
+//! - `workloads`: GPU workloads, their disruption budgets and evictions, and scenario actions on objects.
 
 #[path = "sim/cluster.rs"]
 mod cluster;
@@ -15,3 +16,5 @@ mod kubectl;
 mod operator;
 #[path = "sim/scenarios.rs"]
 mod scenarios;
+#[path = "sim/workloads.rs"]
+mod workloads;

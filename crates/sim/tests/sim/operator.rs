@@ -58,6 +58,7 @@ impl Cluster {
         let spec = ClusterSpec {
             nfd: true,
             node_pools: pools,
+            workloads: Vec::new(),
         };
         let simulation = Simulation::start(client.clone(), spec, Timing::instant())
             .await

@@ -18,7 +18,7 @@ use gpuop_sim::cluster_spec::{ClusterSpec, GpuSpec, NodePool, TaintSpec};
 use gpuop_sim::hardware::GpuModel;
 use gpuop_sim::heartbeat::{Heartbeats, LEASE_NAMESPACE};
 use gpuop_sim::kubelet::Timing;
-use gpuop_sim::scenario::{Action, Scenario};
+use gpuop_sim::scenario::{Action, DriverInstallFault, Scenario};
 use gpuop_sim::simulation::{Plays, Simulation};
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetStatus};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -45,7 +45,7 @@ const WORKLOADS: &str = "ml";
 const PATIENCE: Duration = Duration::from_secs(60);
 
 /// Polls `check` until it succeeds; fails the test with what it saw last once [`PATIENCE`] is spent.
-async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, String>) -> T {
+pub(crate) async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, String>) -> T {
     let deadline = Instant::now() + PATIENCE;
     loop {
         let seen = match check().await {
@@ -360,6 +360,7 @@ impl Cluster {
         let spec = ClusterSpec {
             nfd: true,
             node_pools: pools.into_iter().map(|pool| pool.0).collect(),
+            workloads: Vec::new(),
         };
         spec.check().expect("a valid cluster spec");
         let sim = Simulation::start_playing(server.client_as(gpuop_sim::USER_AGENT), spec, timing, plays)
@@ -936,7 +937,9 @@ async fn the_chain_comes_up_in_order_through_the_status_files() {
 #[tokio::test]
 async fn a_driver_that_fails_to_install_crash_loops() {
     let cluster = Cluster::start([Pool::h100("h100", 2).deploying(&[Operand::Driver])]).await;
-    cluster.act(Action::DriverInstallFails("h100-1".to_owned())).await;
+    cluster
+        .act(Action::DriverInstallFails(DriverInstallFault::on("h100-1")))
+        .await;
     let driver = OperandSet::of(Operand::Driver);
     let app = driver.name();
     cluster.deploy(driver).await;
@@ -1628,9 +1631,14 @@ fn every_example_scenario_parses() {
     }
     let names: Vec<&str> = parsed.keys().map(String::as_str).collect();
     assert!(
-        names.contains(&"faults.yaml") && names.contains(&"scale-1000.yaml"),
+        names.contains(&"faults.yaml")
+            && names.contains(&"scale-1000.yaml")
+            && names.contains(&"upgrade.yaml"),
         "{names:?}"
     );
+    let upgrade = parsed["upgrade.yaml"].cluster();
+    assert_eq!(upgrade.nodes().count(), 12);
+    assert!(upgrade.workloads.iter().all(|w| w.disruption_budget.is_some()));
     assert_eq!(parsed["faults.yaml"].cluster(), ClusterSpec::demo());
     assert_eq!(parsed["scale-1000.yaml"].cluster().nodes().count(), 1000);
 }
