@@ -683,6 +683,7 @@ struct NodeWork {
     plugin: Option<PluginSettings>,
     feature_discovery: Option<PluginSettings>,
     driver_image: Option<String>,
+    driver_pod: Option<String>,
     validator_present: bool,
     mig_manager: Option<Arc<Pod>>,
 }
@@ -848,7 +849,8 @@ async fn kubelets(client: Client, caches: Caches, state: Arc<SimState>, shutdown
                     .collect();
                 match operand {
                     Operand::Driver => {
-                        work.driver_image = spec.containers.first().and_then(|c| c.image.clone())
+                        work.driver_image = spec.containers.first().and_then(|c| c.image.clone());
+                        work.driver_pod = pod.metadata.uid.clone();
                     }
                     Operand::DevicePlugin => {
                         work.plugin = Some(plugin_settings(&spec, node.labels(), &mounted))
@@ -861,6 +863,7 @@ async fn kubelets(client: Client, caches: Caches, state: Arc<SimState>, shutdown
                 }
             }
             // The host follows the operands that run on it.
+            let mut reloaded = false;
             let host = {
                 let mut hosts = state.hosts();
                 let Some(host) = hosts.get_mut(&node_name) else {
@@ -871,6 +874,10 @@ async fn kubelets(client: Client, caches: Caches, state: Arc<SimState>, shutdown
                 } else {
                     None
                 };
+                if work.driver_pod.is_some() && host.preinstalled_driver.is_none() {
+                    reloaded = host.driver_pod.is_some() && host.driver_pod != work.driver_pod;
+                    host.driver_pod = work.driver_pod.clone();
+                }
                 if host.loaded_driver.is_some() {
                     host.validations
                         .insert(status_file::DRIVER_CONTAINER_READY.to_owned());
@@ -898,6 +905,9 @@ async fn kubelets(client: Client, caches: Caches, state: Arc<SimState>, shutdown
             } else {
                 validator_seen.remove(&node_name);
             }
+            if reloaded {
+                restart_driver_clients(&client, &node_name, &pods).await;
+            }
             let mig_state = mig_manager(
                 &client,
                 &state,
@@ -917,6 +927,32 @@ async fn kubelets(client: Client, caches: Caches, state: Arc<SimState>, shutdown
                 work.feature_discovery.as_ref(),
             )
             .await;
+        }
+    }
+}
+
+/// Operands that use the driver, which NVIDIA's driver manager evicts from a node before it replaces the
+/// driver there (they come back with their DaemonSets, on the new driver).
+const DRIVER_CLIENTS: &[Operand] = &[
+    Operand::OperatorValidator,
+    Operand::DevicePlugin,
+    Operand::GpuFeatureDiscovery,
+    Operand::Dcgm,
+    Operand::DcgmExporter,
+    Operand::MigManager,
+];
+
+/// A new driver pod took over from another on this node: as NVIDIA's `k8s-driver-manager` does before it
+/// unloads the old driver, the operands that use the driver go (their DaemonSets bring them back on the new
+/// one, and the validator validates it anew).
+async fn restart_driver_clients(client: &Client, node: &str, pods: &[Arc<Pod>]) {
+    for pod in pods.iter().filter(|pod| {
+        pod.metadata.deletion_timestamp.is_none() && operand_of(pod).is_some_and(|o| DRIVER_CLIENTS.contains(&o))
+    }) {
+        let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+        match api.delete(&pod.name_any(), &DeleteParams::default()).await {
+            Ok(_) => info!(%node, pod = %pod.name_any(), "driver replaced: operand pod restarted, as the driver manager does"),
+            Err(error) => debug!(%node, pod = %pod.name_any(), %error, "cannot restart an operand pod"),
         }
     }
 }

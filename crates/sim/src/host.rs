@@ -22,6 +22,8 @@ pub struct Host {
     pub preinstalled_driver: Option<String>,
     /// Version of the driver a driver container loaded, if any.
     pub loaded_driver: Option<String>,
+    /// The driver pod (uid) that loaded it: a different one taking over is a reload.
+    pub driver_pod: Option<String>,
     /// Whether the toolkit configured the container runtime for NVIDIA GPUs.
     pub runtime_wired: bool,
     /// Whether a CDI spec for the GPUs exists.
@@ -66,6 +68,7 @@ impl Host {
             gpu_count: if model.is_some() { count } else { 0 },
             preinstalled_driver,
             loaded_driver: None,
+            driver_pod: None,
             runtime_wired: false,
             cdi_spec: false,
             validations: BTreeSet::new(),

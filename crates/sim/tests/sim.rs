@@ -4,7 +4,8 @@
 //! - `helm`: a chart installed, upgraded and uninstalled with the real Helm;
 //! - `scenarios`: the simulator's actors on the fake API server, driven by hand-written objects and faults;
 //! - `operator`: the operator converging simulated clusters (controller-level tests of issue 5);
-//! - `workloads`: GPU workloads, their disruption budgets and evictions, and scenario actions on objects.
+//! - `workloads`: GPU workloads, their disruption budgets and evictions, and scenario actions on objects;
+//! - `upgrade`: the operator upgrading drivers node by node under running workloads, and NVIDIADriver pools.
 
 #[path = "sim/cluster.rs"]
 mod cluster;
@@ -16,5 +17,7 @@ mod kubectl;
 mod operator;
 #[path = "sim/scenarios.rs"]
 mod scenarios;
+#[path = "sim/upgrade.rs"]
+mod upgrade;
 #[path = "sim/workloads.rs"]
 mod workloads;

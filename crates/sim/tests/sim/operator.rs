@@ -403,14 +403,15 @@ async fn a_joining_node_is_labelled_and_its_operands_come_up_in_chain_order() {
     ] {
         assert!(at(first) <= at(then), "{then} ready before {first}: {ready_at:?}");
     }
-    // One patch per node: its deploy switches (a MIG-capable GPU would add a second, once feature
-    // discovery reports it), however many times the node changed meanwhile.
+    // Two patches per node, however many times the node changed meanwhile: its deploy switches (a
+    // MIG-capable GPU would add one, once feature discovery reports it), and, since the sample policy turns
+    // automatic driver upgrades on, the upgrade controller marking it `upgrade-done`.
     let node_patches = cluster.server.requests().matching(|key| {
         key.verb == Verb::Patch
             && key.resource == "nodes"
             && gpuop_sim::product_token(&key.client) == gpuop_sim::product_token(gpuop_operator::USER_AGENT)
     });
-    assert_eq!(node_patches, 2, "node label patches for two T4 nodes");
+    assert_eq!(node_patches, 4, "node patches for two T4 nodes");
     cluster.stop().await;
 }
 
