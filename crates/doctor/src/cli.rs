@@ -1,7 +1,7 @@
 //! Command-line interface of `kubectl-gpu` (`kubectl gpu ...` when it is on the PATH).
 //!
 //! Exit status: 0 when healthy, 1 when there are findings (or the explained pod has a broken link), 2 when
-//! the doctor could not run.
+//! the doctor could not run. `upgrade-plan`: 0 when the plan was computed, 2 when it could not be.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -13,11 +13,12 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::analysis::analyze;
 use crate::explain::explain;
-use crate::live::{Connection, Live};
+use crate::live::{Connection, Live, Reads};
 use crate::load::load_paths;
 use crate::report::Report;
 use crate::snapshot::Snapshot;
-use crate::{bench, table};
+use crate::upgrade_plan::upgrade_plan;
+use crate::{bench, table, upgrade_plan as plan_view};
 
 /// The GPU operator's doctor: is every operand that should run on every node really running, in the right
 /// order, and why can this pod not get its GPU.
@@ -101,6 +102,19 @@ pub enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Show what a driver upgrade would do now, per upgrade pool: the budget, nodes in progress and failed,
+    /// the batches, the GPU pods each node would lose, the PodDisruptionBudgets that would block them, pods
+    /// that could never be evicted, and the nodes left out. Read-only.
+    ///
+    /// Exit status: 0 when the plan was computed, 2 when it could not be.
+    UpgradePlan {
+        /// Where to read from.
+        #[command(flatten)]
+        source: Source,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Save what the doctor reads from the live cluster (and the pods that ask for GPUs) to a file that
     /// `--snapshot` reads back.
     Snapshot {
@@ -175,7 +189,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             if watch {
                 return runtime()?.block_on(watch_doctor(&source, output, node.as_deref(), interval));
             }
-            let snapshot = read(&source, false)?;
+            let snapshot = read(&source, Reads::Doctor)?;
             let report = doctor_report(&snapshot, node.as_deref())?;
             print(&render(&report, output, node.is_some())?)?;
             Ok(verdict(report.has_findings()))
@@ -197,7 +211,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                     let namespace = namespace
                         .clone()
                         .unwrap_or_else(|| live.default_namespace().to_owned());
-                    let mut snapshot = live.snapshot(true).await?;
+                    let mut snapshot = live.snapshot(Reads::GpuPods).await?;
                     if snapshot.pod(&namespace, &name).is_none()
                         && let Some(pod) = live.pod(&namespace, &name).await?
                     {
@@ -220,6 +234,16 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             print(&text)?;
             Ok(verdict(explanation.verdict.link.is_some()))
         }
+        Command::UpgradePlan { source, output } => {
+            let snapshot = read(&source, Reads::UpgradePlan)?;
+            let plan = upgrade_plan(&snapshot)?;
+            let text = match output {
+                Output::Table => plan_view::table(&plan),
+                Output::Json => serde_json::to_string_pretty(&plan_view::json(&plan))? + "\n",
+            };
+            print(&text)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Snapshot {
             output,
             kubeconfig,
@@ -228,16 +252,20 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             let connection = Connection { kubeconfig, context };
             let snapshot = runtime()?.block_on(async {
                 let live = Live::connect(&connection).await?;
-                anyhow::Ok(live.snapshot(true).await?)
+                anyhow::Ok(live.snapshot(Reads::UpgradePlan).await?)
             })?;
             write_snapshot(&snapshot, &output)?;
             eprintln!(
-                "kubectl gpu: saved {} nodes, {} DaemonSets, {} pods, {} RuntimeClasses, {} ClusterPolicies to {}",
+                "kubectl gpu: saved {} nodes, {} DaemonSets, {} pods, {} RuntimeClasses, {} ClusterPolicies, \
+                 {} NVIDIADrivers, {} ControllerRevisions, {} PodDisruptionBudgets to {}",
                 snapshot.nodes.len(),
                 snapshot.daemon_sets.len(),
                 snapshot.pods.len(),
                 snapshot.runtime_classes.len(),
                 snapshot.cluster_policies.len(),
+                snapshot.nvidia_drivers.len(),
+                snapshot.controller_revisions.len(),
+                snapshot.disruption_budgets.len(),
                 output.display()
             );
             Ok(ExitCode::SUCCESS)
@@ -281,13 +309,13 @@ fn connection(source: &Source) -> Connection {
     }
 }
 
-fn read(source: &Source, gpu_pods: bool) -> anyhow::Result<Snapshot> {
+fn read(source: &Source, reads: Reads) -> anyhow::Result<Snapshot> {
     if !source.snapshots.is_empty() {
         return read_files(&source.snapshots);
     }
     runtime()?.block_on(async {
         let live = Live::connect(&connection(source)).await?;
-        anyhow::Ok(live.snapshot(gpu_pods).await?)
+        anyhow::Ok(live.snapshot(reads).await?)
     })
 }
 
@@ -334,7 +362,7 @@ async fn watch_doctor(
     let live = Live::connect(&connection(source)).await?;
     let mut code = ExitCode::SUCCESS;
     loop {
-        let text = match live.snapshot(false).await {
+        let text = match live.snapshot(Reads::Doctor).await {
             Ok(snapshot) => match doctor_report(&snapshot, node) {
                 Ok(report) => {
                     code = verdict(report.has_findings());

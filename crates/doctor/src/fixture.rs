@@ -2,26 +2,36 @@
 //! the operator label them ([`NodeFixture`]), and a [`ClusterBuilder`] that produces what a converged cluster
 //! has: one DaemonSet per operand the policy enables, made from the operand catalogue, and a ready pod of each
 //! on every node it places one on. Faults are planted on the result ([`Snapshot::pod_of_mut`] and the
-//! [`PodFacts`] methods below).
+//! [`PodFacts`] methods below). For driver upgrades: the driver DaemonSet's ControllerRevisions
+//! ([`Snapshot::new_driver_revision`]), NVIDIADrivers ([`Snapshot::add_nvidia_driver`]), workload pods with
+//! labels and owners, and PodDisruptionBudgets ([`disruption_budget`]).
 
 use std::collections::BTreeMap;
 
 use gpuop_api::catalogue::deploy_labels_for;
 use gpuop_api::choice::{SandboxMode, WorkloadConfig};
+use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
 use gpuop_api::labels::{
     COMPONENT, GPU_COUNT, GPU_FAMILY, GPU_MEMORY, GPU_PRESENT, GPU_PRODUCT, GPU_REPLICAS, GPU_TAINT,
     MANAGED_BY, MANAGED_BY_VALUE, MIG_CAPABLE, NFD_KERNEL_VERSION, NFD_NVIDIA_PCI, NFD_OS_ID, NFD_OS_VERSION,
     RESOURCE_GPU,
 };
+use gpuop_api::labels::{DRIVER_OWNER, NVIDIA_DRIVER_NAME};
 use gpuop_api::placement::daemon_pod_fits;
-use gpuop_api::{ClusterPolicy, ClusterPolicySpec, OPERANDS, Operand, OperandInfo};
-use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetStatus, DaemonSetUpdateStrategy};
+use gpuop_api::upgrade::observe::REVISION_HASH;
+use gpuop_api::{
+    ClusterPolicy, ClusterPolicySpec, NVIDIADriver, NVIDIADriverSpec, OPERANDS, Operand, OperandInfo,
+};
+use k8s_openapi::api::apps::v1::{
+    ControllerRevision, DaemonSet, DaemonSetSpec, DaemonSetStatus, DaemonSetUpdateStrategy,
+};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, Node, NodeAffinity, NodeCondition, NodeSelector, NodeSelectorRequirement,
-    NodeSelectorTerm, NodeSpec, NodeStatus, NodeSystemInfo, PodSpec, PodTemplateSpec, ResourceRequirements,
-    Taint, Toleration,
+    Affinity, Container, EmptyDirVolumeSource, EnvVar, Node, NodeAffinity, NodeCondition, NodeSelector,
+    NodeSelectorRequirement, NodeSelectorTerm, NodeSpec, NodeStatus, NodeSystemInfo, PodSpec,
+    PodTemplateSpec, ResourceRequirements, Taint, Toleration,
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference, Time};
 
@@ -30,7 +40,7 @@ use crate::contract::CUDA_DRIVER_VERSION_FULL;
 use crate::report::Link;
 use crate::snapshot::{
     ContainerFacts, ContainerStateFacts, ContainerStatusFacts, KINDS, PodConditionFacts, PodFacts, PodMeta,
-    PodSpecFacts, PodStatusFacts, RunningFacts, Snapshot, TerminatedFacts, WaitingFacts,
+    PodSpecFacts, PodStatusFacts, RunningFacts, Snapshot, TerminatedFacts, VolumeFacts, WaitingFacts,
 };
 
 /// Namespace the builders put operands in.
@@ -298,10 +308,89 @@ impl ClusterBuilder {
             listed: KINDS.iter().map(|k| (*k).to_owned()).collect(),
             ..Snapshot::default()
         };
+        snapshot.controller_revisions = snapshot
+            .daemon_sets
+            .iter()
+            .filter(|ds| is_driver(ds))
+            .map(revision_of)
+            .collect();
         for node in self.nodes {
             snapshot.join(node);
         }
         snapshot
+    }
+}
+
+fn is_driver(daemon_set: &DaemonSet) -> bool {
+    crate::analysis::operand_of(daemon_set) == Some(Operand::Driver)
+}
+
+/// The `controller-revision-hash` of a DaemonSet's latest revision: the fixtures number revisions by the
+/// DaemonSet's generation.
+fn revision_hash(daemon_set: &DaemonSet) -> String {
+    format!(
+        "{}-r{}",
+        daemon_set.metadata.name.as_deref().unwrap_or_default(),
+        daemon_set.metadata.generation.unwrap_or(1)
+    )
+}
+
+/// The ControllerRevision of a DaemonSet's current generation, as the DaemonSet controller writes it.
+pub fn revision_of(daemon_set: &DaemonSet) -> ControllerRevision {
+    let mut labels = daemon_set
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    let hash = revision_hash(daemon_set);
+    labels.insert(REVISION_HASH.to_owned(), hash.clone());
+    ControllerRevision {
+        metadata: ObjectMeta {
+            name: Some(hash.clone()),
+            namespace: daemon_set.metadata.namespace.clone(),
+            uid: Some(format!("uid-{hash}")),
+            labels: Some(labels),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "apps/v1".to_owned(),
+                kind: "DaemonSet".to_owned(),
+                name: daemon_set.metadata.name.clone().unwrap_or_default(),
+                uid: daemon_set.metadata.uid.clone().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]),
+            ..ObjectMeta::default()
+        },
+        revision: daemon_set.metadata.generation.unwrap_or(1),
+        data: None,
+    }
+}
+
+/// A PodDisruptionBudget over the pods of a namespace with these labels, allowing `allowed` disruptions now.
+pub fn disruption_budget(
+    namespace: &str,
+    name: &str,
+    match_labels: &[(&str, &str)],
+    allowed: i32,
+) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            uid: Some(format!("uid-pdb-{namespace}-{name}")),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodDisruptionBudgetSpec {
+            selector: Some(LabelSelector {
+                match_labels: Some(labels(match_labels)),
+                match_expressions: None,
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        status: Some(PodDisruptionBudgetStatus {
+            disruptions_allowed: allowed,
+            ..PodDisruptionBudgetStatus::default()
+        }),
     }
 }
 
@@ -325,6 +414,10 @@ pub fn operand_daemon_set(info: &OperandInfo, policy: &ClusterPolicySpec) -> Dae
         image: Some(format!("nvcr.io/nvidia/{}:test", info.id)),
         ..Container::default()
     };
+    let mut main = container(info.id.to_owned());
+    if info.operand == Operand::Driver {
+        main.env = Some(vec![digest_env(1)]);
+    }
     let init_containers: Vec<Container> = init_files(info)
         .into_iter()
         .map(|file| container(validation_container(file)))
@@ -358,7 +451,7 @@ pub fn operand_daemon_set(info: &OperandInfo, policy: &ClusterPolicySpec) -> Dae
                     runtime_class_name: (needs_runtime_class && !policy.nri_plugin_enabled())
                         .then(|| policy.operator.runtime_class().to_owned()),
                     init_containers: (!init_containers.is_empty()).then_some(init_containers),
-                    containers: vec![container(info.id.to_owned())],
+                    containers: vec![main],
                     ..PodSpec::default()
                 }),
             },
@@ -376,6 +469,15 @@ pub fn operand_daemon_set(info: &OperandInfo, policy: &ClusterPolicySpec) -> Dae
             ..DaemonSetSpec::default()
         }),
         status: Some(DaemonSetStatus::default()),
+    }
+}
+
+/// The driver's `DRIVER_CONFIG_DIGEST` in the fixtures: one per generation (every new revision reinstalls).
+fn digest_env(generation: i64) -> EnvVar {
+    EnvVar {
+        name: DRIVER_CONFIG_DIGEST.to_owned(),
+        value: Some(format!("digest-{generation}")),
+        value_from: None,
     }
 }
 
@@ -419,9 +521,23 @@ pub fn daemon_pod(daemon_set: &DaemonSet, node: &str) -> PodFacts {
             .map(|c| ContainerFacts {
                 name: c.name.clone(),
                 resources: None,
+                env: c
+                    .env
+                    .iter()
+                    .flatten()
+                    .map(|e| crate::snapshot::EnvFacts {
+                        name: e.name.clone(),
+                        value: e.value.clone(),
+                    })
+                    .collect(),
             })
             .collect()
     };
+    let mut pod_labels = template
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    pod_labels.insert(REVISION_HASH.to_owned(), revision_hash(daemon_set));
     let init_containers = names(spec.and_then(|s| s.init_containers.as_ref()));
     let containers = names(spec.map(|s| &s.containers));
     let mut pod = PodFacts {
@@ -430,6 +546,8 @@ pub fn daemon_pod(daemon_set: &DaemonSet, node: &str) -> PodFacts {
             namespace: daemon_set.metadata.namespace.clone(),
             uid: format!("uid-{name}-{node}"),
             deletion_timestamp: None,
+            labels: pod_labels,
+            annotations: BTreeMap::new(),
             owner_references: vec![OwnerReference {
                 api_version: "apps/v1".to_owned(),
                 kind: "DaemonSet".to_owned(),
@@ -480,6 +598,7 @@ fn condition(type_: &str, status: bool, reason: Option<&str>, message: Option<&s
         status: if status { "True" } else { "False" }.to_owned(),
         reason: reason.map(str::to_owned),
         message: message.map(str::to_owned),
+        last_transition_time: None,
     }
 }
 
@@ -521,6 +640,8 @@ impl PodFacts {
                 namespace: Some(namespace.to_owned()),
                 uid: format!("uid-{namespace}-{name}"),
                 deletion_timestamp: None,
+                labels: BTreeMap::new(),
+                annotations: BTreeMap::new(),
                 owner_references: vec![OwnerReference {
                     api_version: "apps/v1".to_owned(),
                     kind: "ReplicaSet".to_owned(),
@@ -534,6 +655,7 @@ impl PodFacts {
                 containers: vec![ContainerFacts {
                     name: "main".to_owned(),
                     resources: Some(ResourceRequirements::default()),
+                    env: Vec::new(),
                 }],
                 ..PodSpecFacts::default()
             },
@@ -563,6 +685,30 @@ impl PodFacts {
                 .get_or_insert_with(BTreeMap::new)
                 .insert(resource.to_owned(), quantity);
         }
+        self
+    }
+
+    /// Sets a label.
+    #[must_use]
+    pub fn labelled(mut self, key: &str, value: &str) -> PodFacts {
+        self.metadata.labels.insert(key.to_owned(), value.to_owned());
+        self
+    }
+
+    /// No controller owns it (a bare pod: evicting it loses it for good).
+    #[must_use]
+    pub fn unmanaged(mut self) -> PodFacts {
+        self.metadata.owner_references.clear();
+        self
+    }
+
+    /// Mounts an emptyDir volume (evicting it loses the data).
+    #[must_use]
+    pub fn with_empty_dir(mut self, name: &str) -> PodFacts {
+        self.spec.volumes.push(VolumeFacts {
+            name: name.to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+        });
         self
     }
 
@@ -822,6 +968,60 @@ impl Snapshot {
             .template
             .spec
             .as_mut()
+    }
+
+    /// The driver DaemonSets get a new revision that reinstalls the driver (a new image or configuration):
+    /// every driver pod running now is outdated.
+    pub fn new_driver_revision(&mut self) {
+        for daemon_set in self.daemon_sets.iter_mut().filter(|ds| is_driver(ds)) {
+            let generation = daemon_set.metadata.generation.unwrap_or(1) + 1;
+            daemon_set.metadata.generation = Some(generation);
+            for container in daemon_set
+                .spec
+                .iter_mut()
+                .filter_map(|s| s.template.spec.as_mut())
+                .flat_map(|s| s.containers.iter_mut())
+            {
+                for env in container.env.iter_mut().flatten() {
+                    if env.name == DRIVER_CONFIG_DIGEST {
+                        *env = digest_env(generation);
+                    }
+                }
+            }
+            let revision = revision_of(daemon_set);
+            self.controller_revisions.push(revision);
+        }
+    }
+
+    /// An NVIDIADriver takes over the driver of these nodes: its DaemonSet (`nvidia.com/nvidiadriver=<name>`)
+    /// with its revision, its driver pod on each node in place of any other, and the nodes routed to it.
+    pub fn add_nvidia_driver(&mut self, name: &str, spec: NVIDIADriverSpec, nodes: &[&str]) {
+        let mut driver = NVIDIADriver::new(name, spec);
+        driver.metadata.uid = Some(format!("uid-nvidiadriver-{name}"));
+        self.nvidia_drivers.push(driver);
+        let mut daemon_set = operand_daemon_set(Operand::Driver.info(), &ClusterPolicySpec::default());
+        let ds_name = format!("nvidia-gpu-driver-ubuntu22.04-{name}");
+        daemon_set.metadata.name = Some(ds_name.clone());
+        daemon_set.metadata.uid = Some(format!("uid-{ds_name}"));
+        daemon_set
+            .metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(NVIDIA_DRIVER_NAME.to_owned(), name.to_owned());
+        for node in nodes {
+            self.pods.retain(|pod| {
+                !(pod.spec.node_name.as_deref() == Some(*node)
+                    && pod.metadata.labels.get(COMPONENT).map(String::as_str)
+                        == Some(Operand::Driver.info().component))
+            });
+            self.pods.push(daemon_pod(&daemon_set, node));
+            if let Some(found) = self.node_mut(node) {
+                let routed = std::mem::take(found).with_label(DRIVER_OWNER, name);
+                *found = routed;
+            }
+        }
+        self.controller_revisions.push(revision_of(&daemon_set));
+        self.daemon_sets.push(daemon_set);
     }
 
     /// A node, to change it.

@@ -1,6 +1,7 @@
 //! `kubectl gpu`: the GPU operator's doctor. It answers, from outside the operator, whether every operand
 //! that should run on every node really runs, whether any node's order is broken (a device plugin up while
-//! the container toolkit is not), and why a pod cannot get its GPU.
+//! the container toolkit is not), why a pod cannot get its GPU, and what a driver upgrade would do now
+//! ([`upgrade_plan`]).
 //!
 //! The analysis is pure: a [`snapshot::Snapshot`] in, a [`report::Report`] out ([`analysis::analyze`]),
 //! or an [`explain::Explanation`] for one pod. Snapshots come from files of `kubectl get -o json|yaml`
@@ -20,6 +21,7 @@ pub mod report;
 pub mod resources;
 pub mod snapshot;
 pub mod table;
+pub mod upgrade_plan;
 
 pub use analysis::analyze;
 pub use report::Report;

@@ -1,8 +1,10 @@
 //! Reading a live cluster, with the usual kubeconfig resolution (`--kubeconfig`, `$KUBECONFIG`,
-//! `~/.kube/config`, in-cluster). It lists exactly what the doctor reads: nodes, DaemonSets, the pods of the
-//! operand DaemonSets (by each DaemonSet's own selector), RuntimeClasses and ClusterPolicies; for `explain`
-//! and `snapshot`, also the pods that ask for GPUs. Lists are paged, and every object goes through the same
-//! conversion as a snapshot file ([`crate::load::Loader`]).
+//! `~/.kube/config`, in-cluster). It lists exactly what a command reads ([`Reads`]): nodes, DaemonSets, the
+//! pods of the operand DaemonSets (by each DaemonSet's own selector), RuntimeClasses and ClusterPolicies;
+//! for `explain`, also the pods that ask for GPUs; for `upgrade-plan` and `snapshot`, also NVIDIADrivers, the
+//! driver DaemonSets' ControllerRevisions, PodDisruptionBudgets and the pods on nodes a driver upgrade may
+//! empty. Lists are paged, and every object goes through the same conversion as a snapshot file
+//! ([`crate::load::Loader`]).
 
 use std::path::PathBuf;
 
@@ -18,9 +20,25 @@ use crate::analysis::operand_of;
 use crate::load::{LoadError, Loader, Location};
 use crate::resources::pod_gpu_requests;
 use crate::snapshot::{PodFacts, Snapshot, null_as_default, trim_pod};
+use crate::upgrade_plan::may_be_upgraded;
+use gpuop_api::labels::COMPONENT;
+use gpuop_api::upgrade::observe::DRIVER_COMPONENT;
 
 /// Objects per page of a list.
 const PAGE: u32 = 500;
+
+/// What a live read covers, each a superset of the one before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reads {
+    /// What `doctor` judges: nodes, DaemonSets, RuntimeClasses, ClusterPolicies and the operand pods.
+    Doctor,
+    /// Also every pod that asks for GPUs and has not finished (`explain`).
+    GpuPods,
+    /// Also NVIDIADrivers, the driver DaemonSets' ControllerRevisions, PodDisruptionBudgets, and every pod
+    /// that has not finished on a node a driver upgrade may empty (`upgrade-plan`; `snapshot`, so that its
+    /// file answers every command).
+    UpgradePlan,
+}
 
 /// Why the live cluster could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -110,8 +128,8 @@ impl Live {
         self.client.default_namespace()
     }
 
-    /// Reads what the doctor needs; with `gpu_pods`, also every pod that asks for GPUs and has not finished.
-    pub async fn snapshot(&self, gpu_pods: bool) -> Result<Snapshot, LiveError> {
+    /// Reads what a command needs.
+    pub async fn snapshot(&self, reads: Reads) -> Result<Snapshot, LiveError> {
         let mut loader = Loader::default();
         self.add_all(&mut loader, "/api/v1/nodes", "Node", "nodes")
             .await?;
@@ -140,12 +158,46 @@ impl Live {
             }) if status.code == 404 => {}
             other => other?,
         }
+        let mut listed = vec!["Node", "DaemonSet", "RuntimeClass", "ClusterPolicy"];
+        if reads == Reads::UpgradePlan {
+            match self
+                .add_all(
+                    &mut loader,
+                    "/apis/nvidia.com/v1alpha1/nvidiadrivers",
+                    "NVIDIADriver",
+                    "nvidiadrivers",
+                )
+                .await
+            {
+                // Without the CRD there is no NVIDIADriver.
+                Err(LiveError::Request {
+                    source: kube::Error::Api(status),
+                    ..
+                }) if status.code == 404 => {}
+                other => other?,
+            }
+            // A DaemonSet's ControllerRevisions carry its pod template's labels, the component among them.
+            self.add_listed(
+                &mut loader,
+                "/apis/apps/v1/controllerrevisions",
+                ListParams::default().labels(&format!("{COMPONENT}={DRIVER_COMPONENT}")),
+                "ControllerRevision",
+                "controllerrevisions",
+            )
+            .await?;
+            self.add_all(
+                &mut loader,
+                "/apis/policy/v1/poddisruptionbudgets",
+                "PodDisruptionBudget",
+                "poddisruptionbudgets",
+            )
+            .await?;
+            listed.extend(["NVIDIADriver", "ControllerRevision", "PodDisruptionBudget"]);
+        }
         let mut snapshot = loader.finish();
-        snapshot.listed.extend(
-            ["Node", "DaemonSet", "RuntimeClass", "ClusterPolicy"]
-                .iter()
-                .map(|kind| (*kind).to_owned()),
-        );
+        snapshot
+            .listed
+            .extend(listed.iter().map(|kind| (*kind).to_owned()));
 
         // The operand pods, by each operand DaemonSet's own selector.
         let mut selectors: Vec<(String, LabelSelector)> = snapshot
@@ -170,12 +222,24 @@ impl Live {
             let pods: Vec<PodFacts> = self.list(&path, params, &format!("pods in {namespace}")).await?;
             snapshot.pods.extend(pods);
         }
-        if gpu_pods {
+        if reads >= Reads::GpuPods {
+            // Nodes a driver upgrade may empty: every pod there may have to go (drain).
+            let emptied = match reads {
+                Reads::UpgradePlan => may_be_upgraded(&snapshot),
+                _ => Default::default(),
+            };
             let params = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
-            let pods: Vec<PodFacts> = self.list("/api/v1/pods", params, "pods").await?;
-            snapshot
-                .pods
-                .extend(pods.into_iter().filter(|pod| !pod_gpu_requests(pod).is_empty()));
+            let pods: Vec<PodFacts> = self
+                .list_keeping("/api/v1/pods", params, "pods", |pod: &PodFacts| {
+                    !pod_gpu_requests(pod).is_empty()
+                        || pod
+                            .spec
+                            .node_name
+                            .as_ref()
+                            .is_some_and(|node| emptied.contains(node))
+                })
+                .await?;
+            snapshot.pods.extend(pods);
         }
         snapshot.pods.iter_mut().for_each(trim_pod);
         snapshot.dedup_pods();
@@ -209,7 +273,19 @@ impl Live {
         kind: &str,
         what: &str,
     ) -> Result<(), LiveError> {
-        let items: Vec<Value> = self.list(path, ListParams::default(), what).await?;
+        self.add_listed(loader, path, ListParams::default(), kind, what)
+            .await
+    }
+
+    async fn add_listed(
+        &self,
+        loader: &mut Loader,
+        path: &str,
+        params: ListParams,
+        kind: &str,
+        what: &str,
+    ) -> Result<(), LiveError> {
+        let items: Vec<Value> = self.list(path, params, what).await?;
         let at = Location {
             origin: format!("{path} (live)"),
             document: 1,
@@ -235,6 +311,17 @@ impl Live {
         params: ListParams,
         what: &str,
     ) -> Result<Vec<T>, LiveError> {
+        self.list_keeping(path, params, what, |_: &T| true).await
+    }
+
+    /// Lists every page, keeping the items `keep` accepts as each page comes (a cluster's pods are many).
+    async fn list_keeping<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        params: ListParams,
+        what: &str,
+        mut keep: impl FnMut(&T) -> bool,
+    ) -> Result<Vec<T>, LiveError> {
         let error = |source| LiveError::Request {
             verb: "list",
             what: what.to_owned(),
@@ -251,7 +338,7 @@ impl Live {
                 .list(&page_params)
                 .map_err(|e| error(kube::Error::BuildRequest(e)))?;
             let page: Page<T> = self.client.request(request).await.map_err(error)?;
-            items.extend(page.items);
+            items.extend(page.items.into_iter().filter(|item| keep(item)));
             match page.metadata.continue_token {
                 Some(next) if !next.is_empty() => token = Some(next),
                 _ => return Ok(items),

@@ -11,11 +11,15 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
-use gpuop_api::ClusterPolicy;
+use gpuop_api::{ClusterPolicy, NVIDIADriver, Operand};
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
-use crate::snapshot::{KINDS, PodFacts, SNAPSHOT_FIELD, Snapshot, trim_daemon_set, trim_node, trim_pod};
+use crate::analysis::operand_of;
+use crate::snapshot::{
+    KINDS, PodFacts, SNAPSHOT_FIELD, Snapshot, trim_daemon_set, trim_disruption_budget, trim_node, trim_pod,
+    trim_revision,
+};
 
 /// Where an object was read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -269,13 +273,22 @@ impl Loader {
                 self.snapshot.daemon_sets.push(daemon_set);
             }
             "RuntimeClass" => self.snapshot.runtime_classes.push(typed(value).parse()?),
+            "ControllerRevision" => {
+                let mut revision = typed(without_data(value)).parse()?;
+                trim_revision(&mut revision);
+                self.snapshot.controller_revisions.push(revision);
+            }
+            "PodDisruptionBudget" => {
+                let mut budget = typed(value).parse()?;
+                trim_disruption_budget(&mut budget);
+                self.snapshot.disruption_budgets.push(budget);
+            }
+            "NVIDIADriver" => {
+                let driver: NVIDIADriver = typed(without_status(value)).parse()?;
+                self.snapshot.nvidia_drivers.push(driver);
+            }
             _ => {
-                // The doctor reads the spec; a status written by another operator version must not stop it.
-                let mut value = value;
-                if let Some(map) = value.as_object_mut() {
-                    map.remove("status");
-                }
-                let policy: ClusterPolicy = typed(value).parse()?;
+                let policy: ClusterPolicy = typed(without_status(value)).parse()?;
                 self.snapshot.cluster_policies.push(policy);
             }
         }
@@ -293,9 +306,28 @@ impl Loader {
         self.snapshot.listed.extend(kinds.map(str::to_owned));
     }
 
-    /// The snapshot read so far, with a note on what was ignored.
+    /// The snapshot read so far, with a note on what was ignored. ControllerRevisions of DaemonSets other
+    /// than the driver's are dropped: nothing reads them.
     pub fn finish(mut self) -> Snapshot {
         self.snapshot.dedup_pods();
+        let drivers: std::collections::BTreeSet<&str> = self
+            .snapshot
+            .daemon_sets
+            .iter()
+            .filter(|ds| operand_of(ds) == Some(Operand::Driver))
+            .filter_map(|ds| ds.metadata.uid.as_deref())
+            .collect();
+        let revisions = std::mem::take(&mut self.snapshot.controller_revisions);
+        self.snapshot.controller_revisions = revisions
+            .into_iter()
+            .filter(|r| {
+                r.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| drivers.contains(o.uid.as_str()))
+            })
+            .collect();
         if !self.ignored.is_empty() {
             let ignored: Vec<String> = self
                 .ignored
@@ -308,6 +340,23 @@ impl Loader {
         }
         self.snapshot
     }
+}
+
+/// The object without its status: the doctor reads a custom resource's spec, and a status written by
+/// another operator version must not stop it.
+fn without_status(mut value: Value) -> Value {
+    if let Some(map) = value.as_object_mut() {
+        map.remove("status");
+    }
+    value
+}
+
+/// A ControllerRevision without its data (a whole pod template, never read).
+fn without_data(mut value: Value) -> Value {
+    if let Some(map) = value.as_object_mut() {
+        map.remove("data");
+    }
+    value
 }
 
 /// An object on its way to its type, with what names it in an error.

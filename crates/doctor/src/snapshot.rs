@@ -1,25 +1,43 @@
-//! What the doctor reads from a cluster: nodes, operand DaemonSets, pods, RuntimeClasses and ClusterPolicies.
+//! What the doctor reads from a cluster: nodes, operand DaemonSets, pods, RuntimeClasses and ClusterPolicies;
+//! for the upgrade plan also NVIDIADrivers, the driver DaemonSets' ControllerRevisions and
+//! PodDisruptionBudgets.
 //!
 //! Nodes, DaemonSets and RuntimeClasses are Kubernetes' own types, trimmed on the way in to the fields the
 //! doctor reads (a node's image list or a pod template's environment are dropped), so that the placement
 //! rules in [`gpuop_api::placement`] apply to them unchanged. Pods are the bulk of a large cluster (ten per
 //! GPU node), so they are kept as [`PodFacts`], a projection with the same JSON shape as a Pod that
-//! holds only what the doctor reads. Serialized, a snapshot is a `v1 List` that `kubectl` and the file
+//! holds only what the doctor reads; [`PodFacts::to_pod`] turns it back into a Pod for the rules of
+//! [`gpuop_api::upgrade::observe`]. Serialized, a snapshot is a `v1 List` that `kubectl` and the file
 //! loader read alike.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use gpuop_api::ClusterPolicy;
-use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
+use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
+use gpuop_api::{ClusterPolicy, NVIDIADriver};
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetSpec};
 use k8s_openapi::api::core::v1::{
-    Affinity, Node, NodeStatus, PodSpec, PodTemplateSpec, ResourceRequirements, Toleration,
+    Affinity, Container, ContainerStatus, EmptyDirVolumeSource, EnvVar, Node, NodeStatus, Pod, PodCondition,
+    PodSpec, PodStatus, PodTemplateSpec, ResourceRequirements, Toleration, Volume,
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// Kinds the doctor reads; every other kind in a snapshot file is ignored.
-pub const KINDS: &[&str] = &["Node", "Pod", "DaemonSet", "RuntimeClass", "ClusterPolicy"];
+pub const KINDS: &[&str] = &[
+    "Node",
+    "Pod",
+    "DaemonSet",
+    "RuntimeClass",
+    "ClusterPolicy",
+    "NVIDIADriver",
+    "ControllerRevision",
+    "PodDisruptionBudget",
+];
+
+/// The annotation that marks a static pod's mirror, which evicting cannot move (the kubelet owns it).
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// Everything the analysis looks at. Built by the file loader ([`crate::load`]), the live loader
 /// ([`crate::live`]) or the fixtures ([`crate::fixture`]).
@@ -29,12 +47,19 @@ pub struct Snapshot {
     pub nodes: Vec<Node>,
     /// DaemonSets (only operand DaemonSets matter; others are ignored by the analysis).
     pub daemon_sets: Vec<DaemonSet>,
-    /// Pods: those of operand DaemonSets, and for `explain`, pods that request GPUs.
+    /// Pods: those of operand DaemonSets; for `explain`, pods that request GPUs; for the upgrade plan, every
+    /// pod on a node a driver upgrade may empty.
     pub pods: Vec<PodFacts>,
     /// RuntimeClasses.
     pub runtime_classes: Vec<RuntimeClass>,
     /// ClusterPolicies.
     pub cluster_policies: Vec<ClusterPolicy>,
+    /// NVIDIADrivers.
+    pub nvidia_drivers: Vec<NVIDIADriver>,
+    /// ControllerRevisions of driver DaemonSets (what tells an outdated driver pod), without their data.
+    pub controller_revisions: Vec<ControllerRevision>,
+    /// PodDisruptionBudgets: name, namespace, selector and `status.disruptionsAllowed`.
+    pub disruption_budgets: Vec<PodDisruptionBudget>,
     /// Kinds known to be complete: listed as a whole from a cluster, so that "none in the snapshot" means
     /// "none in the cluster". A kind with at least one object in the snapshot counts as listed too.
     pub listed: BTreeSet<String>,
@@ -51,6 +76,9 @@ impl Snapshot {
             "DaemonSet" => !self.daemon_sets.is_empty(),
             "RuntimeClass" => !self.runtime_classes.is_empty(),
             "ClusterPolicy" => !self.cluster_policies.is_empty(),
+            "NVIDIADriver" => !self.nvidia_drivers.is_empty(),
+            "ControllerRevision" => !self.controller_revisions.is_empty(),
+            "PodDisruptionBudget" => !self.disruption_budgets.is_empty(),
             _ => false,
         };
         has_any || self.listed.contains(kind)
@@ -116,6 +144,9 @@ impl Snapshot {
         for policy in &self.cluster_policies {
             item(out, policy)?;
         }
+        for driver in &self.nvidia_drivers {
+            item(out, driver)?;
+        }
         for class in &self.runtime_classes {
             item(out, class)?;
         }
@@ -124,6 +155,12 @@ impl Snapshot {
         }
         for daemon_set in &self.daemon_sets {
             item(out, daemon_set)?;
+        }
+        for revision in &self.controller_revisions {
+            item(out, revision)?;
+        }
+        for budget in &self.disruption_budgets {
+            item(out, budget)?;
         }
         for pod in &self.pods {
             item(
@@ -182,6 +219,21 @@ pub struct PodMeta {
     /// Set when the pod is being deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion_timestamp: Option<String>,
+    /// Labels: PodDisruptionBudgets and the upgrade policy's pod selectors match them; driver and
+    /// validator pods are known by them.
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations: only [`MIRROR_ANNOTATION`] is kept.
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub annotations: BTreeMap<String, String>,
     /// Owners; a DaemonSet pod has its DaemonSet as controller.
     #[serde(
         default,
@@ -247,6 +299,25 @@ pub struct PodSpecFacts {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub containers: Vec<ContainerFacts>,
+    /// Volumes: only emptyDir ones are kept (evicting the pod loses their data).
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub volumes: Vec<VolumeFacts>,
+}
+
+/// An emptyDir volume.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeFacts {
+    /// Name.
+    #[serde(default)]
+    pub name: String,
+    /// Set for an emptyDir volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub empty_dir: Option<EmptyDirVolumeSource>,
 }
 
 /// A container: its name and what it requests.
@@ -259,6 +330,24 @@ pub struct ContainerFacts {
     /// Requests and limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// Environment: only the driver's `DRIVER_CONFIG_DIGEST` is kept (it tells a restart from a reinstall).
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub env: Vec<EnvFacts>,
+}
+
+/// An environment variable with a literal value.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EnvFacts {
+    /// Name.
+    #[serde(default)]
+    pub name: String,
+    /// Value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
 }
 
 /// What the kubelet and scheduler report about a pod.
@@ -333,6 +422,13 @@ pub struct PodConditionFacts {
     /// Why, in a sentence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// When the status last changed (since when a pod has been Ready).
+    #[serde(
+        rename = "lastTransitionTime",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_transition_time: Option<Time>,
 }
 
 /// A container's state; one of the three is set.
@@ -426,6 +522,92 @@ impl PodFacts {
         matches!(self.status.phase.as_deref(), Some("Succeeded" | "Failed"))
     }
 
+    /// The pod as Kubernetes' type, holding what the projection keeps, for the rules of
+    /// [`gpuop_api::upgrade::observe`] (driver pods, validators, workloads).
+    pub fn to_pod(&self) -> Pod {
+        let map = |m: &BTreeMap<String, String>| (!m.is_empty()).then(|| m.clone());
+        let container = |c: &ContainerFacts| Container {
+            name: c.name.clone(),
+            resources: c.resources.clone(),
+            env: (!c.env.is_empty()).then(|| {
+                c.env
+                    .iter()
+                    .map(|e| EnvVar {
+                        name: e.name.clone(),
+                        value: e.value.clone(),
+                        value_from: None,
+                    })
+                    .collect()
+            }),
+            ..Container::default()
+        };
+        let meta = &self.metadata;
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(meta.name.clone()),
+                namespace: meta.namespace.clone(),
+                uid: (!meta.uid.is_empty()).then(|| meta.uid.clone()),
+                labels: map(&meta.labels),
+                annotations: map(&meta.annotations),
+                owner_references: (!meta.owner_references.is_empty()).then(|| meta.owner_references.clone()),
+                // Only whether it is set matters to the rules.
+                deletion_timestamp: meta
+                    .deletion_timestamp
+                    .as_ref()
+                    .map(|text| Time(text.parse().unwrap_or(jiff::Timestamp::UNIX_EPOCH))),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                node_name: self.spec.node_name.clone(),
+                containers: self.spec.containers.iter().map(container).collect(),
+                init_containers: (!self.spec.init_containers.is_empty())
+                    .then(|| self.spec.init_containers.iter().map(container).collect()),
+                volumes: (!self.spec.volumes.is_empty()).then(|| {
+                    self.spec
+                        .volumes
+                        .iter()
+                        .map(|v| Volume {
+                            name: v.name.clone(),
+                            empty_dir: v.empty_dir.clone(),
+                            ..Volume::default()
+                        })
+                        .collect()
+                }),
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                phase: self.status.phase.clone(),
+                conditions: Some(
+                    self.status
+                        .conditions
+                        .iter()
+                        .map(|c| PodCondition {
+                            type_: c.type_.clone(),
+                            status: c.status.clone(),
+                            reason: c.reason.clone(),
+                            message: c.message.clone(),
+                            last_transition_time: c.last_transition_time.clone(),
+                            ..PodCondition::default()
+                        })
+                        .collect(),
+                ),
+                container_statuses: Some(
+                    self.status
+                        .container_statuses
+                        .iter()
+                        .map(|c| ContainerStatus {
+                            name: c.name.clone(),
+                            ready: c.ready,
+                            restart_count: c.restart_count,
+                            ..ContainerStatus::default()
+                        })
+                        .collect(),
+                ),
+                ..PodStatus::default()
+            }),
+        }
+    }
+
     /// The spec fields the placement rules read, as a Kubernetes `PodSpec`.
     pub fn placement_spec(&self) -> PodSpec {
         PodSpec {
@@ -438,8 +620,19 @@ impl PodFacts {
     }
 }
 
-/// Drops what the doctor never reads from a pod: where a pod may go matters only while it is not bound.
+/// Drops what the doctor never reads from a pod: where a pod may go matters only while it is not bound;
+/// of its annotations, environment and volumes only what an eviction or a driver upgrade turns on.
 pub fn trim_pod(pod: &mut PodFacts) {
+    pod.metadata.annotations.retain(|key, _| key == MIRROR_ANNOTATION);
+    for container in pod
+        .spec
+        .containers
+        .iter_mut()
+        .chain(&mut pod.spec.init_containers)
+    {
+        container.env.retain(|e| e.name == DRIVER_CONFIG_DIGEST);
+    }
+    pod.spec.volumes.retain(|v| v.empty_dir.is_some());
     if pod.spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
         pod.spec.affinity = None;
         pod.spec.tolerations = Vec::new();
@@ -495,12 +688,62 @@ pub fn trim_daemon_set(daemon_set: &mut DaemonSet) {
     }
 }
 
-fn trim_container(container: k8s_openapi::api::core::v1::Container) -> k8s_openapi::api::core::v1::Container {
-    k8s_openapi::api::core::v1::Container {
+/// Keeps a container's name and image, and of its environment `DRIVER_CONFIG_DIGEST` (the driver pod's
+/// digest is compared with it to tell a restart from a reinstall).
+fn trim_container(container: Container) -> Container {
+    let env: Option<Vec<EnvVar>> = container
+        .env
+        .map(|env| {
+            env.into_iter()
+                .filter(|e| e.name == DRIVER_CONFIG_DIGEST)
+                .collect()
+        })
+        .filter(|env: &Vec<EnvVar>| !env.is_empty());
+    Container {
         name: container.name,
         image: container.image,
+        env,
         ..Default::default()
     }
+}
+
+/// Keeps what tells a DaemonSet's latest revision: owner, revision number and `controller-revision-hash`.
+/// The data (a whole pod template) goes.
+pub fn trim_revision(revision: &mut ControllerRevision) {
+    let meta = std::mem::take(&mut revision.metadata);
+    revision.metadata = ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        labels: meta.labels.map(|labels| {
+            labels
+                .into_iter()
+                .filter(|(key, _)| key == gpuop_api::upgrade::observe::REVISION_HASH)
+                .collect()
+        }),
+        owner_references: meta.owner_references,
+        ..ObjectMeta::default()
+    };
+    revision.data = None;
+}
+
+/// Keeps a PodDisruptionBudget's name, namespace, selector and `status.disruptionsAllowed`.
+pub fn trim_disruption_budget(budget: &mut PodDisruptionBudget) {
+    let meta = std::mem::take(&mut budget.metadata);
+    budget.metadata = ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        ..ObjectMeta::default()
+    };
+    budget.spec = budget.spec.take().map(|spec| PodDisruptionBudgetSpec {
+        selector: spec.selector,
+        ..PodDisruptionBudgetSpec::default()
+    });
+    budget.status = budget.status.take().map(|status| PodDisruptionBudgetStatus {
+        disruptions_allowed: status.disruptions_allowed,
+        ..PodDisruptionBudgetStatus::default()
+    });
 }
 
 fn trim_meta(meta: &mut ObjectMeta) {
@@ -529,7 +772,7 @@ mod tests {
 
     #[test]
     fn a_pod_reads_from_kubectl_json_and_keeps_only_what_the_doctor_needs() {
-        let pod: PodFacts = serde_json::from_value(serde_json::json!({
+        let mut pod: PodFacts = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
@@ -554,6 +797,7 @@ mod tests {
                 "reason": "Unschedulable", "message": "0/3 nodes are available"}]}
         }))
         .unwrap();
+        trim_pod(&mut pod);
         assert_eq!(pod.key(), "gpu-operator/nvidia-device-plugin-daemonset-x7k2p");
         assert_eq!(
             pod.target_node(),
@@ -566,6 +810,47 @@ mod tests {
         assert!(written.pointer("/metadata/managedFields").is_none());
         let again: PodFacts = serde_json::from_value(written).unwrap();
         assert_eq!(again, pod, "a written pod reads back the same");
+    }
+
+    #[test]
+    fn a_pod_keeps_what_the_upgrade_rules_read_and_turns_back_into_a_pod() {
+        let mut pod: PodFacts = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "train-0", "namespace": "ml", "uid": "u",
+                "labels": {"app": "train"},
+                "annotations": {MIRROR_ANNOTATION: "x", "kubectl.kubernetes.io/last-applied-configuration": "{}"},
+                "deletionTimestamp": "2026-01-01T00:00:00Z",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "train",
+                    "uid": "rs", "controller": true}]},
+            "spec": {"nodeName": "a100-01",
+                "containers": [{"name": "main", "env": [{"name": "HOME", "value": "/root"},
+                        {"name": DRIVER_CONFIG_DIGEST, "value": "42"}],
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                "volumes": [{"name": "scratch", "emptyDir": {}}, {"name": "data", "hostPath": {"path": "/"}}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True",
+                "lastTransitionTime": "2026-01-01T00:00:10Z"}]}
+        }))
+        .unwrap();
+        trim_pod(&mut pod);
+        assert_eq!(
+            pod.metadata.annotations.len(),
+            1,
+            "only the mirror annotation stays"
+        );
+        assert_eq!(pod.spec.containers[0].env.len(), 1, "only the digest stays");
+        assert_eq!(pod.spec.volumes.len(), 1, "only emptyDir volumes stay");
+        let written = serde_json::to_value(&pod).unwrap();
+        let again: PodFacts = serde_json::from_value(written).unwrap();
+        assert_eq!(again, pod, "a written pod reads back the same");
+
+        let seen = gpuop_api::upgrade::observe::workload_pod(&pod.to_pod());
+        assert!(seen.uses_gpu && seen.controlled && seen.empty_dir && seen.terminating);
+        assert!(seen.daemon, "a mirror pod is the kubelet's");
+        assert_eq!(seen.labels["app"], "train");
+        pod.metadata.deletion_timestamp = None;
+        assert_eq!(
+            gpuop_api::upgrade::observe::ready_since(&pod.to_pod()),
+            Some(1_767_225_610)
+        );
     }
 
     #[test]

@@ -1327,6 +1327,9 @@ mod live {
         nodes: Vec<Value>,
         daemon_sets: Vec<Value>,
         runtime_classes: Vec<Value>,
+        policies: Vec<Value>,
+        revisions: Vec<Value>,
+        budgets: Vec<Value>,
         pods: Vec<PodFacts>,
     }
 
@@ -1413,9 +1416,31 @@ mod live {
                 .iter()
                 .map(|r| serde_json::to_value(r).unwrap())
                 .collect(),
+            policies: snapshot
+                .cluster_policies
+                .iter()
+                .map(|p| serde_json::to_value(p).unwrap())
+                .collect(),
+            revisions: snapshot
+                .controller_revisions
+                .iter()
+                .map(|r| serde_json::to_value(r).unwrap())
+                .collect(),
+            budgets: snapshot
+                .disruption_budgets
+                .iter()
+                .map(|b| serde_json::to_value(b).unwrap())
+                .collect(),
             pods: snapshot.pods.clone(),
         });
-        let router = Router::new()
+        let mut router = Router::new();
+        if !cluster.policies.is_empty() {
+            router = router.route(
+                "/apis/nvidia.com/v1/clusterpolicies",
+                get(|State(c): State<Arc<Cluster>>| async move { list(&c.policies, None) }),
+            );
+        }
+        let router = router
             .route("/api/v1/nodes", get(nodes))
             .route(
                 "/apis/apps/v1/daemonsets",
@@ -1424,6 +1449,14 @@ mod live {
             .route(
                 "/apis/node.k8s.io/v1/runtimeclasses",
                 get(|State(c): State<Arc<Cluster>>| async move { list(&c.runtime_classes, None) }),
+            )
+            .route(
+                "/apis/apps/v1/controllerrevisions",
+                get(|State(c): State<Arc<Cluster>>| async move { list(&c.revisions, None) }),
+            )
+            .route(
+                "/apis/policy/v1/poddisruptionbudgets",
+                get(|State(c): State<Arc<Cluster>>| async move { list(&c.budgets, None) }),
             )
             .route("/api/v1/pods", get(|state, query| pods(state, None, query)))
             .route(
@@ -1558,6 +1591,71 @@ mod live {
     }
 
     #[test]
+    fn the_upgrade_plan_reads_the_live_cluster_as_its_snapshot() {
+        let mut snapshot = cluster();
+        snapshot.new_driver_revision();
+        snapshot.pods.extend([
+            PodFacts::workload("ml", "train-0")
+                .requesting(RESOURCE_GPU, 1)
+                .labelled("app", "train")
+                .running_on("a100-01"),
+            // Asks for no GPU, but a drain would move it: the snapshot keeps it.
+            PodFacts::workload("ml", "web").running_on("a100-02"),
+            // On a node without a driver: nothing to keep it for.
+            PodFacts::workload("ml", "batch").running_on("cpu-01"),
+        ]);
+        snapshot.disruption_budgets = vec![gpuop_doctor::fixture::disruption_budget(
+            "ml",
+            "train",
+            &[("app", "train")],
+            0,
+        )];
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = serve(&snapshot, dir.path());
+        let kubeconfig = kubeconfig.to_str().unwrap();
+        let live = kubectl_gpu(&["upgrade-plan", "--kubeconfig", kubeconfig, "-o", "json"]);
+        assert_eq!(
+            live.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&live.stderr)
+        );
+        let plan: serde_json::Value = serde_json::from_slice(&live.stdout).unwrap();
+        assert_eq!(plan["pools"][0]["batches"][0][0]["node"], "a100-01");
+        assert_eq!(
+            plan["pools"][0]["batches"][0][0]["blockedBy"][0]["podDisruptionBudget"],
+            "ml/train"
+        );
+
+        let saved = dir.path().join("saved.json");
+        let output = kubectl_gpu(&[
+            "snapshot",
+            "-o",
+            saved.to_str().unwrap(),
+            "--kubeconfig",
+            kubeconfig,
+        ]);
+        assert_eq!(output.status.code(), Some(0));
+        let text = std::fs::read_to_string(&saved).unwrap();
+        assert!(
+            text.contains("\"name\":\"web\""),
+            "pods on driver nodes are saved"
+        );
+        assert!(!text.contains("\"name\":\"batch\""), "other pods are not");
+        let offline = kubectl_gpu(&[
+            "upgrade-plan",
+            "--snapshot",
+            saved.to_str().unwrap(),
+            "-o",
+            "json",
+        ]);
+        assert_eq!(
+            offline.stdout, live.stdout,
+            "the snapshot plans as the live cluster does"
+        );
+    }
+
+    #[test]
     fn watch_redraws_until_stopped() {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = serve(&cluster_with_workload(), dir.path());
@@ -1635,7 +1733,12 @@ timeline:
     async fn doctor_until(live: &Live, what: &str, done: impl Fn(&Report) -> bool) -> Report {
         let started = tokio::time::Instant::now();
         loop {
-            let report = analyze(&live.snapshot(true).await.expect("the doctor reads the cluster"));
+            let report = analyze(
+                &live
+                    .snapshot(gpuop_doctor::live::Reads::GpuPods)
+                    .await
+                    .expect("the doctor reads the cluster"),
+            );
             if done(&report) {
                 return report;
             }
@@ -1734,5 +1837,287 @@ timeline:
 
         operator.stop().await;
         simulation.stop().await;
+    }
+}
+
+mod upgrade_plan {
+    //! `kubectl gpu upgrade-plan` on snapshot files: the table a user reads, the JSON, the exit status, and
+    //! an NVIDIADriver as its own pool with its own budget.
+
+    use super::*;
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Output};
+
+    use gpuop_api::labels::{RESOURCE_GPU, UPGRADE_SKIP, UPGRADE_STATE};
+    use gpuop_doctor::fixture::disruption_budget;
+
+    fn kubectl_gpu(args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_kubectl-gpu"))
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .output()
+            .expect("kubectl-gpu runs")
+    }
+
+    fn write(dir: &Path, snapshot: &Snapshot) -> PathBuf {
+        let path = dir.join("snap.json");
+        let mut file = std::fs::File::create(&path).unwrap();
+        snapshot.write_json(&mut file).unwrap();
+        path
+    }
+
+    fn plan(snapshot: &Snapshot, json: bool) -> (Option<i32>, String, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), snapshot);
+        let mut args = vec!["upgrade-plan", "--snapshot", path.to_str().unwrap()];
+        if json {
+            args.extend(["-o", "json"]);
+        }
+        let output = kubectl_gpu(&args);
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+
+    /// Six GPU nodes on the driver's old revision under maxParallelUpgrades 2 and maxUnavailable 50%: one
+    /// node already being upgraded, one skipped, a GPU pod a PodDisruptionBudget protects, one a budget
+    /// with room covers, a bare GPU pod, and a pod that asks for no GPU.
+    fn outdated_cluster(auto_upgrade: bool) -> Snapshot {
+        let spec: gpuop_api::ClusterPolicySpec = serde_json::from_value(serde_json::json!({
+            "driver": {"upgradePolicy": {
+                "autoUpgrade": auto_upgrade, "maxParallelUpgrades": 2, "maxUnavailable": "50%"}}
+        }))
+        .unwrap();
+        let mut snapshot = ClusterBuilder::new()
+            .with_policy(spec)
+            .with_nodes((1..=5).map(|i| Node::gpu(&format!("gpu-0{i}"))))
+            .with_node(Node::gpu("gpu-06").with_label(UPGRADE_SKIP, "true"))
+            .with_node(Node::cpu("cpu-01"))
+            .build();
+        snapshot.new_driver_revision();
+        let busy = snapshot.node_mut("gpu-05").unwrap();
+        *busy = std::mem::take(busy)
+            .with_label(UPGRADE_STATE, "pod-restart-required")
+            .cordoned();
+        let gpu_pod = |name: &str, app: &str, node: &str| {
+            PodFacts::workload("ml", name)
+                .requesting(RESOURCE_GPU, 1)
+                .labelled("app", app)
+                .running_on(node)
+        };
+        snapshot.pods.extend([
+            gpu_pod("train-0", "train", "gpu-01"),
+            gpu_pod("serve-0", "serve", "gpu-02"),
+            gpu_pod("notebook", "notebook", "gpu-03").unmanaged(),
+            PodFacts::workload("ml", "web")
+                .labelled("app", "web")
+                .running_on("gpu-04"),
+            gpu_pod("train-1", "train", "gpu-06"),
+        ]);
+        snapshot.disruption_budgets = vec![
+            disruption_budget("ml", "train", &[("app", "train")], 0),
+            disruption_budget("ml", "serve", &[("app", "serve")], 1),
+            // Same labels, another namespace: it does not cover ml's pods.
+            disruption_budget("other", "train", &[("app", "train")], 0),
+        ];
+        snapshot
+    }
+
+    #[test]
+    fn the_table_shows_batches_evictions_blockers_refusals_and_skips() {
+        let (code, text, stderr) = plan(&outdated_cluster(true), false);
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(
+            text,
+            "\
+ClusterPolicy/cluster-policy (driver DaemonSets gpu-operator/nvidia-driver-daemonset; 6 node(s))
+  budget: 2 node(s) at once, at most 3 unavailable
+  up to date: 0 node(s)
+  in progress: gpu-05 (pod-restart-required)
+  batch 1:
+    gpu-01: evict ml/train-0
+      blocked by PodDisruptionBudget ml/train (no disruption allowed now): ml/train-0
+  batch 2:
+    gpu-02: evict ml/serve-0
+    gpu-03: evict ml/notebook
+      cannot evict ml/notebook (no controller; needs podDeletion.force): the node would fail
+  batch 3:
+    gpu-04: no GPU pods to evict
+  skipped: gpu-06: nvidia.com/gpu-driver-upgrade.skip=true
+"
+        );
+
+        let (code, text, _) = plan(&outdated_cluster(false), false);
+        assert_eq!(code, Some(0));
+        assert!(
+            text.lines().nth(1) == Some(&format!("  {}", gpuop_doctor::upgrade_plan::AUTO_UPGRADE_OFF)),
+            "said first when automatic upgrades are off:\n{text}"
+        );
+        assert!(
+            text.contains("  batch 1:\n    gpu-01: evict ml/train-0\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn nodes_on_the_latest_revision_are_up_to_date() {
+        let mut snapshot = outdated_cluster(true);
+        // The driver pods of gpu-01 and gpu-02 were replaced from the latest revision.
+        for node in ["gpu-01", "gpu-02"] {
+            snapshot.remove_pod_of(Operand::Driver, node).unwrap();
+            snapshot.place_pod_of(Operand::Driver, node);
+        }
+        let (code, text, stderr) = plan(&snapshot, false);
+        assert_eq!(code, Some(0), "{stderr}");
+        assert!(text.contains("  up to date: 2 node(s)\n"), "{text}");
+        assert!(
+            text.contains("  batch 1:\n    gpu-03: evict ml/notebook\n"),
+            "{text}"
+        );
+        assert!(!text.contains("gpu-01:"), "{text}");
+    }
+
+    #[test]
+    fn json_follows_the_documented_schema() {
+        let (code, text, stderr) = plan(&outdated_cluster(false), true);
+        assert_eq!(code, Some(0), "{stderr}");
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(json["schema"], "gpu-upgrade-plan/v1");
+        assert_eq!(json["notes"], serde_json::json!([]));
+        let pools = json["pools"].as_array().unwrap();
+        assert_eq!(pools.len(), 1);
+        let pool = &pools[0];
+        assert_eq!(pool["pool"], "ClusterPolicy/cluster-policy");
+        assert_eq!(pool["kind"], "ClusterPolicy");
+        assert_eq!(pool["name"], "cluster-policy");
+        assert_eq!(
+            pool["daemonSets"],
+            serde_json::json!(["gpu-operator/nvidia-driver-daemonset"])
+        );
+        assert_eq!(pool["nodes"], 6);
+        assert_eq!(pool["autoUpgrade"], false);
+        assert_eq!(
+            pool["notes"],
+            serde_json::json!([gpuop_doctor::upgrade_plan::AUTO_UPGRADE_OFF])
+        );
+        assert_eq!(pool["error"], serde_json::Value::Null);
+        assert_eq!(
+            pool["budget"],
+            serde_json::json!({"maxParallelUpgrades": 2, "maxUnavailable": 3})
+        );
+        assert_eq!(pool["upToDate"], 0);
+        assert_eq!(
+            pool["inProgress"],
+            serde_json::json!([{"node": "gpu-05", "state": "pod-restart-required"}])
+        );
+        assert_eq!(pool["failed"], serde_json::json!([]));
+        let batches: Vec<Vec<&str>> = pool["batches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| {
+                b.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|n| n["node"].as_str().unwrap())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            batches,
+            [vec!["gpu-01"], vec!["gpu-02", "gpu-03"], vec!["gpu-04"]]
+        );
+        assert_eq!(
+            pool["batches"][0][0],
+            serde_json::json!({"node": "gpu-01", "restartOnly": false, "evict": ["ml/train-0"],
+                "blockedBy": [{"podDisruptionBudget": "ml/train", "pods": ["ml/train-0"]}], "refused": []})
+        );
+        assert_eq!(
+            pool["batches"][1][1]["refused"],
+            serde_json::json!([{"pod": "ml/notebook", "reason": "no controller; needs podDeletion.force"}])
+        );
+        assert_eq!(pool["batches"][1][0]["blockedBy"], serde_json::json!([]));
+        assert_eq!(
+            pool["skipped"],
+            serde_json::json!([{"node": "gpu-06", "reason": "nvidia.com/gpu-driver-upgrade.skip=true"}])
+        );
+    }
+
+    #[test]
+    fn each_nvidia_driver_is_its_own_pool_with_its_own_budget() {
+        let spec: gpuop_api::ClusterPolicySpec =
+            serde_json::from_value(serde_json::json!({"driver": {"useNvidiaDriverCRD": true}})).unwrap();
+        let mut snapshot = ClusterBuilder::new()
+            .with_policy(spec)
+            .with_nodes((1..=4).map(|i| Node::gpu(&format!("gpu-0{i}"))))
+            .build();
+        let driver = |policy: serde_json::Value| -> gpuop_api::NVIDIADriverSpec {
+            serde_json::from_value(serde_json::json!({
+                "driverType": "gpu", "image": "nvcr.io/nvidia/driver", "upgradePolicy": policy}))
+            .unwrap()
+        };
+        snapshot.add_nvidia_driver(
+            "a100",
+            driver(serde_json::json!({"maxParallelUpgrades": 3, "maxUnavailable": "100%"})),
+            &["gpu-01", "gpu-02"],
+        );
+        snapshot.add_nvidia_driver("h100", driver(serde_json::json!({})), &["gpu-03", "gpu-04"]);
+        snapshot.new_driver_revision();
+        let (code, text, stderr) = plan(&snapshot, false);
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(
+            text,
+            "\
+NVIDIADriver/a100 (driver DaemonSets gpu-operator/nvidia-gpu-driver-ubuntu22.04-a100; 2 node(s))
+  budget: 3 node(s) at once, at most 2 unavailable
+  up to date: 0 node(s)
+  batch 1:
+    gpu-01: no GPU pods to evict
+    gpu-02: no GPU pods to evict
+
+NVIDIADriver/h100 (driver DaemonSets gpu-operator/nvidia-gpu-driver-ubuntu22.04-h100; 2 node(s))
+  budget: 1 node(s) at once, at most 1 unavailable
+  up to date: 0 node(s)
+  batch 1:
+    gpu-03: no GPU pods to evict
+  batch 2:
+    gpu-04: no GPU pods to evict
+"
+        );
+    }
+
+    #[test]
+    fn a_plan_that_cannot_be_made_exits_2() {
+        let mut snapshot = outdated_cluster(true);
+        snapshot.controller_revisions.clear();
+        snapshot.listed.remove("ControllerRevision");
+        let (code, text, stderr) = plan(&snapshot, false);
+        assert_eq!(code, Some(2), "{text}");
+        assert!(text.is_empty());
+        assert!(
+            stderr.contains("the snapshot holds no ControllerRevision"),
+            "{stderr}"
+        );
+        let missing = kubectl_gpu(&["upgrade-plan", "--snapshot", "/nonexistent/snap.json"]);
+        assert_eq!(missing.status.code(), Some(2));
+    }
+
+    #[test]
+    fn without_disruption_budgets_the_plan_says_it_cannot_see_them() {
+        let mut snapshot = outdated_cluster(true);
+        snapshot.disruption_budgets.clear();
+        snapshot.listed.remove("PodDisruptionBudget");
+        let (code, text, _) = plan(&snapshot, false);
+        assert_eq!(code, Some(0));
+        assert!(!text.contains("blocked by"), "{text}");
+        assert!(
+            text.ends_with(
+                "\nNotes:\n  the snapshot holds no PodDisruptionBudget, so none is shown blocking an eviction: add \
+                 poddisruptionbudgets to `kubectl get`, or use `kubectl gpu snapshot`\n"
+            ),
+            "{text}"
+        );
     }
 }

@@ -6,14 +6,16 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Container, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
-use super::{DriverPod, NodeView, UpgradeState, WorkloadPod};
+use super::{Disruption, DriverPod, NodeView, UpgradeState, WorkloadPod};
 use crate::driver::DRIVER_CONFIG_DIGEST;
 use crate::labels::{
     COMPONENT, DRIVER_OWNER, UPGRADE_ENABLED_ANNOTATION, UPGRADE_INITIAL_UNSCHEDULABLE, UPGRADE_REQUESTED,
     UPGRADE_RESTART_ONLY, UPGRADE_SKIP, UPGRADE_STATE, UPGRADE_VALIDATION_START,
     UPGRADE_WAIT_FOR_COMPLETION_START, UPGRADE_WAIT_FOR_SAFE_LOAD,
 };
+use crate::selector::SelectorError;
 
 /// `app.kubernetes.io/component` of driver pods, NVIDIA's for ClusterPolicy and NVIDIADriver alike.
 pub const DRIVER_COMPONENT: &str = "nvidia-driver";
@@ -310,6 +312,45 @@ pub fn workload_pod(pod: &Pod) -> WorkloadPod {
     }
 }
 
+/// A PodDisruptionBudget as [`plan`](super::plan) reads it: its namespace, selector and
+/// `status.disruptionsAllowed` (absent counts as 0, as the eviction API refuses while a budget has no
+/// status). `None` for a budget without a selector: in `policy/v1` it selects no pod (an empty selector `{}`
+/// selects every pod of its namespace).
+pub fn disruption(pdb: &PodDisruptionBudget) -> Result<Option<Disruption>, SelectorError> {
+    let Some(selector) = pdb.spec.as_ref().and_then(|s| s.selector.as_ref()) else {
+        return Ok(None);
+    };
+    let mut terms: Vec<String> = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect();
+    for expression in selector.match_expressions.iter().flatten() {
+        let values = expression.values.as_deref().unwrap_or_default().join(",");
+        let key = &expression.key;
+        terms.push(match expression.operator.as_str() {
+            "In" => format!("{key} in ({values})"),
+            "NotIn" => format!("{key} notin ({values})"),
+            "Exists" => key.clone(),
+            "DoesNotExist" => format!("!{key}"),
+            other => {
+                return Err(SelectorError {
+                    selector: format!("{key} {other} ({values})"),
+                    problem: format!("operator {other:?} must be In, NotIn, Exists or DoesNotExist"),
+                });
+            }
+        });
+    }
+    let namespace = pdb.metadata.namespace.clone().unwrap_or_default();
+    Ok(Some(Disruption {
+        name: format!("{namespace}/{}", pdb.metadata.name.as_deref().unwrap_or_default()),
+        namespace,
+        selector: terms.join(",").parse()?,
+        allowed: pdb.status.as_ref().map_or(0, |s| s.disruptions_allowed),
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,5 +529,59 @@ mod tests {
         assert!(workload_pod(&pod).daemon);
         pod.metadata.owner_references = None;
         assert!(!workload_pod(&pod).controlled);
+    }
+
+    #[test]
+    fn a_disruption_budget_selects_as_policy_v1_says() {
+        let pdb: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "train", "namespace": "ml"},
+            "spec": {"selector": {"matchLabels": {"app": "train"},
+                "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["batch", "spot"]},
+                                     {"key": "gpu", "operator": "Exists"}]}},
+            "status": {"disruptionsAllowed": 0, "currentHealthy": 2, "desiredHealthy": 2, "expectedPods": 2}
+        }))
+        .unwrap();
+        let budget = disruption(&pdb).unwrap().unwrap();
+        assert_eq!(
+            (budget.name.as_str(), budget.namespace.as_str(), budget.allowed),
+            ("ml/train", "ml", 0)
+        );
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        assert!(
+            budget
+                .selector
+                .matches(&labels(&[("app", "train"), ("gpu", "1")]))
+        );
+        assert!(
+            !budget
+                .selector
+                .matches(&labels(&[("app", "train"), ("gpu", "1"), ("tier", "spot")]))
+        );
+        assert!(
+            !budget.selector.matches(&labels(&[("app", "train")])),
+            "gpu must exist"
+        );
+
+        let mut everything = pdb.clone();
+        everything.spec.as_mut().unwrap().selector = Some(Default::default());
+        everything.status = None;
+        let budget = disruption(&everything).unwrap().unwrap();
+        assert!(
+            budget.selector.matches(&labels(&[])),
+            "{{}} selects every pod of the namespace"
+        );
+        assert_eq!(budget.allowed, 0, "no status yet: the eviction API refuses");
+        let mut nothing = pdb;
+        nothing.spec.as_mut().unwrap().selector = None;
+        assert_eq!(
+            disruption(&nothing).unwrap(),
+            None,
+            "a null selector selects no pod"
+        );
     }
 }
