@@ -39,6 +39,35 @@ pub struct SelectorError {
 }
 
 impl LabelSelector {
+    /// The selector of an API object (`matchLabels` and `matchExpressions`).
+    pub fn from_api(
+        selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    ) -> Result<Self, SelectorError> {
+        let mut requirements: Vec<Requirement> = selector
+            .match_labels
+            .iter()
+            .flatten()
+            .map(|(key, value)| Requirement::Equals(key.clone(), value.clone()))
+            .collect();
+        for expression in selector.match_expressions.iter().flatten() {
+            let key = expression.key.clone();
+            let values = expression.values.clone().unwrap_or_default();
+            requirements.push(match expression.operator.as_str() {
+                "In" => Requirement::In(key, values),
+                "NotIn" => Requirement::NotIn(key, values),
+                "Exists" => Requirement::Exists(key),
+                "DoesNotExist" => Requirement::DoesNotExist(key),
+                other => {
+                    return Err(SelectorError {
+                        selector: format!("{key} {other} ({})", values.join(",")),
+                        problem: format!("operator {other:?} must be In, NotIn, Exists or DoesNotExist"),
+                    });
+                }
+            });
+        }
+        Ok(Self { requirements })
+    }
+
     /// Whether the labels satisfy every requirement.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.requirements

@@ -212,6 +212,7 @@ fn pools(snapshot: &Snapshot) -> Vec<Pool> {
             scope: PoolScope {
                 routed_to: None,
                 daemonsets: daemon_sets.iter().map(|(_, name)| name.clone()).collect(),
+                held: BTreeSet::new(),
             },
             daemon_sets: keys(&daemon_sets),
             auto_upgrade: section.is_auto_upgrade() && !policy.spec.sandbox_enabled(),
@@ -222,6 +223,15 @@ fn pools(snapshot: &Snapshot) -> Vec<Pool> {
     }
     let mut drivers: Vec<_> = snapshot.nvidia_drivers.iter().collect();
     drivers.sort_by_key(|d| d.metadata.name.clone());
+    // Nodes several NVIDIADrivers claim are left as they are, as the operator leaves them.
+    let routing = gpuop_api::route_nodes(
+        snapshot.nodes.iter().filter_map(|node| {
+            let labels = node.metadata.labels.as_ref()?;
+            (labels.get(gpuop_api::labels::GPU_PRESENT).map(String::as_str) == Some("true"))
+                .then(|| (node.metadata.name.as_deref().unwrap_or_default(), labels))
+        }),
+        &drivers.iter().map(|d| &**d).collect::<Vec<_>>(),
+    );
     for driver in drivers {
         let name = driver.metadata.name.clone().unwrap_or_default();
         let daemon_sets = driver_daemon_sets(snapshot, |ds| label(ds, NVIDIA_DRIVER_NAME) == Some(&name));
@@ -242,6 +252,10 @@ fn pools(snapshot: &Snapshot) -> Vec<Pool> {
             scope: PoolScope {
                 routed_to: Some(name.clone()),
                 daemonsets: daemon_sets.iter().map(|(_, name)| name.clone()).collect(),
+                held: routing
+                    .driver(&name)
+                    .map(|r| r.conflicts.keys().cloned().collect())
+                    .unwrap_or_default(),
             },
             daemon_sets: keys(&daemon_sets),
             auto_upgrade: section.is_auto_upgrade(),

@@ -502,6 +502,7 @@ fn upgrade_pools(context: &Context, validated: &ValidatedPolicy, rendered: &Rend
         scope: PoolScope {
             routed_to: None,
             daemonsets,
+            held: BTreeSet::new(),
         },
         policy,
     }]

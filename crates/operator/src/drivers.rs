@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use gpuop_api::labels::GpuDetection;
+use gpuop_api::labels::{DRIVER_OWNER, GpuDetection};
 use gpuop_api::upgrade::UpgradePolicy;
 use gpuop_api::upgrade::observe::PoolScope;
 use gpuop_api::validate::{ImageDefaults, validate_driver_with};
@@ -134,9 +134,22 @@ fn plan_one(
     };
     let name = driver.name_any();
     let routed = routing.driver(&name);
-    let mine: BTreeSet<&str> = routed
-        .map(|r| r.nodes.iter().map(String::as_str).collect())
+    // Nodes claimed by several NVIDIADrivers keep what runs there: the one whose owner label they still
+    // carry keeps rendering their pool, and no upgrade pool touches them.
+    let held: BTreeSet<String> = routed
+        .map(|r| r.conflicts.keys().cloned().collect())
         .unwrap_or_default();
+    let owned_before =
+        |node: &Node| node.metadata.labels.as_ref().and_then(|l| l.get(DRIVER_OWNER)) == Some(&name);
+    let mine: BTreeSet<&str> = nodes
+        .iter()
+        .filter(|node| {
+            let node_name = node.metadata.name.as_deref().unwrap_or_default();
+            routed.is_some_and(|r| r.nodes.contains(node_name))
+                || (held.contains(node_name) && owned_before(node))
+        })
+        .filter_map(|node| node.metadata.name.as_deref())
+        .collect();
     let (facts, census) = cluster_facts(
         nodes
             .iter()
@@ -178,6 +191,7 @@ fn plan_one(
                 scope: PoolScope {
                     routed_to: Some(name),
                     daemonsets,
+                    held,
                 },
                 policy,
             });

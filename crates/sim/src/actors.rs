@@ -295,7 +295,11 @@ async fn daemonset_controller(client: Client, caches: Caches, shutdown: Cancella
         // The caches' objects are shared, not copied: a pass over thousands of nodes and pods reads them.
         let nodes = caches.nodes.state();
         let mut pods_by_owner: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
+        let mut pods_by_node: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
         for pod in caches.pods.state() {
+            if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+                pods_by_node.entry(node).or_default().push(pod.clone());
+            }
             if let Some(owner) = pod.owner_references().iter().find(|o| o.controller == Some(true)) {
                 pods_by_owner
                     .entry(owner.uid.clone())
@@ -343,6 +347,13 @@ async fn daemonset_controller(client: Client, caches: Caches, shutdown: Cancella
                     .unwrap_or_default();
                 let key = (uid.clone(), node.clone());
                 if creating.pending(&key) {
+                    continue;
+                }
+                let others: &[Arc<Pod>] = pods_by_node.get(&node).map_or(&[], Vec::as_slice);
+                if let Some(spec) = pod.spec.as_ref()
+                    && daemonset::repelled(spec, others)
+                {
+                    debug!(daemonset = %ds.name_any(), %node, "pod anti-affinity: waiting for the node to be free");
                     continue;
                 }
                 match pod_api.create(&PostParams::default(), pod).await {
@@ -947,11 +958,14 @@ const DRIVER_CLIENTS: &[Operand] = &[
 /// one, and the validator validates it anew).
 async fn restart_driver_clients(client: &Client, node: &str, pods: &[Arc<Pod>]) {
     for pod in pods.iter().filter(|pod| {
-        pod.metadata.deletion_timestamp.is_none() && operand_of(pod).is_some_and(|o| DRIVER_CLIENTS.contains(&o))
+        pod.metadata.deletion_timestamp.is_none()
+            && operand_of(pod).is_some_and(|o| DRIVER_CLIENTS.contains(&o))
     }) {
         let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
         match api.delete(&pod.name_any(), &DeleteParams::default()).await {
-            Ok(_) => info!(%node, pod = %pod.name_any(), "driver replaced: operand pod restarted, as the driver manager does"),
+            Ok(_) => {
+                info!(%node, pod = %pod.name_any(), "driver replaced: operand pod restarted, as the driver manager does")
+            }
             Err(error) => debug!(%node, pod = %pod.name_any(), %error, "cannot restart an operand pod"),
         }
     }

@@ -176,6 +176,31 @@ pub fn plan<N: Borrow<Node>, P: Borrow<Pod>>(
     plan
 }
 
+/// Whether a pod of this spec may not join the pods already on its node: a required pod anti-affinity term
+/// on the hostname topology selects one of them (the driver's "one driver per node", so that a new driver
+/// DaemonSet's pod waits until the node's old driver pod is gone). The real scheduler leaves such a pod
+/// Pending; the simulated controller does not create it until the node is free.
+pub fn repelled<P: Borrow<Pod>>(spec: &PodSpec, others: &[P]) -> bool {
+    let terms = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.pod_anti_affinity.as_ref())
+        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
+    terms.into_iter().flatten().any(|term| {
+        term.topology_key == "kubernetes.io/hostname"
+            && term
+                .label_selector
+                .as_ref()
+                .and_then(|selector| gpuop_api::selector::LabelSelector::from_api(selector).ok())
+                .is_some_and(|selector| {
+                    others.iter().map(Borrow::borrow).any(|pod| {
+                        pod.metadata.deletion_timestamp.is_none()
+                            && pod.metadata.labels.as_ref().is_some_and(|l| selector.matches(l))
+                    })
+                })
+    })
+}
+
 /// Whether the node has a `NoExecute` taint that a pod of this spec (with the tolerations the controller
 /// adds) does not tolerate: such a taint evicts a running pod; `NoSchedule` taints do not.
 fn evicted_by_taints(node: &Node, spec: &PodSpec) -> bool {
@@ -593,5 +618,51 @@ mod tests {
         let second = plan(&ds, &nodes, &duplicates, &[]);
         assert_eq!(second.delete, ["p-1"], "the ready one stays");
         assert!(second.create.is_empty());
+    }
+
+    #[test]
+    fn a_required_anti_affinity_keeps_a_second_driver_off_a_node() {
+        use k8s_openapi::api::core::v1::{Affinity, PodAffinityTerm, PodAntiAffinity};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+        let spec = PodSpec {
+            affinity: Some(Affinity {
+                pod_anti_affinity: Some(PodAntiAffinity {
+                    required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+                        topology_key: "kubernetes.io/hostname".into(),
+                        label_selector: Some(LabelSelector {
+                            match_expressions: Some(vec![LabelSelectorRequirement {
+                                key: "app.kubernetes.io/component".into(),
+                                operator: "In".into(),
+                                values: Some(vec!["nvidia-driver".into()]),
+                            }]),
+                            ..LabelSelector::default()
+                        }),
+                        ..PodAffinityTerm::default()
+                    }]),
+                    ..PodAntiAffinity::default()
+                }),
+                ..Affinity::default()
+            }),
+            ..PodSpec::default()
+        };
+        let mut old_driver = pod("orphan", "n", "h", true);
+        old_driver
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("app.kubernetes.io/component".into(), "nvidia-driver".into());
+        assert!(
+            repelled(&spec, &[old_driver.clone()]),
+            "the old driver still runs there"
+        );
+        old_driver.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        assert!(!repelled(&spec, &[old_driver]), "it is going");
+        assert!(
+            !repelled(&spec, &[pod("plugin", "n", "h", true)]),
+            "other pods do not repel it"
+        );
+        assert!(!repelled(&PodSpec::default(), &[pod("x", "n", "h", true)]));
     }
 }

@@ -15,7 +15,7 @@ use crate::labels::{
     UPGRADE_RESTART_ONLY, UPGRADE_SKIP, UPGRADE_STATE, UPGRADE_VALIDATION_START,
     UPGRADE_WAIT_FOR_COMPLETION_START, UPGRADE_WAIT_FOR_SAFE_LOAD,
 };
-use crate::selector::SelectorError;
+use crate::selector::{LabelSelector, SelectorError};
 
 /// `app.kubernetes.io/component` of driver pods, NVIDIA's for ClusterPolicy and NVIDIADriver alike.
 pub const DRIVER_COMPONENT: &str = "nvidia-driver";
@@ -205,6 +205,8 @@ pub struct PoolScope {
     pub routed_to: Option<String>,
     /// Names of the pool's driver DaemonSets (in the operator namespace).
     pub daemonsets: BTreeSet<String>,
+    /// Nodes left alone: claimed by several NVIDIADrivers, they keep the driver they run.
+    pub held: BTreeSet<String>,
 }
 
 impl PoolScope {
@@ -215,6 +217,12 @@ impl PoolScope {
     pub fn includes(&self, node: &Node, drivers: &DriverPods) -> bool {
         let labels = &node.metadata.labels;
         let owner = label(labels, DRIVER_OWNER);
+        if self
+            .held
+            .contains(node.metadata.name.as_deref().unwrap_or_default())
+        {
+            return false;
+        }
         match &self.routed_to {
             Some(name) => owner == Some(name.as_str()),
             None => {
@@ -320,33 +328,11 @@ pub fn disruption(pdb: &PodDisruptionBudget) -> Result<Option<Disruption>, Selec
     let Some(selector) = pdb.spec.as_ref().and_then(|s| s.selector.as_ref()) else {
         return Ok(None);
     };
-    let mut terms: Vec<String> = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .map(|(key, value)| format!("{key}={value}"))
-        .collect();
-    for expression in selector.match_expressions.iter().flatten() {
-        let values = expression.values.as_deref().unwrap_or_default().join(",");
-        let key = &expression.key;
-        terms.push(match expression.operator.as_str() {
-            "In" => format!("{key} in ({values})"),
-            "NotIn" => format!("{key} notin ({values})"),
-            "Exists" => key.clone(),
-            "DoesNotExist" => format!("!{key}"),
-            other => {
-                return Err(SelectorError {
-                    selector: format!("{key} {other} ({values})"),
-                    problem: format!("operator {other:?} must be In, NotIn, Exists or DoesNotExist"),
-                });
-            }
-        });
-    }
     let namespace = pdb.metadata.namespace.clone().unwrap_or_default();
     Ok(Some(Disruption {
         name: format!("{namespace}/{}", pdb.metadata.name.as_deref().unwrap_or_default()),
         namespace,
-        selector: terms.join(",").parse()?,
+        selector: LabelSelector::from_api(selector)?,
         allowed: pdb.status.as_ref().map_or(0, |s| s.disruptions_allowed),
     }))
 }

@@ -173,7 +173,9 @@ impl Upgrade {
 
     /// The sample ClusterPolicy with this upgrade policy (and the old driver version).
     async fn apply_policy(&self, upgrade_policy: Value) {
-        apply_policy(&self.client, DEFAULT_POLICY).await.expect("policy applies");
+        apply_policy(&self.client, DEFAULT_POLICY)
+            .await
+            .expect("policy applies");
         self.patch_policy(json!({ "driver": { "version": OLD, "upgradePolicy": upgrade_policy } }))
             .await;
     }
@@ -234,7 +236,11 @@ impl Upgrade {
                         lagging.push(format!("{name}: {state:?} cordoned={cordoned} driver={driver:?}"));
                     }
                 }
-                if lagging.is_empty() { Ok(()) } else { Err(lagging.join("; ")) }
+                if lagging.is_empty() {
+                    Ok(())
+                } else {
+                    Err(lagging.join("; "))
+                }
             }
         })
         .await;
@@ -258,7 +264,11 @@ impl Upgrade {
                     })
                     .map(|rs| format!("{} {:?}", rs.name_any(), rs.status))
                     .collect();
-                if lagging.is_empty() { Ok(()) } else { Err(lagging.join("; ")) }
+                if lagging.is_empty() {
+                    Ok(())
+                } else {
+                    Err(lagging.join("; "))
+                }
             }
         })
         .await;
@@ -278,7 +288,10 @@ impl Upgrade {
     }
 
     async fn node(&self, name: &str) -> Node {
-        Api::<Node>::all(self.client.clone()).get(name).await.expect("node exists")
+        Api::<Node>::all(self.client.clone())
+            .get(name)
+            .await
+            .expect("node exists")
     }
 }
 
@@ -315,18 +328,33 @@ async fn fifty_nodes_upgrade_within_the_budget_and_their_workloads_move() {
     converged_on(&upgrade, &nodes, OLD).await;
     let before = upgrade.workload_pods("train").await;
 
-    upgrade.patch_policy(json!({ "driver": { "version": NEW } })).await;
+    upgrade
+        .patch_policy(json!({ "driver": { "version": NEW } }))
+        .await;
     upgrade.all_on(&nodes, NEW).await;
     upgrade.workloads_ready().await;
 
-    let seen = lock(&upgrade.seen);
-    let unavailable = seen.max_unavailable.get("gpu").copied().unwrap_or(0);
-    assert!(unavailable <= 5, "10% of 50 is 5; {unavailable} nodes were unavailable at once");
-    assert_eq!(seen.max_in_progress.get("gpu").copied().unwrap_or(0), 3, "maxParallelUpgrades, used and never exceeded");
-    for node in &nodes {
-        assert_eq!(seen.entered(node, UpgradeState::CordonRequired), 1, "{node} upgraded once: {:?}", seen.states[node]);
+    {
+        let seen = lock(&upgrade.seen);
+        let unavailable = seen.max_unavailable.get("gpu").copied().unwrap_or(0);
+        assert!(
+            unavailable <= 5,
+            "10% of 50 is 5; {unavailable} nodes were unavailable at once"
+        );
+        assert_eq!(
+            seen.max_in_progress.get("gpu").copied().unwrap_or(0),
+            3,
+            "maxParallelUpgrades, used and never exceeded"
+        );
+        for node in &nodes {
+            assert_eq!(
+                seen.entered(node, UpgradeState::CordonRequired),
+                1,
+                "{node} upgraded once: {:?}",
+                seen.states[node]
+            );
+        }
     }
-    drop(seen);
     let after = upgrade.workload_pods("train").await;
     assert_eq!(after.len(), 40);
     assert!(
@@ -352,10 +380,14 @@ async fn a_node_whose_new_driver_fails_stays_failed_and_cordoned_while_the_other
     converged_on(&upgrade, &nodes, OLD).await;
     upgrade
         .simulation
-        .apply(&Action::DriverInstallFails(DriverInstallFault::of_version("gpu-2", NEW)))
+        .apply(&Action::DriverInstallFails(DriverInstallFault::of_version(
+            "gpu-2", NEW,
+        )))
         .await
         .expect("fault");
-    upgrade.patch_policy(json!({ "driver": { "version": NEW } })).await;
+    upgrade
+        .patch_policy(json!({ "driver": { "version": NEW } }))
+        .await;
 
     let others: Vec<String> = nodes.iter().filter(|n| *n != "gpu-2").cloned().collect();
     upgrade.all_on(&others, NEW).await;
@@ -368,9 +400,20 @@ async fn a_node_whose_new_driver_fails_stays_failed_and_cordoned_while_the_other
             }
         })
         .await;
-    let why = failed.annotations().get(UPGRADE_FAILURE).cloned().unwrap_or_default();
-    assert!(why.contains("without getting ready"), "the reason is on the node: {why:?}");
-    assert_eq!(failed.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "a failed node stays cordoned");
+    let why = failed
+        .annotations()
+        .get(UPGRADE_FAILURE)
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        why.contains("without getting ready"),
+        "the reason is on the node: {why:?}"
+    );
+    assert_eq!(
+        failed.spec.as_ref().and_then(|s| s.unschedulable),
+        Some(true),
+        "a failed node stays cordoned"
+    );
     upgrade
         .until("the policy names the failed node and why", || async {
             let policy = Api::<ClusterPolicy>::all(upgrade.client.clone())
@@ -395,19 +438,28 @@ async fn a_node_whose_new_driver_fails_stays_failed_and_cordoned_while_the_other
         .await
         .expect("events list");
     assert!(
-        events.items.iter().any(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("gpu-2")
-            && e.reason.as_deref() == Some("DriverUpgradeFailed")
-            && e.type_.as_deref() == Some("Warning")),
+        events.items.iter().any(
+            |e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("gpu-2")
+                && e.reason.as_deref() == Some("DriverUpgradeFailed")
+                && e.type_.as_deref() == Some("Warning")
+        ),
         "a Warning event on the node says why"
     );
     // Failed is not a resting place the operator leaves by itself while the driver stays broken.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let still = upgrade.node("gpu-2").await;
-    assert_eq!(still.labels().get(UPGRADE_STATE).map(String::as_str), Some("upgrade-failed"));
-    let seen = lock(&upgrade.seen);
-    assert!(seen.max_unavailable.get("gpu").copied().unwrap_or(0) <= 3, "50% of 6");
-    assert!(seen.max_in_progress.get("gpu").copied().unwrap_or(0) <= 2);
-    drop(seen);
+    assert_eq!(
+        still.labels().get(UPGRADE_STATE).map(String::as_str),
+        Some("upgrade-failed")
+    );
+    {
+        let seen = lock(&upgrade.seen);
+        assert!(
+            seen.max_unavailable.get("gpu").copied().unwrap_or(0) <= 3,
+            "50% of 6"
+        );
+        assert!(seen.max_in_progress.get("gpu").copied().unwrap_or(0) <= 2);
+    }
     upgrade.stop().await;
 }
 
@@ -424,34 +476,47 @@ async fn an_operator_killed_mid_upgrade_resumes_from_the_labels_without_redoing_
         .await;
     let nodes = names("gpu", 12);
     converged_on(&upgrade, &nodes, OLD).await;
-    upgrade.patch_policy(json!({ "driver": { "version": NEW } })).await;
+    upgrade
+        .patch_policy(json!({ "driver": { "version": NEW } }))
+        .await;
     upgrade
         .until("a few nodes are done and others in flight", || async {
             let seen = lock(&upgrade.seen);
             let done = seen
                 .states
                 .values()
-                .filter(|h| h.iter().any(|s| s == "upgrade-required") && h.last().map(String::as_str) == Some("upgrade-done"))
+                .filter(|h| {
+                    h.iter().any(|s| s == "upgrade-required")
+                        && h.last().map(String::as_str) == Some("upgrade-done")
+                })
                 .count();
-            if done >= 3 { Ok(()) } else { Err(format!("{done} done")) }
+            if done >= 3 {
+                Ok(())
+            } else {
+                Err(format!("{done} done"))
+            }
         })
         .await;
     upgrade.stop_operator().await;
     upgrade.start_operator().await;
     upgrade.all_on(&nodes, NEW).await;
     upgrade.workloads_ready().await;
-    let seen = lock(&upgrade.seen);
-    assert!(seen.max_unavailable.get("gpu").copied().unwrap_or(0) <= 2, "the budget held across the restart");
-    assert!(seen.max_in_progress.get("gpu").copied().unwrap_or(0) <= 2);
-    for node in &nodes {
-        assert_eq!(
-            seen.entered(node, UpgradeState::CordonRequired),
-            1,
-            "{node} was upgraded exactly once: {:?}",
-            seen.states[node]
+    {
+        let seen = lock(&upgrade.seen);
+        assert!(
+            seen.max_unavailable.get("gpu").copied().unwrap_or(0) <= 2,
+            "the budget held across the restart"
         );
+        assert!(seen.max_in_progress.get("gpu").copied().unwrap_or(0) <= 2);
+        for node in &nodes {
+            assert_eq!(
+                seen.entered(node, UpgradeState::CordonRequired),
+                1,
+                "{node} was upgraded exactly once: {:?}",
+                seen.states[node]
+            );
+        }
     }
-    drop(seen);
     upgrade.stop().await;
 }
 
@@ -477,30 +542,44 @@ async fn a_disruption_budget_blocks_the_evictions_until_the_timeout_and_the_node
     let nodes = names("gpu", 2);
     converged_on(&upgrade, &nodes, OLD).await;
     let before = upgrade.workload_pods("pinned").await;
-    upgrade.patch_policy(json!({ "driver": { "version": NEW } })).await;
+    upgrade
+        .patch_policy(json!({ "driver": { "version": NEW } }))
+        .await;
     let (node, why) = upgrade
-        .until("the first node to start fails once its evictions time out", || async {
-            let api: Api<Node> = Api::all(upgrade.client.clone());
-            let list = api.list(&ListParams::default()).await.map_err(|e| e.to_string())?;
-            list.items
-                .iter()
-                .find(|n| n.labels().get(UPGRADE_STATE).map(String::as_str) == Some("upgrade-failed"))
-                .map(|n| (n.name_any(), n.annotations().get(UPGRADE_FAILURE).cloned().unwrap_or_default()))
-                .ok_or_else(|| "none failed yet".to_owned())
-        })
+        .until(
+            "the first node to start fails once its evictions time out",
+            || async {
+                let api: Api<Node> = Api::all(upgrade.client.clone());
+                let list = api
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                list.items
+                    .iter()
+                    .find(|n| n.labels().get(UPGRADE_STATE).map(String::as_str) == Some("upgrade-failed"))
+                    .map(|n| {
+                        (
+                            n.name_any(),
+                            n.annotations().get(UPGRADE_FAILURE).cloned().unwrap_or_default(),
+                        )
+                    })
+                    .ok_or_else(|| "none failed yet".to_owned())
+            },
+        )
         .await;
     assert!(why.contains("still on the node after 3s"), "{why}");
-    let seen = lock(&upgrade.seen);
-    assert_eq!(
-        seen.states[&node]
-            .iter()
-            .map(String::as_str)
-            .filter(|s| ["pod-deletion-required", "drain-required", "upgrade-failed"].contains(s))
-            .collect::<Vec<_>>(),
-        ["pod-deletion-required", "drain-required", "upgrade-failed"],
-        "eviction, then the drain, then failure"
-    );
-    drop(seen);
+    {
+        let seen = lock(&upgrade.seen);
+        assert_eq!(
+            seen.states[&node]
+                .iter()
+                .map(String::as_str)
+                .filter(|s| ["pod-deletion-required", "drain-required", "upgrade-failed"].contains(s))
+                .collect::<Vec<_>>(),
+            ["pod-deletion-required", "drain-required", "upgrade-failed"],
+            "eviction, then the drain, then failure"
+        );
+    }
     assert_eq!(
         upgrade.workload_pods("pinned").await,
         before,
@@ -521,6 +600,11 @@ fn nvidia_driver(name: &str, pool: &str, version: &str, parallel: u32) -> NVIDIA
             "repository": "nvcr.io/nvidia",
             "image": "driver",
             "version": version,
+            "manager": {
+                "repository": "nvcr.io/nvidia/cloud-native",
+                "image": "k8s-driver-manager",
+                "version": "v0.12.0",
+            },
             "nodeSelector": { "pool": pool },
             "upgradePolicy": { "maxParallelUpgrades": parallel, "maxUnavailable": "100%" },
         }
@@ -529,7 +613,10 @@ fn nvidia_driver(name: &str, pool: &str, version: &str, parallel: u32) -> NVIDIA
 }
 
 async fn driver_status(client: &Client, name: &str) -> (String, String, String) {
-    let driver = Api::<NVIDIADriver>::all(client.clone()).get(name).await.expect("NVIDIADriver");
+    let driver = Api::<NVIDIADriver>::all(client.clone())
+        .get(name)
+        .await
+        .expect("NVIDIADriver");
     let status = driver.status.unwrap_or_default();
     let (reason, message) = status
         .conditions
@@ -545,15 +632,27 @@ async fn driver_status(client: &Client, name: &str) -> (String, String, String) 
 async fn two_nvidia_driver_pools_upgrade_independently_and_overlapping_ones_touch_nothing() {
     let spec = ClusterSpec {
         nfd: true,
-        node_pools: vec![pool("a100", 4, GpuModel::A100_80GB), pool("h100", 4, GpuModel::H100_80GB)],
+        node_pools: vec![
+            pool("a100", 4, GpuModel::A100_80GB),
+            pool("h100", 4, GpuModel::H100_80GB),
+        ],
         workloads: vec![],
     };
     let upgrade = Upgrade::start(spec).await;
-    apply_policy(&upgrade.client, DEFAULT_POLICY).await.expect("policy applies");
-    upgrade.patch_policy(json!({ "driver": { "useNvidiaDriverCRD": true } })).await;
+    let handed_over = DEFAULT_POLICY.replace("useNvidiaDriverCRD: false", "useNvidiaDriverCRD: true");
+    assert_ne!(handed_over, DEFAULT_POLICY);
+    apply_policy(&upgrade.client, &handed_over)
+        .await
+        .expect("policy applies");
     let drivers: Api<NVIDIADriver> = Api::all(upgrade.client.clone());
-    for driver in [nvidia_driver("a100", "a100", OLD, 1), nvidia_driver("h100", "h100", OLD, 2)] {
-        drivers.create(&PostParams::default(), &driver).await.expect("NVIDIADriver created");
+    for driver in [
+        nvidia_driver("a100", "a100", OLD, 1),
+        nvidia_driver("h100", "h100", OLD, 2),
+    ] {
+        drivers
+            .create(&PostParams::default(), &driver)
+            .await
+            .expect("NVIDIADriver created");
     }
     let a100 = names("a100", 4);
     let h100 = names("h100", 4);
@@ -563,7 +662,11 @@ async fn two_nvidia_driver_pools_upgrade_independently_and_overlapping_ones_touc
         .until("both NVIDIADrivers ready", || async {
             let a = driver_status(&upgrade.client, "a100").await;
             let h = driver_status(&upgrade.client, "h100").await;
-            if a.0 == "Ready" && h.0 == "Ready" { Ok(()) } else { Err(format!("{a:?} {h:?}")) }
+            if a.0 == "Ready" && h.0 == "Ready" {
+                Ok(())
+            } else {
+                Err(format!("{a:?} {h:?}"))
+            }
         })
         .await;
     assert_eq!(
@@ -572,16 +675,29 @@ async fn two_nvidia_driver_pools_upgrade_independently_and_overlapping_ones_touc
     );
 
     drivers
-        .patch("a100", &PatchParams::default(), &Patch::Merge(&json!({ "spec": { "version": NEW } })))
+        .patch(
+            "a100",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "version": NEW } })),
+        )
         .await
         .expect("a100 patched");
     upgrade.all_on(&a100, NEW).await;
-    let seen = lock(&upgrade.seen);
-    assert_eq!(seen.max_in_progress.get("a100").copied().unwrap_or(0), 1, "a100's own budget");
-    for node in &h100 {
-        assert_eq!(seen.entered(node, UpgradeState::CordonRequired), 0, "{node} is another pool's");
+    {
+        let seen = lock(&upgrade.seen);
+        assert_eq!(
+            seen.max_in_progress.get("a100").copied().unwrap_or(0),
+            1,
+            "a100's own budget"
+        );
+        for node in &h100 {
+            assert_eq!(
+                seen.entered(node, UpgradeState::CordonRequired),
+                0,
+                "{node} is another pool's"
+            );
+        }
     }
-    drop(seen);
     assert!(upgrade.drivers(&h100).values().all(|v| v.as_deref() == Some(OLD)));
 
     // A second NVIDIADriver selecting the H100 nodes: they get neither, keep what runs, and both say so.
@@ -589,7 +705,9 @@ async fn two_nvidia_driver_pools_upgrade_independently_and_overlapping_ones_touc
     let driver_pods = |list: kube::core::ObjectList<Pod>| -> BTreeSet<String> {
         list.items
             .into_iter()
-            .filter(|p| p.labels().get("app.kubernetes.io/component").map(String::as_str) == Some("nvidia-driver"))
+            .filter(|p| {
+                p.labels().get("app.kubernetes.io/component").map(String::as_str) == Some("nvidia-driver")
+            })
             .filter_map(|p| p.metadata.uid)
             .collect()
     };
@@ -621,11 +739,113 @@ async fn two_nvidia_driver_pools_upgrade_independently_and_overlapping_ones_touc
     );
     for node in &h100 {
         assert_eq!(
-            upgrade.node(node).await.labels().get(gpuop_api::labels::DRIVER_OWNER).map(String::as_str),
+            upgrade
+                .node(node)
+                .await
+                .labels()
+                .get(gpuop_api::labels::DRIVER_OWNER)
+                .map(String::as_str),
             Some("h100"),
             "{node} keeps its owner"
         );
     }
     assert!(upgrade.drivers(&h100).values().all(|v| v.as_deref() == Some(OLD)));
+    upgrade.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moving_the_driver_to_an_nvidia_driver_replaces_it_node_by_node() {
+    let spec = ClusterSpec {
+        nfd: true,
+        node_pools: vec![pool("gpu", 4, GpuModel::L4)],
+        workloads: vec![Workload::gpu("infer", 4).in_namespace(ML)],
+    };
+    let upgrade = Upgrade::start(spec).await;
+    upgrade
+        .apply_policy(json!({ "autoUpgrade": true, "maxParallelUpgrades": 1, "maxUnavailable": 1 }))
+        .await;
+    let nodes = names("gpu", 4);
+    converged_on(&upgrade, &nodes, OLD).await;
+
+    // Each node's ready driver pods, at every change: at most one node may be without one at a time.
+    let pods: Api<Pod> = Api::namespaced(upgrade.client.clone(), NAMESPACE);
+    let worst = Arc::new(Mutex::new(0usize));
+    let watch = {
+        let worst = worst.clone();
+        let nodes = nodes.clone();
+        tokio::spawn(async move {
+            let mut ready: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+            let stream = watcher(
+                pods,
+                watcher::Config::default().labels("app.kubernetes.io/component=nvidia-driver"),
+            );
+            let mut stream = std::pin::pin!(stream);
+            while let Some(Ok(event)) = stream.next().await {
+                let (pod, gone) = match event {
+                    watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => (pod, false),
+                    watcher::Event::Delete(pod) => (pod, true),
+                    _ => continue,
+                };
+                let node = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .unwrap_or_default();
+                let serving = !gone
+                    && pod.metadata.deletion_timestamp.is_none()
+                    && pod
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                let set = ready.entry(node).or_default();
+                if serving {
+                    set.insert(pod.name_any());
+                } else {
+                    set.remove(&pod.name_any());
+                }
+                let without = nodes
+                    .iter()
+                    .filter(|n| ready.get(*n).is_none_or(BTreeSet::is_empty))
+                    .count();
+                let mut worst = worst.lock().unwrap_or_else(|p| p.into_inner());
+                *worst = (*worst).max(without);
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    *worst.lock().unwrap_or_else(|p| p.into_inner()) = 0;
+
+    let mut default: NVIDIADriver = nvidia_driver("default", "unused", NEW, 1);
+    default.spec.default = true;
+    default.spec.node_selector = None;
+    default.spec.upgrade_policy =
+        Some(serde_json::from_value(json!({ "maxParallelUpgrades": 1, "maxUnavailable": 1 })).unwrap());
+    Api::<NVIDIADriver>::all(upgrade.client.clone())
+        .create(&PostParams::default(), &default)
+        .await
+        .expect("NVIDIADriver created");
+    upgrade
+        .patch_policy(json!({ "driver": { "useNvidiaDriverCRD": true } }))
+        .await;
+    upgrade.all_on(&nodes, NEW).await;
+    upgrade.workloads_ready().await;
+    watch.abort();
+    assert!(
+        *worst.lock().unwrap_or_else(|p| p.into_inner()) <= 1,
+        "never more than one node without a ready driver"
+    );
+    {
+        let seen = lock(&upgrade.seen);
+        assert!(seen.max_unavailable.get("gpu").copied().unwrap_or(0) <= 1);
+        for node in &nodes {
+            assert_eq!(
+                seen.entered(node, UpgradeState::CordonRequired),
+                1,
+                "{node}: {:?}",
+                seen.states[node]
+            );
+        }
+    }
     upgrade.stop().await;
 }
