@@ -38,6 +38,8 @@ pub enum Bench {
     Nodes(NodesBenchArgs),
     /// The operator (its own process) converging a simulated cluster, then a steady window.
     Converge(ConvergeBenchArgs),
+    /// The operator (its own process) upgrading the driver of a converged cluster, node by node.
+    Upgrade(UpgradeBenchArgs),
 }
 
 /// `gpu-sim demo`.
@@ -119,6 +121,27 @@ pub struct ConvergeBenchArgs {
 }
 
 impl ConvergeBenchArgs {
+    /// The deadline.
+    pub fn deadline(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.deadline_seconds)
+    }
+}
+
+/// `gpu-sim bench upgrade`.
+#[derive(Debug, Parser)]
+pub struct UpgradeBenchArgs {
+    /// GPU nodes in the cluster (each also runs one GPU workload pod).
+    #[arg(long, default_value_t = 1_000)]
+    pub nodes: u32,
+    /// `maxParallelUpgrades`.
+    #[arg(long, default_value_t = 50)]
+    pub max_parallel: u32,
+    /// Give up on convergence, and then on the upgrade, after this many seconds each.
+    #[arg(long, default_value_t = 1_800)]
+    pub deadline_seconds: u64,
+}
+
+impl UpgradeBenchArgs {
     /// The deadline.
     pub fn deadline(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.deadline_seconds)

@@ -201,7 +201,7 @@ pub fn by_verb(counts: &RequestCounts, client: &str) -> BTreeMap<String, u64> {
     verbs
 }
 
-fn verbs_text(verbs: &BTreeMap<String, u64>) -> String {
+pub(crate) fn verbs_text(verbs: &BTreeMap<String, u64>) -> String {
     let mut text = String::new();
     for (verb, count) in verbs {
         let _ = write!(text, "{verb} {count}, ");
@@ -210,7 +210,7 @@ fn verbs_text(verbs: &BTreeMap<String, u64>) -> String {
 }
 
 /// The `gpu-operator` binary next to this one.
-fn operator_binary() -> anyhow::Result<PathBuf> {
+pub(crate) fn operator_binary() -> anyhow::Result<PathBuf> {
     let here = std::env::current_exe().context("locating gpu-sim")?;
     let binary = here.with_file_name("gpu-operator");
     if !binary.exists() {

@@ -11,7 +11,8 @@
 //!   device plugin and feature discovery apply it), [`operands`] (operand configuration read through the
 //!   images' contract), [`progress`] (what a person watching sees).
 //! - I/O: [`simulation`] (a running cluster and scenario actions), [`actors`] (controllers, scheduler,
-//!   kubelets), and the commands [`demo`], [`up`], [`serve`], [`bench`] and [`cluster_bench`].
+//!   kubelets), and the commands [`demo`], [`up`], [`serve`], [`bench`], [`cluster_bench`] and
+//!   [`upgrade_bench`].
 
 pub mod actors;
 pub mod bench;
@@ -32,6 +33,7 @@ pub mod serve;
 pub mod sharing;
 pub mod simulation;
 pub mod up;
+pub mod upgrade_bench;
 pub mod workload;
 
 use cli::{Bench, Cli, Command};
@@ -80,6 +82,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Command::Bench(Bench::Apiserver(args)) => bench::apiserver(args).await,
             Command::Bench(Bench::Nodes(args)) => cluster_bench::nodes(args).await,
             Command::Bench(Bench::Converge(args)) => cluster_bench::converge(args).await,
+            Command::Bench(Bench::Upgrade(args)) => upgrade_bench::upgrade(args).await,
         }
     })
 }

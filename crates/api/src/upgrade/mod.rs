@@ -975,6 +975,8 @@ pub struct Plan {
     pub max_parallel: u32,
     /// `maxUnavailable` as a count.
     pub max_unavailable: usize,
+    /// A node whose GPU pods cannot all be evicted goes on to be drained (else it fails).
+    pub drains: bool,
 }
 
 /// What an upgrade would do now: which nodes in which batch, which pods each loses, which budgets block.
@@ -984,6 +986,7 @@ pub fn plan(policy: &UpgradePolicy, nodes: &[NodeView], disruptions: &[Disruptio
     let mut plan = Plan {
         max_parallel: policy.max_parallel,
         max_unavailable: budget.max_unavailable,
+        drains: policy.drain.is_some(),
         ..Plan::default()
     };
     let mut queue: Vec<&NodeView> = Vec::new();
@@ -1129,7 +1132,12 @@ impl fmt::Display for Plan {
                     )?;
                 }
                 for refused in &node.refused {
-                    writeln!(f, "    cannot evict {refused}: the node would fail")?;
+                    let then = if self.drains {
+                        "the node would be drained instead"
+                    } else {
+                        "the node would fail"
+                    };
+                    writeln!(f, "    cannot evict {refused}: {then}")?;
                 }
             }
         }
