@@ -15,7 +15,10 @@ use std::time::Duration;
 
 use gpuop_api::labels::{UPGRADE_ENABLED_ANNOTATION, UPGRADE_STATE};
 use gpuop_api::upgrade::observe::{DriverPods, PoolScope, node_view, validators, workload_pod};
-use gpuop_api::upgrade::{Decision, Step, UpgradeCounts, UpgradePolicy, UpgradeState, WorkloadPod, decide};
+use gpuop_api::upgrade::{
+    Decision, EMPTYING_RECHECK_SECONDS, EVICTION_RETRY_SECONDS, Step, UpgradeCounts, UpgradePolicy,
+    UpgradeState, WorkloadPod, decide,
+};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
@@ -61,6 +64,12 @@ struct Memory {
     patched: BTreeMap<String, (Option<String>, Arc<Node>, Instant)>,
     /// Driver pods deleted, by name.
     deleted: BTreeMap<String, Instant>,
+    /// Pods whose eviction was asked for, by `namespace/name`: not asked again before
+    /// [`EVICTION_RETRY_SECONDS`].
+    evicted: BTreeMap<String, Instant>,
+    /// Per node being emptied, its pods as last listed, for which state and when: listed again at most
+    /// every [`EMPTYING_RECHECK_SECONDS`].
+    listed: BTreeMap<String, (UpgradeState, Instant, Vec<WorkloadPod>)>,
 }
 
 /// Runs the upgrade controller until `shutdown`.
@@ -99,6 +108,9 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     memory.patched.retain(|_, (_, _, at)| at.elapsed() < IN_FLIGHT);
     memory.deleted.retain(|_, at| at.elapsed() < IN_FLIGHT);
+    memory
+        .evicted
+        .retain(|_, at| at.elapsed() < Duration::from_secs(EVICTION_RETRY_SECONDS));
     let nodes = current_nodes(context, memory);
     let pods = context.caches.pods.state();
     let daemonsets = context.caches.daemonsets.state();
@@ -137,12 +149,24 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
             }
             view.state_since = since.1;
             if emptying(view.state) {
-                match pods_on(context, &name).await {
-                    Ok(pods) => view.pods = pods,
-                    Err(error) => {
-                        warn!(node = %name, %error, "cannot list the node's pods; retrying");
-                        next = next.min(Duration::from_secs(2));
-                        continue;
+                let fresh = memory.listed.get(&name).filter(|(state, at, _)| {
+                    *state == view.state && at.elapsed() < Duration::from_secs(EMPTYING_RECHECK_SECONDS)
+                });
+                if let Some((_, _, pods)) = fresh {
+                    view.pods = pods.clone();
+                } else {
+                    match pods_on(context, &name).await {
+                        Ok(pods) => {
+                            memory
+                                .listed
+                                .insert(name.clone(), (view.state, Instant::now(), pods.clone()));
+                            view.pods = pods;
+                        }
+                        Err(error) => {
+                            warn!(node = %name, %error, "cannot list the node's pods; retrying");
+                            next = next.min(Duration::from_secs(2));
+                            continue;
+                        }
                     }
                 }
             }
@@ -153,6 +177,9 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
         add(&mut total, &decision.counts);
     }
     memory.since.retain(|name, _| seen.contains(name));
+    memory
+        .listed
+        .retain(|name, (state, _, _)| memory.since.get(name).is_some_and(|(now, _)| now == state));
     context.metrics.upgrades(&total);
     next
 }
@@ -205,19 +232,29 @@ async fn carry_out(
     memory: &mut Memory,
 ) -> Duration {
     let mut next = decision.recheck_in.map_or(RESYNC, Duration::from_secs);
-    let steps: Vec<&Step> = decision
+    // What this controller asked for a moment ago is not asked again: a deleted driver pod, or an eviction
+    // (a refused one is retried after EVICTION_RETRY_SECONDS).
+    let now = Instant::now();
+    let steps: Vec<Step> = decision
         .steps
         .iter()
-        .filter(|step| {
-            // A driver pod this controller deleted a moment ago is not deleted again.
-            !(step
+        .map(|step| {
+            let mut step = step.clone();
+            step.evict.retain(|pod| !memory.evicted.contains_key(pod));
+            if step
                 .restart_driver
                 .as_ref()
                 .is_some_and(|pod| memory.deleted.contains_key(pod))
-                && !step.patches_node()
-                && step.evict.is_empty())
+            {
+                step.restart_driver = None;
+            }
+            step
         })
+        .filter(|step| !step.is_empty())
         .collect();
+    for pod in steps.iter().flat_map(|step| &step.evict) {
+        memory.evicted.insert(pod.clone(), now);
+    }
     for chunk in steps.chunks(CONCURRENCY) {
         let results = futures::future::join_all(chunk.iter().map(|step| {
             let node = nodes.get(&step.node).cloned();
@@ -246,6 +283,10 @@ async fn carry_out(
                     if let Some(pod) = &step.restart_driver {
                         memory.deleted.insert(pod.clone(), Instant::now());
                     }
+                    if let Some(error) = outcome.failed {
+                        warn!(node = %step.node, pool = %pool.owner, %error, "driver upgrade step failed; retrying");
+                        next = next.min(Duration::from_secs(2));
+                    }
                 }
                 Err(error) => {
                     warn!(node = %step.node, pool = %pool.owner, %error, "driver upgrade step failed; retrying");
@@ -257,10 +298,12 @@ async fn carry_out(
     next
 }
 
-/// What a step did.
+/// What a step did: the node as patched, and an eviction or delete that failed (the rest was
+/// still tried, and the patch stands).
 #[derive(Default)]
 struct Executed {
     patched: Option<Node>,
+    failed: Option<kube::Error>,
 }
 
 async fn execute(
@@ -332,7 +375,7 @@ async fn execute(
                 debug!(node = %step.node, pod = %key, message = %status.message, "eviction refused for now");
             }
             Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(error) => return Err(error),
+            Err(error) => executed.failed = Some(error),
         }
     }
     if let Some(pod) = &step.restart_driver {
@@ -340,7 +383,7 @@ async fn execute(
         match api.delete(pod, &DeleteParams::default()).await {
             Ok(_) => info!(node = %step.node, pod = %pod, "deleted the outdated driver pod"),
             Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(error) => return Err(error),
+            Err(error) => executed.failed = Some(error),
         }
     }
     if let (Some(note), Some(node)) = (&step.note, node) {

@@ -37,8 +37,10 @@ use crate::validate::IntOrPercent;
 pub const DRIVER_RESTART_LIMIT: i32 = 10;
 /// Default seconds the validator has to pass on an upgraded node (NVIDIA hard-codes 600).
 pub const DEFAULT_VALIDATION_TIMEOUT_SECONDS: u64 = 600;
-/// Seconds before evictions a PodDisruptionBudget refused are tried again.
+/// Seconds before an eviction a PodDisruptionBudget refused is tried again.
 pub const EVICTION_RETRY_SECONDS: u64 = 5;
+/// Seconds between looks at a node whose pods are being evicted, until they are gone.
+pub const EMPTYING_RECHECK_SECONDS: u64 = 1;
 
 /// A node's place in the upgrade, the value of `nvidia.com/gpu-driver-upgrade-state`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -887,9 +889,8 @@ fn evict(
         .filter(|p| !p.terminating)
         .map(|p| p.key())
         .collect();
-    if !step.evict.is_empty() {
-        recheck.within(EVICTION_RETRY_SECONDS);
-    }
+    // Pods on their way out are not watched: look again shortly.
+    recheck.within(EMPTYING_RECHECK_SECONDS);
     step
 }
 
@@ -1535,7 +1536,7 @@ mod tests {
         let step = &decision.steps[0];
         assert_eq!(step.evict, ["ml/train"], "terminating pods are not evicted twice");
         assert_eq!(step.to, None);
-        assert_eq!(decision.recheck_in, Some(EVICTION_RETRY_SECONDS));
+        assert_eq!(decision.recheck_in, Some(EMPTYING_RECHECK_SECONDS));
 
         let emptied = NodeView::test("a")
             .in_state(PodDeletionRequired)
