@@ -994,8 +994,13 @@ impl Snapshot {
     }
 
     /// An NVIDIADriver takes over the driver of these nodes: its DaemonSet (`nvidia.com/nvidiadriver=<name>`)
-    /// with its revision, its driver pod on each node in place of any other, and the nodes routed to it.
-    pub fn add_nvidia_driver(&mut self, name: &str, spec: NVIDIADriverSpec, nodes: &[&str]) {
+    /// with its revision, its driver pod on each node in place of any other, and the nodes routed to it (labelled
+    /// `pool=<name>`, which it selects unless its spec says otherwise).
+    pub fn add_nvidia_driver(&mut self, name: &str, mut spec: NVIDIADriverSpec, nodes: &[&str]) {
+        // The driver selects its nodes by a pool label of their own, as the operator routes them.
+        if spec.node_selector.is_none() && !spec.default {
+            spec.node_selector = Some(BTreeMap::from([("pool".to_owned(), name.to_owned())]));
+        }
         let mut driver = NVIDIADriver::new(name, spec);
         driver.metadata.uid = Some(format!("uid-nvidiadriver-{name}"));
         self.nvidia_drivers.push(driver);
@@ -1016,7 +1021,9 @@ impl Snapshot {
             });
             self.pods.push(daemon_pod(&daemon_set, node));
             if let Some(found) = self.node_mut(node) {
-                let routed = std::mem::take(found).with_label(DRIVER_OWNER, name);
+                let routed = std::mem::take(found)
+                    .with_label(DRIVER_OWNER, name)
+                    .with_label("pool", name);
                 *found = routed;
             }
         }
