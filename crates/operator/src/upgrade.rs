@@ -7,23 +7,26 @@
 //! (PodDisruptionBudgets apply), and deletes of outdated driver pods (their `OnDelete` DaemonSet recreates
 //! them from the latest revision). No polling: a move's echo in the node cache wakes the next pass, and a
 //! patched node stands in for its cached copy until the cache shows it, so a lagging watch can never make
-//! a pass count the budget from stale nodes. Pods of a node are listed only while it is being emptied.
+//! a pass count the budget from stale nodes. The pods of a node are watched only while it is being emptied.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use gpuop_api::labels::{UPGRADE_ENABLED_ANNOTATION, UPGRADE_STATE};
 use gpuop_api::upgrade::observe::{DriverPods, PoolScope, node_view, validators, workload_pod};
 use gpuop_api::upgrade::{
-    Decision, EMPTYING_RECHECK_SECONDS, EVICTION_RETRY_SECONDS, Step, UpgradeCounts, UpgradePolicy,
-    UpgradeState, WorkloadPod, decide,
+    Decision, EVICTION_RETRY_SECONDS, Step, UpgradeCounts, UpgradePolicy, UpgradeState, WorkloadPod, decide,
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, EvictParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Map, Value, json};
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -67,9 +70,8 @@ struct Memory {
     /// Pods whose eviction was asked for, by `namespace/name`: not asked again before
     /// [`EVICTION_RETRY_SECONDS`].
     evicted: BTreeMap<String, Instant>,
-    /// Per node being emptied, its pods as last listed, for which state and when: listed again at most
-    /// every [`EMPTYING_RECHECK_SECONDS`].
-    listed: BTreeMap<String, (UpgradeState, Instant, Vec<WorkloadPod>)>,
+    /// The pods of the nodes being emptied.
+    node_pods: NodePods,
 }
 
 /// Runs the upgrade controller until `shutdown`.
@@ -135,6 +137,7 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
             continue;
         };
         let mut views = Vec::with_capacity(members.len());
+        let mut unknown: BTreeSet<String> = BTreeSet::new();
         for node in &members {
             let name = node.name_any();
             seen.insert(name.clone());
@@ -149,37 +152,29 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
             }
             view.state_since = since.1;
             if emptying(view.state) {
-                let fresh = memory.listed.get(&name).filter(|(state, at, _)| {
-                    *state == view.state && at.elapsed() < Duration::from_secs(EMPTYING_RECHECK_SECONDS)
-                });
-                if let Some((_, _, pods)) = fresh {
-                    view.pods = pods.clone();
-                } else {
-                    match pods_on(context, &name).await {
-                        Ok(pods) => {
-                            memory
-                                .listed
-                                .insert(name.clone(), (view.state, Instant::now(), pods.clone()));
-                            view.pods = pods;
-                        }
-                        Err(error) => {
-                            warn!(node = %name, %error, "cannot list the node's pods; retrying");
-                            next = next.min(Duration::from_secs(2));
-                            continue;
-                        }
+                match memory.node_pods.of(context, &name) {
+                    Some(pods) => view.pods = pods,
+                    // Not listed yet: the node stays where it is this pass (it still counts in the budget).
+                    None => {
+                        unknown.insert(name.clone());
                     }
                 }
             }
             views.push(view);
         }
-        let decision = decide(policy, &views, now);
+        let mut decision = decide(policy, &views, now);
+        decision.steps.retain(|step| !unknown.contains(&step.node));
         next = next.min(carry_out(context, pool, &decision, &nodes, memory).await);
         add(&mut total, &decision.counts);
     }
     memory.since.retain(|name, _| seen.contains(name));
-    memory
-        .listed
-        .retain(|name, (state, _, _)| memory.since.get(name).is_some_and(|(now, _)| now == state));
+    let emptied: BTreeSet<&str> = memory
+        .since
+        .iter()
+        .filter(|(_, (state, _))| emptying(*state))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    memory.node_pods.keep_only(&emptied);
     context.metrics.upgrades(&total);
     next
 }
@@ -214,13 +209,79 @@ fn emptying(state: UpgradeState) -> bool {
     )
 }
 
-/// Every pod bound to the node, as the decision sees workloads.
-async fn pods_on(context: &Context, node: &str) -> Result<Vec<WorkloadPod>, kube::Error> {
-    let api: Api<Pod> = Api::all(context.client.clone());
-    let list = api
-        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-        .await?;
-    Ok(list.items.iter().map(workload_pod).collect())
+/// Watches of the pods on the nodes being emptied, one per node (field selector `spec.nodeName`): the
+/// controller sees evicted pods go, and is woken when they do, without polling. A watch starts when its node
+/// starts being emptied and stops when the node moves on.
+#[derive(Debug, Default)]
+struct NodePods {
+    watches: BTreeMap<String, NodeWatch>,
+}
+
+#[derive(Debug)]
+struct NodeWatch {
+    pods: Store<Pod>,
+    listed: Arc<AtomicBool>,
+    stop: CancellationToken,
+}
+
+impl NodePods {
+    /// The node's pods as the eviction rules see them, once its watch has listed them (it starts now if
+    /// it was not running).
+    fn of(&mut self, context: &Context, node: &str) -> Option<Vec<WorkloadPod>> {
+        let watch = self
+            .watches
+            .entry(node.to_owned())
+            .or_insert_with(|| NodeWatch::start(context, node));
+        watch
+            .listed
+            .load(Ordering::Acquire)
+            .then(|| watch.pods.state().iter().map(|pod| workload_pod(pod)).collect())
+    }
+
+    /// Stops the watches of nodes no longer being emptied.
+    fn keep_only(&mut self, nodes: &BTreeSet<&str>) {
+        self.watches.retain(|node, watch| {
+            let keep = nodes.contains(node.as_str());
+            if !keep {
+                watch.stop.cancel();
+            }
+            keep
+        });
+    }
+}
+
+impl NodeWatch {
+    fn start(context: &Context, node: &str) -> Self {
+        let (pods, writer) = reflector::store();
+        let listed = Arc::new(AtomicBool::new(false));
+        let stop = CancellationToken::new();
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        let stream = watcher(Api::<Pod>::all(context.client.clone()), config)
+            .default_backoff()
+            .reflect(writer);
+        let changed = context.changed.clone();
+        let (done, flag) = (stop.clone(), listed.clone());
+        let node = node.to_owned();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            loop {
+                tokio::select! {
+                    () = done.cancelled() => break,
+                    event = stream.next() => match event {
+                        Some(Ok(event)) => {
+                            if matches!(event, watcher::Event::InitDone) {
+                                flag.store(true, Ordering::Release);
+                            }
+                            changed.upgrades.notify_one();
+                        }
+                        Some(Err(error)) => warn!(%node, %error, "watch of the node's pods failed; retrying"),
+                        None => break,
+                    },
+                }
+            }
+        });
+        Self { pods, listed, stop }
+    }
 }
 
 /// Carries out a decision's steps, a few nodes at a time; returns when the pool wants another look.

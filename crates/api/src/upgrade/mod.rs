@@ -39,8 +39,6 @@ pub const DRIVER_RESTART_LIMIT: i32 = 10;
 pub const DEFAULT_VALIDATION_TIMEOUT_SECONDS: u64 = 600;
 /// Seconds before an eviction a PodDisruptionBudget refused is tried again.
 pub const EVICTION_RETRY_SECONDS: u64 = 5;
-/// Seconds between looks at a node whose pods are being evicted, until they are gone.
-pub const EMPTYING_RECHECK_SECONDS: u64 = 1;
 
 /// A node's place in the upgrade, the value of `nvidia.com/gpu-driver-upgrade-state`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -889,8 +887,11 @@ fn evict(
         .filter(|p| !p.terminating)
         .map(|p| p.key())
         .collect();
-    // Pods on their way out are not watched: look again shortly.
-    recheck.within(EMPTYING_RECHECK_SECONDS);
+    // A refused eviction is tried again; pods on their way out wake the caller by themselves (it watches
+    // the pods of the nodes being emptied).
+    if !step.evict.is_empty() {
+        recheck.within(EVICTION_RETRY_SECONDS);
+    }
     step
 }
 
@@ -1536,7 +1537,7 @@ mod tests {
         let step = &decision.steps[0];
         assert_eq!(step.evict, ["ml/train"], "terminating pods are not evicted twice");
         assert_eq!(step.to, None);
-        assert_eq!(decision.recheck_in, Some(EMPTYING_RECHECK_SECONDS));
+        assert_eq!(decision.recheck_in, Some(EVICTION_RETRY_SECONDS));
 
         let emptied = NodeView::test("a")
             .in_state(PodDeletionRequired)
