@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -26,7 +27,6 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Map, Value, json};
-use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -240,13 +240,13 @@ impl NodePods {
 
     /// Stops the watches of nodes no longer being emptied.
     fn keep_only(&mut self, nodes: &BTreeSet<&str>) {
-        self.watches.retain(|node, watch| {
-            let keep = nodes.contains(node.as_str());
-            if !keep {
-                watch.stop.cancel();
-            }
-            keep
-        });
+        self.watches.retain(|node, _| nodes.contains(node.as_str()));
+    }
+}
+
+impl Drop for NodeWatch {
+    fn drop(&mut self) {
+        self.stop.cancel();
     }
 }
 

@@ -209,6 +209,28 @@ pub(crate) fn verbs_text(verbs: &BTreeMap<String, u64>) -> String {
     text.trim_end_matches(", ").to_owned()
 }
 
+/// The `gpu-operator` binary as its own process on the fake server of `kubeconfig`, killed when dropped.
+pub(crate) fn spawn_operator(
+    binary: &std::path::Path,
+    kubeconfig: &std::path::Path,
+) -> anyhow::Result<tokio::process::Child> {
+    tokio::process::Command::new(binary)
+        .args([
+            "run",
+            "--namespace",
+            NAMESPACE,
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+            "--health-probe-bind-address",
+            "127.0.0.1:0",
+        ])
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))
+}
+
 /// The `gpu-operator` binary next to this one.
 pub(crate) fn operator_binary() -> anyhow::Result<PathBuf> {
     let here = std::env::current_exe().context("locating gpu-sim")?;
@@ -308,21 +330,7 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
     let client: Client = server.client_as(crate::USER_AGENT);
     install(&client).await?;
     let simulation = Simulation::start(client.clone(), gpu_cluster(args.nodes), Timing::instant()).await?;
-    let mut operator = tokio::process::Command::new(&binary)
-        .args([
-            "run",
-            "--namespace",
-            NAMESPACE,
-            "--metrics-bind-address",
-            "127.0.0.1:0",
-            "--health-probe-bind-address",
-            "127.0.0.1:0",
-        ])
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", binary.display()))?;
+    let mut operator = spawn_operator(&binary, &kubeconfig)?;
     let pid = operator.id().map(|p| p.to_string()).unwrap_or_default();
     let before = server.requests();
     let started = Instant::now();

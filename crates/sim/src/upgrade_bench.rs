@@ -11,7 +11,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use futures::StreamExt;
 use gpuop_api::ClusterPolicy;
 use gpuop_api::labels::UPGRADE_STATE;
@@ -25,8 +25,8 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::cli::UpgradeBenchArgs;
-use crate::cluster_bench::{by_verb, gpu_cluster, operator_binary, peak_rss_mib, verbs_text};
-use crate::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install};
+use crate::cluster_bench::{by_verb, gpu_cluster, operator_binary, peak_rss_mib, spawn_operator, verbs_text};
+use crate::demo::{DEFAULT_POLICY, apply_policy, install};
 use crate::kubelet::Timing;
 use crate::simulation::Simulation;
 use crate::workload::Workload;
@@ -79,21 +79,7 @@ pub async fn upgrade(args: UpgradeBenchArgs) -> anyhow::Result<()> {
     install(&client).await?;
     let spec = gpu_cluster(args.nodes).with_workload(Workload::gpu("train", args.nodes).in_namespace("ml"));
     let simulation = Simulation::start(client.clone(), spec, Timing::instant()).await?;
-    let mut operator = tokio::process::Command::new(&binary)
-        .args([
-            "run",
-            "--namespace",
-            NAMESPACE,
-            "--metrics-bind-address",
-            "127.0.0.1:0",
-            "--health-probe-bind-address",
-            "127.0.0.1:0",
-        ])
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", binary.display()))?;
+    let mut operator = spawn_operator(&binary, &kubeconfig)?;
     let pid = operator.id().map(|p| p.to_string()).unwrap_or_default();
     let budget = Arc::new(Mutex::new(Budget::default()));
     let node_watch = {
