@@ -440,7 +440,7 @@ async fn replicaset_controller(
             for pod in &plan.create {
                 match pod_api.create(&PostParams::default(), pod).await {
                     Ok(created) => {
-                        info!(replicaset = %rs.name_any(), %namespace, pod = %created.name_any(), "created a workload pod");
+                        debug!(replicaset = %rs.name_any(), %namespace, pod = %created.name_any(), "created a workload pod");
                         creating.expect((uid.clone(), created.name_any()));
                     }
                     Err(error) => {
@@ -964,7 +964,7 @@ async fn restart_driver_clients(client: &Client, node: &str, pods: &[Arc<Pod>]) 
         let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
         match api.delete(&pod.name_any(), &DeleteParams::default()).await {
             Ok(_) => {
-                info!(%node, pod = %pod.name_any(), "driver replaced: operand pod restarted, as the driver manager does")
+                debug!(%node, pod = %pod.name_any(), "driver replaced: operand pod restarted, as the driver manager does")
             }
             Err(error) => debug!(%node, pod = %pod.name_any(), %error, "cannot restart an operand pod"),
         }
