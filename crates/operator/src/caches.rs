@@ -232,7 +232,7 @@ where
 }
 
 /// Keeps what the labeller, the facts and placement need.
-fn trim_node(node: &mut Node) {
+pub(crate) fn trim_node(node: &mut Node) {
     node.metadata.managed_fields = None;
     if let Some(status) = node.status.as_mut() {
         status.images = None;

@@ -331,7 +331,8 @@ async fn carry_out(
         for (step, before, result) in results {
             match result {
                 Ok(outcome) => {
-                    if let (Some(patched), Some(before)) = (outcome.patched, before) {
+                    if let (Some(mut patched), Some(before)) = (outcome.patched, before) {
+                        crate::caches::trim_node(&mut patched);
                         memory.patched.insert(
                             step.node.clone(),
                             (

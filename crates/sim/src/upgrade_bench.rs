@@ -152,10 +152,23 @@ pub async fn upgrade(args: UpgradeBenchArgs) -> anyhow::Result<()> {
     })
     .await?;
     let took = upgrading.elapsed();
-    let requests = by_verb(
-        &server.requests().since(&before),
-        crate::product_token(gpuop_operator::USER_AGENT),
-    );
+    let during = server.requests().since(&before);
+    let operator_client = crate::product_token(gpuop_operator::USER_AGENT);
+    let requests = by_verb(&during, operator_client);
+    let mut writes: BTreeMap<String, u64> = BTreeMap::new();
+    for (key, count) in during
+        .iter()
+        .filter(|(key, _)| key.verb.is_write() && crate::product_token(&key.client) == operator_client)
+    {
+        let resource = if key.subresource.is_empty() {
+            key.resource.clone()
+        } else {
+            format!("{}/{}", key.resource, key.subresource)
+        };
+        *writes
+            .entry(format!("{} {resource}", key.verb.metric_label()).to_lowercase())
+            .or_insert(0) += count;
+    }
     let peak = peak_rss_mib(&pid).unwrap_or(f64::NAN);
     let _ = operator.kill().await;
     node_watch.abort();
