@@ -244,6 +244,47 @@ impl NodePods {
     }
 }
 
+/// Keeps what the eviction rules read ([`workload_pod`]): labels, owners, the mirror annotation, resources,
+/// emptyDir volumes, phase and deletion.
+fn trim_workload_pod(pod: &mut Pod) {
+    use k8s_openapi::api::core::v1::{Container, PodStatus, Volume};
+    pod.metadata.managed_fields = None;
+    if let Some(annotations) = pod.metadata.annotations.as_mut() {
+        annotations.retain(|key, _| key == "kubernetes.io/config.mirror");
+    }
+    let trim = |containers: &mut Vec<Container>| {
+        for container in containers.iter_mut() {
+            *container = Container {
+                name: std::mem::take(&mut container.name),
+                resources: container.resources.take(),
+                ..Container::default()
+            };
+        }
+    };
+    if let Some(spec) = pod.spec.as_mut() {
+        trim(&mut spec.containers);
+        if let Some(init) = spec.init_containers.as_mut() {
+            trim(init);
+        }
+        if let Some(volumes) = spec.volumes.as_mut() {
+            volumes.retain(|v| v.empty_dir.is_some());
+            for volume in volumes.iter_mut() {
+                *volume = Volume {
+                    name: std::mem::take(&mut volume.name),
+                    empty_dir: volume.empty_dir.take(),
+                    ..Volume::default()
+                };
+            }
+        }
+    }
+    if let Some(status) = pod.status.as_mut() {
+        *status = PodStatus {
+            phase: status.phase.take(),
+            ..PodStatus::default()
+        };
+    }
+}
+
 impl Drop for NodeWatch {
     fn drop(&mut self) {
         self.stop.cancel();
@@ -258,6 +299,7 @@ impl NodeWatch {
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let stream = watcher(Api::<Pod>::all(context.client.clone()), config)
             .default_backoff()
+            .modify(trim_workload_pod)
             .reflect(writer);
         let changed = context.changed.clone();
         let (done, flag) = (stop.clone(), listed.clone());
@@ -516,4 +558,38 @@ fn add(total: &mut UpgradeCounts, counts: &UpgradeCounts) {
     total.available += counts.available;
     total.unavailable += counts.unavailable;
     total.max_unavailable += counts.max_unavailable;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trimmed_pod_looks_the_same_to_the_eviction_rules() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "name": "train-0", "namespace": "ml",
+                "labels": {"app": "train"},
+                "annotations": {"kubernetes.io/config.mirror": "x", "big": "y"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "train",
+                                     "uid": "u", "controller": true}],
+                "managedFields": [{"manager": "kubectl"}],
+            },
+            "spec": {
+                "nodeName": "gpu-0",
+                "containers": [{"name": "c", "image": "cuda", "env": [{"name": "A", "value": "1"}],
+                                "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                "initContainers": [{"name": "i", "image": "busybox"}],
+                "volumes": [{"name": "scratch", "emptyDir": {}}, {"name": "cfg", "configMap": {"name": "c"}}],
+            },
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        }))
+        .unwrap();
+        let mut trimmed = pod.clone();
+        trim_workload_pod(&mut trimmed);
+        assert_eq!(workload_pod(&trimmed), workload_pod(&pod));
+        assert!(workload_pod(&pod).uses_gpu && workload_pod(&pod).empty_dir && workload_pod(&pod).daemon);
+        assert!(trimmed.metadata.managed_fields.is_none());
+        assert_eq!(trimmed.spec.as_ref().unwrap().volumes.as_ref().unwrap().len(), 1);
+    }
 }

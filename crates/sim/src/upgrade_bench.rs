@@ -197,6 +197,10 @@ pub async fn upgrade(args: UpgradeBenchArgs) -> anyhow::Result<()> {
         verbs_text(&requests)
     );
     println!(
+        "| operator writes during the upgrade, by resource | {} |",
+        verbs_text(&writes)
+    );
+    println!(
         "| most nodes upgrading at once (limit {}) | {max_in_progress} |",
         args.max_parallel
     );
