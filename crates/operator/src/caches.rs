@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
-use gpuop_api::labels::{MANAGED_BY, MANAGED_BY_VALUE};
+use gpuop_api::labels::{COMPONENT, MANAGED_BY, MANAGED_BY_VALUE};
+use gpuop_api::upgrade::observe::DRIVER_COMPONENT;
 use gpuop_api::{ClusterPolicy, NVIDIADriver};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -245,44 +246,107 @@ pub(crate) fn trim_node(node: &mut Node) {
     }
 }
 
-/// Keeps owner, labels, node, readiness, restart counts, and the driver's `DRIVER_CONFIG_DIGEST` (which tells
-/// the upgrade controller whether a new revision needs a reinstall).
+/// Keeps owner, labels, node and readiness; of driver pods also the highest restart count and
+/// `DRIVER_CONFIG_DIGEST` (which tells the upgrade controller whether a new revision needs a reinstall).
 fn trim_pod(pod: &mut Pod) {
-    use k8s_openapi::api::core::v1::{Container, ContainerStatus, PodSpec};
+    use k8s_openapi::api::core::v1::{Container, ContainerStatus, EnvVar, PodSpec};
     pod.metadata.managed_fields = None;
     pod.metadata.annotations = None;
+    // Only driver pods keep a container (the one with the digest) and their restart count: there are a
+    // dozen operand pods per GPU node, and an empty container still costs half a kilobyte.
+    let driver = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(COMPONENT))
+        .map(String::as_str)
+        == Some(DRIVER_COMPONENT);
     if let Some(spec) = pod.spec.as_mut() {
-        let containers = std::mem::take(&mut spec.containers)
-            .into_iter()
-            .map(|container| Container {
-                env: container.env.map(|env| {
-                    env.into_iter()
-                        .filter(|e| e.name == DRIVER_CONFIG_DIGEST)
-                        .collect()
-                }),
-                name: container.name,
-                ..Container::default()
+        let digest: Option<EnvVar> = driver
+            .then(|| {
+                spec.containers
+                    .iter()
+                    .flat_map(|c| c.env.iter().flatten())
+                    .find(|e| e.name == DRIVER_CONFIG_DIGEST)
+                    .cloned()
             })
-            .collect();
+            .flatten();
         *spec = PodSpec {
             node_name: spec.node_name.take(),
-            containers,
+            containers: digest
+                .map(|digest| {
+                    vec![Container {
+                        env: Some(vec![digest]),
+                        ..Container::default()
+                    }]
+                })
+                .unwrap_or_default(),
             ..PodSpec::default()
         };
     }
     if let Some(status) = pod.status.as_mut() {
-        status.container_statuses = status.container_statuses.take().map(|statuses| {
-            statuses
-                .into_iter()
-                .map(|s| ContainerStatus {
-                    name: s.name,
-                    ready: s.ready,
-                    restart_count: s.restart_count,
-                    ..ContainerStatus::default()
-                })
-                .collect()
+        let restarts = status
+            .container_statuses
+            .iter()
+            .flatten()
+            .map(|s| s.restart_count)
+            .max()
+            .filter(|_| driver);
+        status.container_statuses = restarts.map(|restart_count| {
+            vec![ContainerStatus {
+                restart_count,
+                ..ContainerStatus::default()
+            }]
         });
         status.init_container_statuses = None;
         status.pod_ips = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuop_api::upgrade::observe::DriverPods;
+
+    fn pod(component: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "labels": {COMPONENT: component}, "managedFields": [{"manager": "x"}]},
+            "spec": {
+                "nodeName": "gpu-0",
+                "containers": [
+                    {"name": "nvidia-driver-ctr", "image": "driver",
+                     "env": [{"name": "A", "value": "1"}, {"name": DRIVER_CONFIG_DIGEST, "value": "d1"}]},
+                    {"name": "peermem", "image": "driver"},
+                ],
+            },
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [
+                    {"name": "nvidia-driver-ctr", "ready": true, "restartCount": 12, "image": "i", "imageID": ""},
+                    {"name": "peermem", "ready": true, "restartCount": 1, "image": "i", "imageID": ""},
+                ],
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn driver_pods_keep_their_digest_and_restarts_and_others_only_their_readiness() {
+        let mut driver = pod(DRIVER_COMPONENT);
+        trim_pod(&mut driver);
+        let seen = DriverPods::index([&driver], &[], &[]);
+        let seen = &seen.by_node["gpu-0"][0].pod;
+        assert_eq!(seen.restarts, 12, "the highest restart count");
+        assert!(seen.ready_since.is_some());
+        assert_eq!(
+            driver.spec.as_ref().unwrap().containers[0].env.as_ref().unwrap()[0].value.as_deref(),
+            Some("d1")
+        );
+        let mut plugin = pod("nvidia-device-plugin");
+        trim_pod(&mut plugin);
+        assert!(plugin.spec.as_ref().unwrap().containers.is_empty());
+        assert!(plugin.status.as_ref().unwrap().container_statuses.is_none());
+        assert!(plugin.status.as_ref().unwrap().conditions.is_some(), "readiness stays");
     }
 }

@@ -32,7 +32,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
 /// A failure guard for a whole upgrade on a loaded two-core machine, not a performance assertion.
-const PATIENCE: Duration = Duration::from_secs(300);
+const PATIENCE: Duration = Duration::from_secs(600);
 const OLD: &str = "595.91.07";
 const NEW: &str = "600.10.01";
 const ML: &str = "ml";
