@@ -340,13 +340,18 @@ mod tests {
         assert_eq!(seen.restarts, 12, "the highest restart count");
         assert!(seen.ready_since.is_some());
         assert_eq!(
-            driver.spec.as_ref().unwrap().containers[0].env.as_ref().unwrap()[0].value.as_deref(),
+            driver.spec.as_ref().unwrap().containers[0].env.as_ref().unwrap()[0]
+                .value
+                .as_deref(),
             Some("d1")
         );
         let mut plugin = pod("nvidia-device-plugin");
         trim_pod(&mut plugin);
         assert!(plugin.spec.as_ref().unwrap().containers.is_empty());
         assert!(plugin.status.as_ref().unwrap().container_statuses.is_none());
-        assert!(plugin.status.as_ref().unwrap().conditions.is_some(), "readiness stays");
+        assert!(
+            plugin.status.as_ref().unwrap().conditions.is_some(),
+            "readiness stays"
+        );
     }
 }
