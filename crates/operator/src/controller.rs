@@ -1,9 +1,11 @@
-//! The two controllers, as thin I/O loops around the pure decisions.
+//! The policy reconciler and the node labeller, as thin I/O loops around the pure decisions (the third
+//! controller, driver upgrades, is [`crate::upgrade`]).
 //!
 //! **The policy reconciler** runs one pass whenever any cache changes (passes coalesce: events that arrive
 //! during a pass cause exactly one more): pick the active ClusterPolicy (the oldest; the others are marked
-//! ignored), validate it, derive the cluster facts, render, apply only what changed, prune what is no longer
-//! rendered, and write the status if it changed. An invalid policy gets a status naming the field and
+//! ignored), validate it, derive the cluster facts, render it and every NVIDIADriver it hands the driver to
+//! ([`crate::drivers`]), apply only what changed, prune what is no longer rendered, write the statuses that
+//! changed, and tell the upgrade controller its pools. An invalid policy gets a status naming the field and
 //! changes nothing that runs.
 //!
 //! **The node labeller** patches one node at a time, only the keys that differ, whenever the node changes or

@@ -965,7 +965,8 @@ pub struct PlannedNode {
 pub struct Plan {
     /// Nodes being upgraded now, with their state.
     pub in_progress: Vec<(String, UpgradeState)>,
-    /// Batches, in order: the first starts now; each next one once the previous is done.
+    /// Batches, in order: the first starts now (or, when the nodes upgrading now hold the whole budget, once
+    /// they are done); each next one once the previous is done.
     pub batches: Vec<Vec<PlannedNode>>,
     /// Nodes left out, and why.
     pub skipped: Vec<(String, String)>,
@@ -1019,6 +1020,7 @@ pub fn plan(policy: &UpgradePolicy, nodes: &[NodeView], disruptions: &[Disruptio
                 || (n.unschedulable && (!n.state.is_in_progress() || n.initially_unschedulable))
         })
         .count();
+    let mut settled = false;
     while !queue.is_empty() {
         let mut batch = Vec::new();
         let mut rest = Vec::new();
@@ -1029,6 +1031,15 @@ pub fn plan(policy: &UpgradePolicy, nodes: &[NodeView], disruptions: &[Disruptio
                 rest.push(node);
             }
         }
+        if batch.is_empty() && !settled {
+            // The nodes upgrading now hold the budget: the first batch starts once they are done.
+            budget.in_progress = settled_in_progress;
+            budget.unavailable = settled_unavailable;
+            settled = true;
+            queue = rest;
+            continue;
+        }
+        settled = true;
         if batch.is_empty() {
             // Nothing can start even with every earlier batch done (failed nodes or a zero budget).
             for node in rest {
@@ -1833,6 +1844,43 @@ mod tests {
                 "{parallel}/{unavailable}: every node upgraded and uncordoned"
             );
         }
+    }
+
+    #[test]
+    fn the_plan_waits_for_the_nodes_upgrading_now_not_gives_up() {
+        let p = policy("{maxParallelUpgrades: 2, maxUnavailable: 100%}");
+        let nodes = vec![
+            NodeView::test("a")
+                .in_state(PodDeletionRequired)
+                .cordoned()
+                .outdated(),
+            NodeView::test("b")
+                .in_state(PodRestartRequired)
+                .cordoned()
+                .outdated(),
+            NodeView::test("c").in_state(Required).outdated(),
+            NodeView::test("d").in_state(Required).outdated(),
+            NodeView::test("e").in_state(Required).outdated(),
+        ];
+        let plan = plan(&p, &nodes, &[]);
+        let batches: Vec<Vec<&str>> = plan
+            .batches
+            .iter()
+            .map(|b| b.iter().map(|n| n.node.as_str()).collect())
+            .collect();
+        assert_eq!(batches, [vec!["c", "d"], vec!["e"]]);
+        assert!(plan.skipped.is_empty(), "{:?}", plan.skipped);
+        let failed = vec![
+            NodeView::test("a").in_state(Failed).cordoned().outdated(),
+            NodeView::test("b").in_state(Failed).cordoned().outdated(),
+            NodeView::test("c").in_state(Required).outdated(),
+        ];
+        let stuck = super::plan(&p, &failed, &[]);
+        assert!(stuck.batches.is_empty());
+        assert!(
+            stuck.skipped[0].1.starts_with("no budget"),
+            "failed nodes hold it for good"
+        );
     }
 
     #[test]
