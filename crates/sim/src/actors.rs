@@ -27,6 +27,7 @@ use gpuop_api::placement::pod_fits;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus, ReplicaSet};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Binding, ConfigMap, Namespace, Node, ObjectReference, Pod, PodCondition};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -42,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::daemonset;
+use crate::disruption;
 use crate::heartbeat::{Heartbeats, LEASE_NAMESPACE, Schedule};
 use crate::host::{Host, PluginSettings};
 use crate::kubelet::{self, operand_of};
@@ -104,6 +106,13 @@ pub fn spawn(
         tasks.push(tokio::spawn(scheduler(
             client.clone(),
             caches.clone(),
+            shutdown.clone(),
+        )));
+        let budgets = cache::<PodDisruptionBudget>(Api::all(client.clone()), &caches.changed, &shutdown);
+        tasks.push(tokio::spawn(disruption_controller(
+            client.clone(),
+            caches.clone(),
+            budgets,
             shutdown.clone(),
         )));
     }
@@ -383,6 +392,47 @@ async fn daemonset_controller(client: Client, caches: Caches, shutdown: Cancella
                 {
                     warn!(daemonset = %ds.name_any(), %error, "cannot update DaemonSet status");
                 }
+            }
+        }
+    }
+}
+
+/// Keeps every PodDisruptionBudget's status as [`disruption::status`] computes it from the pods.
+async fn disruption_controller(
+    client: Client,
+    caches: Caches,
+    budgets: Store<PodDisruptionBudget>,
+    shutdown: CancellationToken,
+) {
+    caches.ready().await;
+    let _ = budgets.wait_until_ready().await;
+    let mut changed = caches.changes();
+    let mut wake = Some(Duration::ZERO);
+    let mut pace = Pace::new();
+    while next_pass(&mut changed, wake, &mut pace, &shutdown).await {
+        wake = None;
+        let pods = caches.pods.state();
+        for budget in budgets.state() {
+            let namespace = budget.namespace().unwrap_or_default();
+            let in_namespace: Vec<&Pod> = pods
+                .iter()
+                .filter(|p| p.metadata.namespace.as_deref() == Some(namespace.as_str()))
+                .map(|p| &**p)
+                .collect();
+            let Some(status) = disruption::status(&budget, &in_namespace) else {
+                continue;
+            };
+            if budget.status.as_ref() == Some(&status) {
+                continue;
+            }
+            let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &namespace);
+            let patch = json!({ "status": status });
+            if let Err(error) = api
+                .patch_status(&budget.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                debug!(budget = %budget.name_any(), %error, "cannot report a disruption budget's status");
+                wake = Some(Duration::from_secs(1));
             }
         }
     }

@@ -5,6 +5,7 @@
 //!   ReplicaSets and disruption budgets), [`hardware`] (GPU models and their MIG profiles), [`scenario`] (a
 //!   timeline of events, faults and changes to the cluster's objects).
 //! - Pure decisions: [`daemonset`] (the DaemonSet controller), [`replicaset`] (the ReplicaSet controller),
+//!   [`disruption`] (a PodDisruptionBudget's status),
 //!   [`kubelet`] (one pod's next status),
 //!   [`heartbeat`] (when each kubelet renews its Lease and reports its status),
 //!   [`host`] (what a node's host has and advertises), [`sharing`] (GPU sharing per resource, as the
@@ -21,6 +22,7 @@ pub mod cluster_bench;
 pub mod cluster_spec;
 pub mod daemonset;
 pub mod demo;
+pub mod disruption;
 pub mod hardware;
 pub mod heartbeat;
 pub mod host;

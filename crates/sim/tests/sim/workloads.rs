@@ -308,6 +308,20 @@ async fn evictions_keep_the_budget_and_replacements_avoid_cordoned_nodes() {
     let cluster = Cluster::start(pool(3, 2, true), vec![train]).await;
     let status = cluster.replica_set_counts("train", 4, 4).await;
     assert_eq!(status.fully_labeled_replicas, Some(4));
+    // The disruption controller's view, as `kubectl get pdb` shows it: 4 healthy, 3 needed, 1 allowed.
+    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(cluster.client.clone(), ML);
+    eventually("the budget's status counts the pods", async || {
+        let status = budgets.get("train").await.map_err(|e| e.to_string())?.status;
+        match status
+            .as_ref()
+            .map(|s| (s.current_healthy, s.desired_healthy, s.disruptions_allowed))
+        {
+            Some((4, 3, 1)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
     let rs = cluster.replica_set("train").await;
     let pods = cluster.active_pods("train").await;
     for pod in &pods {
