@@ -3,6 +3,7 @@
 //! - the **ReplicaSet controller** carries out [`replicaset::plan`] for every ReplicaSet (the GPU
 //!   workloads' pods);
 //! - the **scheduler** binds pods that name no node to a node they fit, GPU requests included;
+//! - the **disruption controller** keeps each PodDisruptionBudget's status ([`disruption::status`]);
 //! - the **kubelets** advance every pod on a simulated node with [`kubelet::step`], keep each host's state
 //!   in line with the operand pods that run there, and report what the node advertises (the device plugin's
 //!   resources, feature discovery's labels, the MIG manager's state);
