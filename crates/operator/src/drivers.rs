@@ -139,21 +139,15 @@ fn plan_one(
     let held: BTreeSet<String> = routed
         .map(|r| r.conflicts.keys().cloned().collect())
         .unwrap_or_default();
-    let owned_before =
-        |node: &Node| node.metadata.labels.as_ref().and_then(|l| l.get(DRIVER_OWNER)) == Some(&name);
-    let mine: BTreeSet<&str> = nodes
-        .iter()
-        .filter(|node| {
-            let node_name = node.metadata.name.as_deref().unwrap_or_default();
-            routed.is_some_and(|r| r.nodes.contains(node_name))
-                || (held.contains(node_name) && owned_before(node))
-        })
-        .filter_map(|node| node.metadata.name.as_deref())
-        .collect();
+    let serves = |node: &Node| {
+        let node_name = node.metadata.name.as_deref().unwrap_or_default();
+        let owned = node.metadata.labels.as_ref().and_then(|l| l.get(DRIVER_OWNER)) == Some(&name);
+        routed.is_some_and(|r| r.nodes.contains(node_name)) || (held.contains(node_name) && owned)
+    };
     let (facts, census) = cluster_facts(
         nodes
             .iter()
-            .filter(|node| mine.contains(node.metadata.name.as_deref().unwrap_or_default()))
+            .filter(|node| serves(node))
             .map(|node| NodeFacts::of(node)),
         FactsInput {
             namespace: input.namespace,
