@@ -21,8 +21,8 @@ use crate::load::{LoadError, Loader, Location};
 use crate::resources::pod_gpu_requests;
 use crate::snapshot::{PodFacts, Snapshot, null_as_default, trim_pod};
 use crate::upgrade_plan::may_be_upgraded;
+use gpuop_api::Operand;
 use gpuop_api::labels::COMPONENT;
-use gpuop_api::upgrade::observe::DRIVER_COMPONENT;
 
 /// Objects per page of a list.
 const PAGE: u32 = 500;
@@ -180,7 +180,7 @@ impl Live {
             self.add_listed(
                 &mut loader,
                 "/apis/apps/v1/controllerrevisions",
-                ListParams::default().labels(&format!("{COMPONENT}={DRIVER_COMPONENT}")),
+                ListParams::default().labels(&format!("{COMPONENT}={}", Operand::Driver.info().component)),
                 "ControllerRevision",
                 "controllerrevisions",
             )

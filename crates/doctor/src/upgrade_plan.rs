@@ -12,9 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use gpuop_api::driver::{ClusterPolicyUpgradePolicy, NvidiaDriverUpgradePolicy};
-use gpuop_api::labels::{COMPONENT, DRIVER_OWNER, NVIDIA_DRIVER_NAME, UPGRADE_STATE};
+use gpuop_api::labels::{DRIVER_OWNER, NVIDIA_DRIVER_NAME, UPGRADE_STATE};
 use gpuop_api::upgrade::observe::{
-    DRIVER_COMPONENT, DriverPods, PoolScope, disruption, node_view, validators, workload_pod,
+    DriverPods, PoolScope, disruption, is_driver, node_view, validators, workload_pod,
 };
 use gpuop_api::upgrade::{
     DEFAULT_VALIDATION_TIMEOUT_SECONDS, Disruption, NodeView, Plan, UpgradePolicy, UpgradeState, plan,
@@ -313,7 +313,7 @@ pub fn may_be_upgraded(snapshot: &Snapshot) -> BTreeSet<String> {
     let driving = snapshot
         .pods
         .iter()
-        .filter(|pod| pod.metadata.labels.get(COMPONENT).map(String::as_str) == Some(DRIVER_COMPONENT))
+        .filter(|pod| is_driver(Some(&pod.metadata.labels)))
         .filter_map(|pod| pod.spec.node_name.clone());
     labelled
         .filter_map(|node| node.metadata.name.clone())

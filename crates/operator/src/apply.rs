@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
 
-use gpuop_api::labels::{COMPONENT, FIELD_MANAGER, MANAGED_BY, MANAGED_BY_VALUE, NVIDIA_DRIVER_NAME};
-use gpuop_api::upgrade::observe::DRIVER_COMPONENT;
+use gpuop_api::labels::{FIELD_MANAGER, MANAGED_BY, MANAGED_BY_VALUE, NVIDIA_DRIVER_NAME};
+use gpuop_api::upgrade::observe::is_driver;
 use gpuop_render::{Manifest, Rendered};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{
@@ -231,7 +231,7 @@ pub fn live_hashes(caches: &BTreeMap<&'static str, Store<DynamicObject>>) -> BTr
                         .labels()
                         .get(MANAGED_BY)
                         .is_some_and(|v| v == MANAGED_BY_VALUE),
-                    driver: object.labels().get(COMPONENT).map(String::as_str) == Some(DRIVER_COMPONENT),
+                    driver: is_driver(Some(object.labels())),
                     nvidia_driver: object.labels().get(NVIDIA_DRIVER_NAME).cloned(),
                 },
             );

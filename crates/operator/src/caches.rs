@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
-use gpuop_api::labels::{COMPONENT, MANAGED_BY, MANAGED_BY_VALUE};
-use gpuop_api::upgrade::observe::DRIVER_COMPONENT;
+use gpuop_api::labels::{MANAGED_BY, MANAGED_BY_VALUE};
+use gpuop_api::upgrade::observe::is_driver;
 use gpuop_api::{ClusterPolicy, NVIDIADriver};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -254,13 +254,7 @@ fn trim_pod(pod: &mut Pod) {
     pod.metadata.annotations = None;
     // Only driver pods keep a container (the one with the digest) and their restart count: there are a
     // dozen operand pods per GPU node, and an empty container still costs half a kilobyte.
-    let driver = pod
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(COMPONENT))
-        .map(String::as_str)
-        == Some(DRIVER_COMPONENT);
+    let driver = is_driver(pod.metadata.labels.as_ref());
     if let Some(spec) = pod.spec.as_mut() {
         let digest: Option<EnvVar> = driver
             .then(|| {
@@ -310,7 +304,7 @@ mod tests {
 
     fn pod(component: &str) -> Pod {
         serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "p", "labels": {COMPONENT: component}, "managedFields": [{"manager": "x"}]},
+            "metadata": {"name": "p", "labels": {gpuop_api::labels::COMPONENT: component}, "managedFields": [{"manager": "x"}]},
             "spec": {
                 "nodeName": "gpu-0",
                 "containers": [
@@ -333,7 +327,7 @@ mod tests {
 
     #[test]
     fn driver_pods_keep_their_digest_and_restarts_and_others_only_their_readiness() {
-        let mut driver = pod(DRIVER_COMPONENT);
+        let mut driver = pod(gpuop_api::Operand::Driver.info().component);
         trim_pod(&mut driver);
         let seen = DriverPods::index([&driver], &[], &[]);
         let seen = &seen.by_node["gpu-0"][0].pod;

@@ -284,7 +284,11 @@ async fn reconcile_active(
     let nvidia_drivers_on = validated.spec.driver.use_nvidia_driver_crd();
     let drivers = context.caches.drivers.state();
     let nodes: Vec<Arc<Node>> = context.caches.nodes.state();
-    let routing = drivers::routing(&drivers, &nodes, &context.detection);
+    let routing = if nvidia_drivers_on {
+        drivers::routing(&drivers, &nodes, &context.detection)
+    } else {
+        gpuop_api::DriverRouting::default()
+    };
     let mut label_policy = LabelPolicy::from_policy(&validated);
     if nvidia_drivers_on {
         label_policy.nvidia_drivers = Some(

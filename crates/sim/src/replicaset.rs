@@ -59,8 +59,10 @@ pub fn plan<P: Borrow<Pod>>(replica_set: &ReplicaSet, pods: &[P], unseen: usize)
     } else if active.len() > wanted {
         let mut surplus = active;
         surplus.sort_by_key(|pod| deletion_rank(pod));
-        plan.delete = surplus[..surplus.len() - wanted]
+        let extra = surplus.len() - wanted;
+        plan.delete = surplus
             .iter()
+            .take(extra)
             .filter_map(|pod| pod.metadata.name.clone())
             .collect();
     }

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 use super::{Disruption, DriverPod, NodeView, UpgradeState, WorkloadPod};
+use crate::Operand;
 use crate::driver::DRIVER_CONFIG_DIGEST;
 use crate::labels::{
     COMPONENT, DRIVER_OWNER, UPGRADE_ENABLED_ANNOTATION, UPGRADE_INITIAL_UNSCHEDULABLE, UPGRADE_REQUESTED,
@@ -17,10 +18,6 @@ use crate::labels::{
 };
 use crate::selector::{LabelSelector, SelectorError};
 
-/// `app.kubernetes.io/component` of driver pods, NVIDIA's for ClusterPolicy and NVIDIADriver alike.
-pub const DRIVER_COMPONENT: &str = "nvidia-driver";
-/// The `app` label of the validator's pods.
-pub const VALIDATOR_APP: &str = "nvidia-operator-validator";
 /// Label naming the revision a DaemonSet pod or ControllerRevision belongs to.
 pub const REVISION_HASH: &str = "controller-revision-hash";
 
@@ -72,6 +69,12 @@ pub fn ready_since(pod: &Pod) -> Option<i64> {
         .map(|c| c.last_transition_time.as_ref().map_or(0, |t| t.0.as_second()))
 }
 
+/// Whether an object's labels make it a driver's: the catalogue's `app.kubernetes.io/component` of the
+/// driver, which NVIDIA's driver pods carry for ClusterPolicy and NVIDIADriver alike.
+pub fn is_driver(labels: Option<&BTreeMap<String, String>>) -> bool {
+    labels.and_then(|l| l.get(COMPONENT)).map(String::as_str) == Some(Operand::Driver.info().component)
+}
+
 fn label<'a>(labels: &'a Option<BTreeMap<String, String>>, key: &str) -> Option<&'a str> {
     labels.as_ref()?.get(key).map(String::as_str)
 }
@@ -109,10 +112,7 @@ impl DriverPods {
         revisions: &[&ControllerRevision],
     ) -> Self {
         let mut by_node: BTreeMap<String, Vec<OwnedDriver>> = BTreeMap::new();
-        for pod in pods
-            .into_iter()
-            .filter(|p| label(&p.metadata.labels, COMPONENT) == Some(DRIVER_COMPONENT))
-        {
+        for pod in pods.into_iter().filter(|p| is_driver(p.metadata.labels.as_ref())) {
             let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
                 continue;
             };
@@ -268,7 +268,7 @@ pub fn node_view(node: &Node, driver: Option<DriverPod>, validator_ready_since: 
 /// Per node, since when its validator pod has been Ready (`None` while it is not).
 pub fn validators<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> BTreeMap<String, Option<i64>> {
     pods.into_iter()
-        .filter(|p| label(&p.metadata.labels, "app") == Some(VALIDATOR_APP))
+        .filter(|p| label(&p.metadata.labels, "app") == Some(Operand::OperatorValidator.info().daemonset))
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, ready_since(p))))
         .collect()
@@ -378,7 +378,7 @@ mod tests {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 labels: Some(BTreeMap::from([
-                    (COMPONENT.to_owned(), DRIVER_COMPONENT.to_owned()),
+                    (COMPONENT.to_owned(), Operand::Driver.info().component.to_owned()),
                     (REVISION_HASH.to_owned(), hash.to_owned()),
                 ])),
                 owner_references: owner_ref.map(|o| vec![o]),
