@@ -2,6 +2,7 @@
 //! - `cluster`: `gpu-sim serve` as a child process, shared by the tests that drive it with real tools;
 //! - `kubectl`: `gpu-sim serve` driven by the real kubectl;
 //! - `helm`: a chart installed, upgraded and uninstalled with the real Helm;
+//! - `tools`: the pinned Helm from `target/tools/` (`scripts/tools.rs`, shared with the operator's tests);
 //! - `scenarios`: the simulator's actors on the fake API server, driven by hand-written objects and faults;
 //! - `operator`: the operator converging simulated clusters (controller-level tests of issue 5);
 //! - `workloads`: GPU workloads, their disruption budgets and evictions, and scenario actions on objects;
@@ -19,5 +20,7 @@ mod operator;
 mod scenarios;
 #[path = "sim/upgrade.rs"]
 mod upgrade;
+#[path = "../../../scripts/tools.rs"]
+mod tools;
 #[path = "sim/workloads.rs"]
 mod workloads;

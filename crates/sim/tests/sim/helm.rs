@@ -1,7 +1,7 @@
 //! Helm 4 (server-side apply with `fieldValidation=Strict`) installs, upgrades and uninstalls a chart shaped
 //! like NVIDIA's (the ClusterPolicy CRD, a ClusterPolicy, the operator's Deployment and its RBAC) into
-//! `gpu-sim serve`, as a person would on a real cluster. Helm is required: without it the test fails,
-//! saying how to install it (`.ci/run` installs it on a fresh machine).
+//! `gpu-sim serve`, as a person would on a real cluster. It runs the pinned Helm from `target/tools/`
+//! (installed by `scripts/tools` when missing); where that cannot be had the test fails, saying why.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -16,31 +16,10 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, Config};
 
 use crate::cluster::{Cluster, testdata};
+use crate::tools::helm;
 
 const NAMESPACE: &str = "gpu-operator";
 const RELEASE: &str = "gpu";
-
-/// Helm's binary: on `PATH`, or where `.ci/run` installs it.
-fn helm() -> PathBuf {
-    let on_path = std::env::var_os("PATH")
-        .map(|paths| {
-            std::env::split_paths(&paths)
-                .map(|dir| dir.join("helm"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    on_path
-        .into_iter()
-        .chain([PathBuf::from("/usr/local/bin/helm")])
-        .find(|path| path.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "helm is not installed, and this test needs it: it installs a chart into gpu-sim serve with the \
-                 real Helm 4. Run .ci/run (which installs helm into /usr/local/bin when missing), or install \
-                 Helm 4 from https://helm.sh/docs/intro/install/"
-            )
-        })
-}
 
 /// The test chart, with this repository's CRDs in its `crds/` folder, copied under `dir`.
 fn chart(dir: &Path) -> PathBuf {
