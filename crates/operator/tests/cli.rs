@@ -1,4 +1,5 @@
-//! Black-box tests of the `gpu-operator` binary.
+//! Black-box tests of the `gpu-operator` binary, and of the Helm chart that installs it (`chart`, in
+//! `cli/chart.rs`, with the pinned Helm found through `scripts/tools.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -21,24 +22,35 @@ fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+#[path = "cli/chart.rs"]
+mod chart;
+#[path = "../../../scripts/tools.rs"]
+mod tools;
+
 mod crd {
     use super::*;
 
-    /// `UPDATE_GOLDEN=1 cargo test -p gpuop-operator` rewrites the committed CRDs.
+    /// `UPDATE_GOLDEN=1 cargo test -p gpuop-operator` rewrites the committed CRDs: the generated file and
+    /// the Helm chart's copy in its `crds/` (Helm installs CRDs only from there, so the chart needs a copy).
     #[test]
     fn committed_crds_match_the_types() {
         let output = gpu_operator(&["crd"]);
         assert!(output.status.success());
         let generated = stdout(&output);
-        let committed_path = repo_root().join("deploy/crds/gpu-operator-crds.yaml");
-        if std::env::var_os("UPDATE_GOLDEN").is_some() {
-            std::fs::write(&committed_path, &generated).unwrap();
+        for committed in [
+            "deploy/crds/gpu-operator-crds.yaml",
+            "deploy/helm/gpu-operator/crds/gpu-operator-crds.yaml",
+        ] {
+            let committed_path = repo_root().join(committed);
+            if std::env::var_os("UPDATE_GOLDEN").is_some() {
+                std::fs::write(&committed_path, &generated).unwrap();
+            }
+            let text = std::fs::read_to_string(&committed_path).unwrap_or_default();
+            assert!(
+                text == generated,
+                "{committed} is stale; regenerate it with `UPDATE_GOLDEN=1 cargo test -p gpuop-operator`"
+            );
         }
-        let committed = std::fs::read_to_string(&committed_path).unwrap_or_default();
-        assert!(
-            committed == generated,
-            "deploy/crds/gpu-operator-crds.yaml is stale; regenerate it with `UPDATE_GOLDEN=1 cargo test -p gpuop-operator`"
-        );
         assert_eq!(generated.matches("kind: CustomResourceDefinition").count(), 2);
         assert!(generated.contains("name: clusterpolicies.nvidia.com"));
         assert!(generated.contains("name: nvidiadrivers.nvidia.com"));
