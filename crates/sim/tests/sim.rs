@@ -18,9 +18,9 @@ mod kubectl;
 mod operator;
 #[path = "sim/scenarios.rs"]
 mod scenarios;
-#[path = "sim/upgrade.rs"]
-mod upgrade;
 #[path = "../../../scripts/tools.rs"]
 mod tools;
+#[path = "sim/upgrade.rs"]
+mod upgrade;
 #[path = "sim/workloads.rs"]
 mod workloads;

@@ -71,7 +71,9 @@ fn compat_values() -> Vec<PathBuf> {
 }
 
 fn file_name(path: &std::path::Path) -> String {
-    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 mod compat {
@@ -146,7 +148,10 @@ mod compat {
     #[test]
     fn nvidia_values_files_render_the_same_specs() {
         let files = compat_values();
-        assert!(files.len() >= 5, "the compatibility values files are missing: {files:?}");
+        assert!(
+            files.len() >= 5,
+            "the compatibility values files are missing: {files:?}"
+        );
         let mut found = Vec::new();
         for file in &files {
             let name = file_name(file);
@@ -155,7 +160,10 @@ mod compat {
             let expected = std::fs::read_to_string(&expected_path)
                 .unwrap_or_else(|e| panic!("{}: {e}", expected_path.display()));
             let theirs = specs(&documents(&expected));
-            assert!(theirs.contains_key("ClusterPolicy"), "{name}: no ClusterPolicy expected");
+            assert!(
+                theirs.contains_key("ClusterPolicy"),
+                "{name}: no ClusterPolicy expected"
+            );
             let kinds = |specs: &BTreeMap<String, Value>| specs.keys().cloned().collect::<Vec<_>>();
             if kinds(&ours) != kinds(&theirs) {
                 found.push(format!(
@@ -218,6 +226,12 @@ mod rendering {
         assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
         assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
         assert_eq!(pod["priorityClassName"], "system-node-critical");
+        let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+        assert_eq!(
+            labels["app"], "gpu-operator",
+            "the operator's metrics Service selects it"
+        );
+        assert_eq!(labels["nvidia.com/gpu-driver-upgrade-drain.skip"], "true");
         let container = &pod["containers"][0];
         let security = &container["securityContext"];
         assert_eq!(security["runAsNonRoot"], true);
@@ -251,7 +265,10 @@ mod rendering {
             .iter()
             .find(|e| e["name"] == "OPERATOR_NAMESPACE")
             .expect("OPERATOR_NAMESPACE");
-        assert_eq!(namespace["valueFrom"]["fieldRef"]["fieldPath"], "metadata.namespace");
+        assert_eq!(
+            namespace["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.namespace"
+        );
 
         let two = rendered(&["--set", "operator.replicas=2", "--set", "operator.version=v9"]);
         let deployment = find(&two, "Deployment", "gpu-operator");
@@ -281,12 +298,18 @@ mod rendering {
             ),
         ] {
             let rendered_job = find(&objects, "Job", job);
-            assert_eq!(rendered_job["metadata"]["annotations"]["helm.sh/hook"], hook, "{job}");
+            assert_eq!(
+                rendered_job["metadata"]["annotations"]["helm.sh/hook"], hook,
+                "{job}"
+            );
             let pod = &rendered_job["spec"]["template"]["spec"];
             assert_eq!(pod["serviceAccountName"], account, "{job}");
             assert_eq!(pod["containers"][0]["args"], args, "{job}");
             assert_eq!(pod["containers"][0]["image"], "ghcr.io/gpuop/gpu-operator:0.1.0");
-            assert_eq!(pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"], true);
+            assert_eq!(
+                pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"],
+                true
+            );
             for kind in ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"] {
                 let object = find(&objects, kind, account);
                 let annotations = &object["metadata"]["annotations"];
@@ -299,14 +322,21 @@ mod rendering {
             }
         }
         let without = rendered(&["--set", "operator.upgradeCRD=false"]);
-        assert!(!without.iter().any(|o| o["metadata"]["name"] == "gpu-operator-upgrade-crd"));
+        assert!(
+            !without
+                .iter()
+                .any(|o| o["metadata"]["name"] == "gpu-operator-upgrade-crd")
+        );
     }
 
     #[test]
     fn no_rbac_rule_uses_a_wildcard() {
         let objects = rendered(&[]);
         let mut roles = 0;
-        for role in objects.iter().filter(|o| o["kind"] == "Role" || o["kind"] == "ClusterRole") {
+        for role in objects
+            .iter()
+            .filter(|o| o["kind"] == "Role" || o["kind"] == "ClusterRole")
+        {
             roles += 1;
             for rule in role["rules"].as_array().into_iter().flatten() {
                 for field in ["apiGroups", "resources", "verbs", "resourceNames"] {
@@ -327,11 +357,23 @@ mod rendering {
     #[test]
     fn impossible_values_fail_naming_the_value() {
         for (set, message) in [
-            ("nfd.enabled=true", "nfd.enabled=true: this chart does not bundle Node Feature Discovery"),
+            (
+                "nfd.enabled=true",
+                "nfd.enabled=true: this chart does not bundle Node Feature Discovery",
+            ),
             ("gpuCluster.deployCR=true", "gpuCluster.deployCR=true"),
-            ("operator.cleanupCRD=true", "operator.cleanupCRD=true is not supported"),
-            ("devicePlugin.config.create=true", "devicePlugin.config.create=true needs devicePlugin.config.name"),
-            ("mig.strategy=double", "mig.strategy=\"double\" must be none, single or mixed"),
+            (
+                "operator.cleanupCRD=true",
+                "operator.cleanupCRD=true is not supported",
+            ),
+            (
+                "devicePlugin.config.create=true",
+                "devicePlugin.config.create=true needs devicePlugin.config.name",
+            ),
+            (
+                "mig.strategy=double",
+                "mig.strategy=\"double\" must be none, single or mixed",
+            ),
         ] {
             let error = template(&["--set", set]).expect_err(set);
             assert!(error.contains(message), "--set {set}: {error}");
@@ -344,9 +386,17 @@ mod rendering {
         let objects = rendered(&["-f", file.to_str().expect("utf-8 path")]);
         let config = find(&objects, "ConfigMap", "time-slicing-config");
         assert_eq!(config["metadata"]["namespace"], NAMESPACE);
-        assert!(config["data"]["a100-80gb"].as_str().unwrap_or_default().contains("replicas: 4"));
+        assert!(
+            config["data"]["a100-80gb"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("replicas: 4")
+        );
         let policy = find(&objects, "ClusterPolicy", "cluster-policy");
-        assert_eq!(policy["spec"]["devicePlugin"]["config"]["name"], "time-slicing-config");
+        assert_eq!(
+            policy["spec"]["devicePlugin"]["config"]["name"],
+            "time-slicing-config"
+        );
     }
 
     /// Every ClusterPolicy and NVIDIADriver the chart renders passes the operator's own offline check.
@@ -541,7 +591,10 @@ mod values_table {
                     tolerations:\n    - key: a\n      operator: Exists\n  # -- Resources.\n  resources:\n    \
                     limits:\n      cpu: 1\n# -- Extra.\nextra: []\n";
         let rows = rows(text).expect("documented");
-        let summary: Vec<(&str, &str)> = rows.iter().map(|r| (r.path.as_str(), r.default.as_str())).collect();
+        let summary: Vec<(&str, &str)> = rows
+            .iter()
+            .map(|r| (r.path.as_str(), r.default.as_str()))
+            .collect();
         assert_eq!(
             summary,
             [
@@ -558,7 +611,15 @@ mod values_table {
     fn an_undocumented_key_is_named_and_odd_input_does_not_panic() {
         let problems = rows("a:\n  # -- Documented.\n  b: 1\n  c: 2\n").expect_err("c is undocumented");
         assert_eq!(problems, ["line 4: `a.c` has no `# -- description` above it"]);
-        for odd in ["", ":", "- a", "  : x\n:\n# --", "a: |\n  b: c\n", "é: ü\n   ä:\n\tx: 1", "# -- lone"] {
+        for odd in [
+            "",
+            ":",
+            "- a",
+            "  : x\n:\n# --",
+            "a: |\n  b: c\n",
+            "é: ü\n   ä:\n\tx: 1",
+            "# -- lone",
+        ] {
             let _ = rows(odd);
         }
     }
@@ -567,9 +628,8 @@ mod values_table {
     #[test]
     fn the_readme_table_matches_values_yaml() {
         let values = std::fs::read_to_string(chart().join("values.yaml")).expect("values.yaml");
-        let rows = rows(&values).unwrap_or_else(|problems| {
-            panic!("values.yaml has undocumented keys:\n{}", problems.join("\n"))
-        });
+        let rows = rows(&values)
+            .unwrap_or_else(|problems| panic!("values.yaml has undocumented keys:\n{}", problems.join("\n")));
         assert!(rows.iter().any(|r| r.path == "driver.upgradePolicy.autoUpgrade"));
         let table = table(&rows);
         let readme_path = chart().join("README.md");
