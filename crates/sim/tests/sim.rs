@@ -1,7 +1,7 @@
 //! Integration tests of the simulated cluster, one binary with a module per concern:
 //! - `cluster`: `gpu-sim serve` as a child process, shared by the tests that drive it with real tools;
 //! - `kubectl`: `gpu-sim serve` driven by the real kubectl;
-//! - `helm`: a chart installed, upgraded and uninstalled with the real Helm;
+//! - `helm`: a chart installed, upgraded and uninstalled with the real Helm, and the repository's chart installed;
 //! - `tools`: the pinned Helm from `target/tools/` (`scripts/tools.rs`, shared with the operator's tests);
 //! - `scenarios`: the simulator's actors on the fake API server, driven by hand-written objects and faults;
 //! - `operator`: the operator converging simulated clusters (controller-level tests of issue 5);

@@ -323,3 +323,89 @@ async fn helm_installs_upgrades_and_uninstalls_a_chart() {
     let listed = helm_ok(&cluster, &["list", "--all-namespaces", "--short"]).await;
     assert_eq!(listed.trim(), "", "helm list shows no release");
 }
+
+/// The repository's chart (`deploy/helm/gpu-operator`) installs with Helm's strict server-side apply, and
+/// upgrades to each NVIDIA-compatibility values file, so no template writes a field the API does not know.
+/// Upgrades skip the CRD hook (`operator.upgradeCRD=false`) and the uninstall skips the pre-delete hook:
+/// `gpu-sim serve` runs no Job controller, so Helm would wait for the hook Jobs forever.
+#[tokio::test]
+async fn the_repository_chart_installs_and_upgrades_with_nvidia_values() {
+    let cluster = Cluster::serve(&[]);
+    let client = client(&cluster).await;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/gpu-operator");
+    let chart = root.to_str().expect("utf-8 path");
+    let installed = helm_ok(
+        &cluster,
+        &[
+            "install",
+            RELEASE,
+            chart,
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+        ],
+    )
+    .await;
+    assert!(installed.contains("STATUS: deployed"), "{installed}");
+    let deployment = Api::<Deployment>::namespaced(client.clone(), NAMESPACE)
+        .get("gpu-operator")
+        .await
+        .expect("the operator's Deployment");
+    assert_eq!(
+        image(&deployment).as_deref(),
+        Some("ghcr.io/gpuop/gpu-operator:0.1.0")
+    );
+    Api::<Role>::namespaced(client.clone(), "default")
+        .get("gpu-operator-events")
+        .await
+        .expect("the events Role in the namespace of cluster-scoped objects' events");
+    policies(&client)
+        .get("cluster-policy")
+        .await
+        .expect("the chart's ClusterPolicy");
+
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root.join("tests/compat/values"))
+        .expect("compat values")
+        .flatten()
+        .map(|entry| entry.path())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 5, "{files:?}");
+    for file in &files {
+        helm_ok(
+            &cluster,
+            &[
+                "upgrade",
+                RELEASE,
+                chart,
+                "--namespace",
+                NAMESPACE,
+                "--set",
+                "operator.upgradeCRD=false",
+                "-f",
+                file.to_str().expect("utf-8 path"),
+            ],
+        )
+        .await;
+        let drivers = Api::<DynamicObject>::all_with(
+            client.clone(),
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("nvidia.com", "v1alpha1", "NVIDIADriver"),
+                "nvidiadrivers",
+            ),
+        );
+        let default_driver = drivers.get_opt("default").await.expect("NVIDIADrivers readable");
+        let wants_driver = file.ends_with("nvidiadriver-crd.yaml");
+        assert_eq!(default_driver.is_some(), wants_driver, "{}", file.display());
+    }
+
+    helm_ok(
+        &cluster,
+        &["uninstall", RELEASE, "--namespace", NAMESPACE, "--no-hooks"],
+    )
+    .await;
+    assert!(gone(policies(&client).get("cluster-policy").await));
+    assert!(gone(
+        Api::<ClusterRole>::all(client.clone()).get("gpu-operator").await
+    ));
+}
