@@ -650,3 +650,187 @@ mod values_table {
         );
     }
 }
+
+mod escalation {
+    //! Kubernetes lets the operator write a Role or ClusterRole, or bind one, only when it holds every
+    //! permission that role grants (RBAC escalation prevention). The operands' roles come from the
+    //! renderer; these tests hold the chart's rules to every rule the renderer grants.
+
+    use super::*;
+
+    /// One grantable permission: API group, resource, verb, and the resource name when restricted.
+    type Permission = (String, String, String, Option<String>);
+
+    fn strings(value: &Value) -> Vec<String> {
+        value
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect()
+    }
+
+    fn permissions(rule: &Value) -> Vec<Permission> {
+        let names = strings(&rule["resourceNames"]);
+        let names: Vec<Option<String>> = if names.is_empty() {
+            vec![None]
+        } else {
+            names.into_iter().map(Some).collect()
+        };
+        let mut all = Vec::new();
+        for group in strings(&rule["apiGroups"]) {
+            for resource in strings(&rule["resources"]) {
+                for verb in strings(&rule["verbs"]) {
+                    for name in &names {
+                        all.push((group.clone(), resource.clone(), verb.clone(), name.clone()));
+                    }
+                }
+            }
+        }
+        all
+    }
+
+    /// Whether `rules` allow `permission` (a rule without resourceNames allows every name).
+    fn holds(rules: &[Value], (group, resource, verb, name): &Permission) -> bool {
+        rules.iter().any(|rule| {
+            let names = strings(&rule["resourceNames"]);
+            strings(&rule["apiGroups"]).contains(group)
+                && strings(&rule["resources"]).contains(resource)
+                && strings(&rule["verbs"]).contains(verb)
+                && (names.is_empty() || name.as_ref().is_some_and(|n| names.contains(n)))
+        })
+    }
+
+    fn rules_of(objects: &[Value], kind: &str, name: &str) -> Vec<Value> {
+        find(objects, kind, name)["rules"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Every operand Role and ClusterRole: the renderer's golden files (every driver pool and sandbox
+    /// variant), and what `gpu-operator render` makes of each ClusterPolicy the chart renders.
+    fn operand_roles() -> Vec<Value> {
+        let mut texts = Vec::new();
+        let golden = repo_root().join("crates/render/tests/golden");
+        for entry in std::fs::read_dir(&golden).expect("render goldens").flatten() {
+            texts.push(std::fs::read_to_string(entry.path()).expect("golden"));
+        }
+        let dir = tempfile::tempdir().expect("temporary folder");
+        let mut variants: Vec<Vec<String>> = compat_values()
+            .iter()
+            .map(|file| vec!["-f".to_owned(), file.to_string_lossy().into_owned()])
+            .collect();
+        variants.push(
+            [
+                "--set",
+                "sandboxWorkloads.enabled=true",
+                "--set",
+                "sandboxWorkloads.mode=kata",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        );
+        // The ConfigMaps the mirror values name (a driver mounts them file by file, so the renderer needs
+        // their keys).
+        let facts = dir.path().join("facts.yaml");
+        std::fs::write(
+            &facts,
+            "namespace: gpu-operator\nruntime: containerd\ndriverPools:\n  - osId: ubuntu\n    osVersion: \"22.04\"\n\
+             serviceMonitorCrd: true\nconfigMapKeys:\n  repo-config: [cuda.list]\n  mirror-certs: [ca.crt]\n",
+        )
+        .expect("facts written");
+        for (index, args) in variants.iter().enumerate() {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let objects = rendered(&args);
+            let policy = find(&objects, "ClusterPolicy", "cluster-policy");
+            let path = dir.path().join(format!("policy-{index}.yaml"));
+            std::fs::write(&path, serde_saphyr::to_string(policy).expect("YAML")).expect("written");
+            let output = gpu_operator(&[
+                "render",
+                "-f",
+                path.to_str().expect("utf-8 path"),
+                "--facts",
+                facts.to_str().expect("utf-8 path"),
+            ]);
+            assert!(
+                output.status.success(),
+                "render {args:?}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            texts.push(stdout(&output));
+        }
+        texts
+            .iter()
+            .flat_map(|text| documents(text))
+            .filter(|o| o["kind"] == "Role" || o["kind"] == "ClusterRole")
+            .collect()
+    }
+
+    #[test]
+    fn the_operator_holds_every_permission_it_grants_to_operands() {
+        let chart = rendered(&[]);
+        let cluster_rules = rules_of(&chart, "ClusterRole", "gpu-operator");
+        let mut namespace_rules = rules_of(&chart, "Role", "gpu-operator");
+        // In its namespace the operator holds its Role's rules and its ClusterRole's.
+        namespace_rules.extend(cluster_rules.iter().cloned());
+        let roles = operand_roles();
+        let names: std::collections::BTreeSet<&str> = roles
+            .iter()
+            .filter_map(|r| r["metadata"]["name"].as_str())
+            .collect();
+        for expected in [
+            "nvidia-driver",
+            "nvidia-sandbox-device-plugin",
+            "nvidia-cc-manager",
+            "nvidia-dcgm-exporter-read-pods",
+        ] {
+            assert!(
+                names.contains(expected),
+                "no operand role {expected} among {names:?}"
+            );
+        }
+        let mut missing = std::collections::BTreeSet::new();
+        for role in &roles {
+            let held = if role["kind"] == "ClusterRole" {
+                &cluster_rules
+            } else {
+                &namespace_rules
+            };
+            for rule in role["rules"].as_array().into_iter().flatten() {
+                for permission in permissions(rule) {
+                    if !holds(held, &permission) {
+                        missing.insert(format!(
+                            "{} {}: {permission:?}",
+                            role["kind"].as_str().unwrap_or_default(),
+                            role["metadata"]["name"].as_str().unwrap_or_default()
+                        ));
+                    }
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "the chart's RBAC lacks permissions the operator grants (the API server would refuse to write \
+             these roles):\n{}",
+            missing.into_iter().collect::<Vec<_>>().join("\n")
+        );
+    }
+
+    #[test]
+    fn a_permission_is_held_only_by_a_rule_that_names_it() {
+        let rule = serde_json::json!({"apiGroups": [""], "resources": ["leases"], "verbs": ["get"], "resourceNames": ["a"]});
+        let held = [rule];
+        let get = |name: Option<&str>| {
+            (
+                String::new(),
+                "leases".to_owned(),
+                "get".to_owned(),
+                name.map(str::to_owned),
+            )
+        };
+        assert!(holds(&held, &get(Some("a"))));
+        assert!(!holds(&held, &get(Some("b"))));
+        assert!(!holds(&held, &get(None)));
+    }
+}
