@@ -118,6 +118,17 @@ pub fn check_upgrade(live: &CustomResourceDefinition, ours: &CustomResourceDefin
     Ok(())
 }
 
+/// Exactly the permissions [`apply_all`] uses (cluster-wide; `get`, `list`, `watch` and `patch` may be
+/// limited to the CRDs' names): server-side apply creates through `patch`. Discovery needs no grant.
+pub fn permissions() -> crate::uninstall::Permission {
+    crate::uninstall::Permission {
+        group: "apiextensions.k8s.io",
+        resource: "customresourcedefinitions",
+        namespaced: false,
+        verbs: &["get", "list", "watch", "patch"],
+    }
+}
+
 /// The CRDs this binary installs.
 pub fn crds() -> [CustomResourceDefinition; 2] {
     [

@@ -280,6 +280,57 @@ const OWNER_KINDS: [ManagedKind; 2] = [
     },
 ];
 
+/// One RBAC permission a command needs: verbs on a resource.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Permission {
+    /// API group (`""` for core).
+    pub group: &'static str,
+    /// Resource (plural).
+    pub resource: &'static str,
+    /// Whether it is granted in the operator namespace (a Role) rather than cluster-wide (a ClusterRole).
+    pub namespaced: bool,
+    /// Verbs.
+    pub verbs: &'static [&'static str],
+}
+
+impl fmt::Display for Permission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let group = if self.group.is_empty() { "core" } else { self.group };
+        let scope = if self.namespaced {
+            "in the operator namespace"
+        } else {
+            "cluster-wide"
+        };
+        write!(
+            f,
+            "{group} {}: {} ({scope})",
+            self.resource,
+            self.verbs.join(", ")
+        )
+    }
+}
+
+/// Exactly the permissions [`uninstall`] uses; the chart's pre-delete hook grants these and no more.
+pub fn permissions() -> Vec<Permission> {
+    let mut permissions: Vec<Permission> = OWNER_KINDS
+        .iter()
+        .chain(MANAGED_KINDS)
+        .map(|kind| Permission {
+            group: kind.api_version.rsplit_once('/').map_or("", |(group, _)| group),
+            resource: kind.plural,
+            namespaced: kind.namespaced,
+            verbs: &["list", "watch", "delete"],
+        })
+        .collect();
+    permissions.push(Permission {
+        group: "",
+        resource: "nodes",
+        namespaced: false,
+        verbs: &["list", "watch", "patch"],
+    });
+    permissions
+}
+
 /// Watches of the owners, the managed objects and the nodes; every change wakes `changed`.
 struct Watches {
     objects: Vec<(&'static str, Store<DynamicObject>)>,

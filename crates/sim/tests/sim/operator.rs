@@ -985,6 +985,33 @@ async fn assert_uninstalled(cluster: &Cluster, report: &Report) {
     );
 }
 
+/// Fails unless every request `client` made is one `permissions` grant: the chart grants exactly those.
+fn assert_only_requests_granted(server: &FakeServer, client: &str, permissions: &[uninstall::Permission]) {
+    let mut made = 0;
+    for (key, _) in server.requests().iter().filter(|(key, _)| key.client == client) {
+        if key.resource.is_empty() {
+            continue; // discovery
+        }
+        made += 1;
+        let verb = match key.verb {
+            Verb::Apply => "patch".to_owned(),
+            verb => format!("{verb:?}").to_lowercase(),
+        };
+        let granted = permissions.iter().any(|p| {
+            p.group == key.group
+                && p.resource == key.resource
+                && key.subresource.is_empty()
+                && p.verbs.contains(&verb.as_str())
+                && (!p.namespaced || key.scope != "cluster")
+        });
+        assert!(
+            granted,
+            "{client} made a request its permissions do not grant: {key:?}"
+        );
+    }
+    assert!(made > 0, "{client} made no request");
+}
+
 /// A converged cluster where a person labelled gpu-0 for their team and switched DCGM off on it (the
 /// operator had written `true` there).
 async fn converged_with_a_persons_labels() -> Cluster {
@@ -1025,9 +1052,11 @@ async fn uninstall_waits_for_the_operator_to_remove_everything_and_keeps_a_perso
         namespace: NAMESPACE.into(),
         timeout: PATIENCE * 2,
     };
-    let report = uninstall::uninstall(&cluster.client, &options)
+    let hook = cluster.server.client_as("uninstall-hook");
+    let report = uninstall::uninstall(&hook, &options)
         .await
         .expect("uninstall runs");
+    assert_only_requests_granted(&cluster.server, "uninstall-hook", &uninstall::permissions());
     assert_eq!(report.deleted, ["ClusterPolicy/cluster-policy"]);
     assert!(
         report.operator_finished,
@@ -1062,9 +1091,11 @@ async fn uninstall_removes_what_a_stopped_operator_left_and_lifts_its_upgrade_co
         namespace: NAMESPACE.into(),
         timeout: Duration::from_secs(20),
     };
-    let report = uninstall::uninstall(&cluster.client, &options)
+    let hook = cluster.server.client_as("uninstall-hook");
+    let report = uninstall::uninstall(&hook, &options)
         .await
         .expect("uninstall runs");
+    assert_only_requests_granted(&cluster.server, "uninstall-hook", &uninstall::permissions());
     assert!(!report.operator_finished);
     assert!(
         report
@@ -1081,7 +1112,7 @@ async fn uninstall_removes_what_a_stopped_operator_left_and_lifts_its_upgrade_co
 #[tokio::test]
 async fn crd_apply_creates_is_idempotent_updates_and_never_downgrades() {
     let server = FakeServer::new();
-    let client = server.client();
+    let client = server.client_as("crd-hook");
     let outcomes = |done: Vec<(String, CrdOutcome)>| -> Vec<String> {
         done.into_iter()
             .map(|(name, outcome)| format!("{name} {outcome}"))
@@ -1098,7 +1129,7 @@ async fn crd_apply_creates_is_idempotent_updates_and_never_downgrades() {
         ]
     );
     assert!(
-        Api::<ClusterPolicy>::all(client.clone())
+        Api::<ClusterPolicy>::all(server.client())
             .list(&ListParams::default())
             .await
             .is_ok(),
@@ -1115,7 +1146,7 @@ async fn crd_apply_creates_is_idempotent_updates_and_never_downgrades() {
     );
 
     // An older operator's CRD: a printer column fewer.
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crds: Api<CustomResourceDefinition> = Api::all(server.client());
     let mut older = gpuop_api::crd::cluster_policy_crd();
     older.spec.versions[0].additional_printer_columns = None;
     crds.patch(
@@ -1165,6 +1196,7 @@ async fn crd_apply_creates_is_idempotent_updates_and_never_downgrades() {
             && error.contains("\"v2\""),
         "{error}"
     );
+    assert_only_requests_granted(&server, "crd-hook", &[crd_install::permissions()]);
     assert_eq!(
         crds.get("nvidiadrivers.nvidia.com")
             .await
