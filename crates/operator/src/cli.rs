@@ -26,8 +26,25 @@ pub struct Cli {
 pub enum Command {
     /// Run the operator against the cluster of the usual kubeconfig (in-cluster, $KUBECONFIG, ~/.kube/config).
     Run(RunArgs),
-    /// Print the ClusterPolicy and NVIDIADriver CustomResourceDefinitions as multi-document YAML.
-    Crd,
+    /// Print the ClusterPolicy and NVIDIADriver CustomResourceDefinitions as multi-document YAML, or apply
+    /// them to the cluster.
+    ///
+    /// With --apply (a Helm pre-install/pre-upgrade hook: Helm never upgrades `crds/`), each CRD is
+    /// server-side applied (field manager gpu-operator) and waited for until it is Established and its
+    /// versions are served; one line per CRD says `created`, `updated` or `unchanged`. A live CRD that
+    /// serves or stores a version this binary does not serve is never downgraded.
+    /// Exit status: 0 when every CRD is applied and served, 1 when one is refused, fails or is not served
+    /// within the timeout (the message names it), 2 when there is no usable kubeconfig.
+    Crd(CrdArgs),
+    /// Remove everything the operator put on the cluster (a Helm pre-delete hook, run while the operator
+    /// still runs).
+    ///
+    /// Deletes every ClusterPolicy and NVIDIADriver, waits for the operator to delete its objects and
+    /// remove its node labels, annotations and upgrade cordons, and removes what is left itself if the
+    /// operator has not finished within half the timeout. Labels a person set or changed stay.
+    /// Exit status: 0 when nothing is left, 1 when something is (each is listed), 2 when the cluster
+    /// cannot be read or a ClusterPolicy or NVIDIADriver cannot be deleted.
+    Uninstall(UninstallArgs),
     /// Check ClusterPolicy and NVIDIADriver manifests offline, as the API server and the operator would.
     ///
     /// Every problem is printed with its file, document and field. Images left unset in a policy may come
@@ -48,6 +65,28 @@ pub enum Command {
         #[arg(long)]
         facts: Option<PathBuf>,
     },
+}
+
+/// Arguments of `gpu-operator crd`.
+#[derive(Debug, clap::Args)]
+pub struct CrdArgs {
+    /// Apply the CRDs to the cluster of the usual kubeconfig instead of printing them.
+    #[arg(long)]
+    pub apply: bool,
+    /// With --apply, seconds to wait in all for the CRDs to be established and served.
+    #[arg(long, default_value_t = 120, requires = "apply")]
+    pub timeout_seconds: u64,
+}
+
+/// Arguments of `gpu-operator uninstall`.
+#[derive(Debug, clap::Args)]
+pub struct UninstallArgs {
+    /// Namespace the operator and its operands run in.
+    #[arg(long, env = "OPERATOR_NAMESPACE")]
+    pub namespace: String,
+    /// Seconds everything may take; the operator has the first half to clean up after itself.
+    #[arg(long, default_value_t = 300)]
+    pub timeout_seconds: u64,
 }
 
 /// Arguments of `gpu-operator run`.
@@ -94,7 +133,12 @@ pub enum LogFormat {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Crd => write_stdout("crd", &gpuop_api::crd::crds_yaml()),
+        Command::Crd(CrdArgs { apply: false, .. }) => write_stdout("crd", &gpuop_api::crd::crds_yaml()),
+        Command::Crd(CrdArgs {
+            apply: true,
+            timeout_seconds,
+        }) => with_client("crd", |client| apply_crds(client, timeout_seconds)),
+        Command::Uninstall(args) => with_client("uninstall", |client| uninstall(client, args)),
         Command::Check { files } => check::run(&files, &check::image_defaults_from_env()),
         Command::Render { file, facts } => match crate::render_command::render_files(
             &file,
@@ -131,6 +175,68 @@ pub fn init_logging(format: LogFormat) {
         LogFormat::Plain => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Runs a command that talks to the cluster of the usual kubeconfig, logging to stderr.
+fn with_client<F, Fut>(command: &str, body: F) -> ExitCode
+where
+    F: FnOnce(kube::Client) -> Fut,
+    Fut: std::future::Future<Output = ExitCode>,
+{
+    init_logging(LogFormat::Plain);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("gpu-operator {command}: cannot start the async runtime: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    runtime.block_on(async move {
+        match client().await {
+            Ok(client) => body(client).await,
+            Err(error) => {
+                eprintln!(
+                    "gpu-operator {command}: cannot build a Kubernetes client from the kubeconfig or the in-cluster config: {error}"
+                );
+                ExitCode::from(2)
+            }
+        }
+    })
+}
+
+async fn apply_crds(client: kube::Client, timeout_seconds: u64) -> ExitCode {
+    let (done, result) =
+        crate::crd_install::apply_all(&client, std::time::Duration::from_secs(timeout_seconds)).await;
+    for (name, outcome) in done {
+        println!("customresourcedefinition {name} {outcome}");
+    }
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("gpu-operator crd --apply: {error}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn uninstall(client: kube::Client, args: UninstallArgs) -> ExitCode {
+    let options = crate::uninstall::Options {
+        namespace: args.namespace,
+        timeout: std::time::Duration::from_secs(args.timeout_seconds),
+    };
+    let report = match crate::uninstall::uninstall(&client, &options).await {
+        Ok(report) => report,
+        Err(error) => {
+            eprintln!("gpu-operator uninstall: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    print!("{}", crate::uninstall::summary(&report));
+    if report.left.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
 }
 
 fn run_operator(args: RunArgs) -> ExitCode {

@@ -46,7 +46,7 @@ use crate::readiness::{Observed, observe};
 use crate::status::{
     OperandObservation, Outcome, bounded_note, driver_status, only_counts_differ, policy_status, transition,
 };
-use crate::upgrade::{Pools, UpgradePool};
+use crate::upgrade::{Pools, UpgradePool, Upgrades};
 
 /// How long a write the caches have not shown yet is trusted before it is made again.
 const IN_FLIGHT: Duration = Duration::from_secs(10);
@@ -243,7 +243,7 @@ pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
             .send_if_modified(|current| replace(current, Some(None)));
         context
             .upgrade_pools
-            .send_if_modified(|current| replace(current, Some(Vec::new())));
+            .send_if_modified(|current| replace(current, Some(Upgrades::NoPolicy)));
         context
             .metrics
             .reconciled(ReconciliationStatus::PolicyUnavailable, now_seconds());
@@ -360,7 +360,7 @@ async fn reconcile_active(
     let awaiting_echo = leader && apply_rendered(context, active, &rendered, &driver_plans, &pools).await?;
     context
         .upgrade_pools
-        .send_if_modified(|current| replace(current, Some(pools)));
+        .send_if_modified(|current| replace(current, Some(Upgrades::Pools(pools))));
 
     let daemonsets = context.caches.daemonsets.state();
     let pods = context.caches.pods.state();

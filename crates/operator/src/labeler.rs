@@ -6,7 +6,9 @@
 //!   the annotation [`OWNED_LABELS`]; it only ever removes or rewrites a label whose value is still the one
 //!   it wrote. A person's `nvidia.com/gpu.deploy.device-plugin=false` therefore outlives a transient loss of
 //!   `nvidia.com/gpu.present` (NVIDIA's issue #2288).
-//! - **Uninstall cleans up.** With no policy, every label the operator owns is removed (NVIDIA's #1391).
+//! - **Uninstall cleans up.** With no policy, every label the operator owns is removed (NVIDIA's #1391),
+//!   and so are deploy switches an operand paused (`paused-for-driver-upgrade`, `paused-for-mig-change`),
+//!   which nothing would resume.
 //!
 //! Labels the operator would write that a node already carries with the same value (for example from
 //! NVIDIA's operator, before a migration) are adopted: they become owned without a write.
@@ -17,7 +19,7 @@ use gpuop_api::catalogue::deploy_labels_for;
 use gpuop_api::choice::{SandboxMode, WorkloadConfig};
 use gpuop_api::labels::{
     DEPLOY_OPERANDS, DEPLOY_PREFIX, DRIVER_OWNER, GPU_PRESENT, GpuDetection, LEGACY_DEPLOY_LABELS,
-    MIG_CONFIG, WORKLOAD_CONFIG, is_mig_capable,
+    MIG_CONFIG, PAUSED_FOR_DRIVER_UPGRADE, PAUSED_FOR_MIG_CHANGE, WORKLOAD_CONFIG, is_mig_capable,
 };
 use gpuop_api::validate::{Sandbox, ValidatedPolicy};
 use gpuop_api::{NVIDIADriver, route_nodes};
@@ -137,9 +139,14 @@ pub fn desired_labels(
             && key != DEPLOY_OPERANDS
             && (LEGACY_DEPLOY_LABELS.contains(&key.as_str())
                 || (kill_switch && key.starts_with(DEPLOY_PREFIX)));
+        // A switch the driver or MIG manager paused was the operator's; with no policy nobody will ever
+        // resume it, and no person writes these values.
+        let paused_switch = policy.is_none()
+            && key.starts_with(DEPLOY_PREFIX)
+            && (value == PAUSED_FOR_DRIVER_UPGRADE || value == PAUSED_FOR_MIG_CHANGE);
         // The routing label is the operator's alone (NVIDIADrivers may not select on it): a node no
         // NVIDIADriver serves has none, whoever wrote it.
-        if ours_unchanged(key, value) || stray_switch || key == DRIVER_OWNER {
+        if ours_unchanged(key, value) || stray_switch || paused_switch || key == DRIVER_OWNER {
             patch.labels.insert(key.clone(), None);
         }
     }
@@ -558,13 +565,22 @@ mod tests {
             .with(GPU_PRODUCT, "NVIDIA-H100-80GB-HBM3")
             .with(&format!("{DEPLOY_PREFIX}driver"), "false")
             .reconciled(Some(&policy()));
-        let removed = node.reconciled(None);
+        let removed = node.clone().reconciled(None);
         assert_eq!(removed.label(GPU_PRESENT), None);
         assert_eq!(removed.label(MIG_CONFIG), None);
         assert_eq!(removed.deployed(), Vec::<&str>::new());
         assert_eq!(removed.deploy("driver"), Some("false"));
         assert_eq!(removed.label(GPU_PRODUCT), Some("NVIDIA-H100-80GB-HBM3"));
         assert!(removed.annotations.is_empty());
+
+        // The driver manager paused a switch for an upgrade when the policy went: nothing will resume it.
+        let paused = node
+            .with(&format!("{DEPLOY_PREFIX}dcgm"), PAUSED_FOR_DRIVER_UPGRADE)
+            .with(&format!("{DEPLOY_PREFIX}mig-manager"), PAUSED_FOR_MIG_CHANGE)
+            .reconciled(None);
+        assert_eq!(paused.deploy("dcgm"), None);
+        assert_eq!(paused.deploy("mig-manager"), None);
+        assert_eq!(paused.deploy("driver"), Some("false"));
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! nodes should run and do run each operand), [`status`] (the policy status), [`apply::plan`] (what to
 //! write and prune); the upgrade decision itself is `gpuop_api::upgrade::decide`. Thin I/O around them: [`caches`] (reflectors), [`controller`] (the policy reconciler and
 //! the node labeller), [`upgrade`] (the driver upgrade controller), [`lease`] (leader election), [`run`] (process wiring, metrics and health endpoints).
+//! Commands that install and remove the operator's footprint: [`crd_install`] (`crd --apply`) and
+//! [`uninstall`].
 //! The `gpu-operator` binary is a thin wrapper around [`cli`].
 
 pub mod apply;
@@ -11,6 +13,7 @@ pub mod caches;
 pub mod check;
 pub mod cli;
 pub mod controller;
+pub mod crd_install;
 pub mod drivers;
 pub mod facts;
 pub mod labeler;
@@ -20,6 +23,7 @@ pub mod readiness;
 pub mod render_command;
 pub mod run;
 pub mod status;
+pub mod uninstall;
 pub mod upgrade;
 
 /// The operator's `User-Agent`. Its product token is this project's alone: NVIDIA's operator sends

@@ -59,8 +59,18 @@ pub struct UpgradePool {
     pub policy: Option<UpgradePolicy>,
 }
 
+/// What the policy reconciler tells the upgrade controller.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Upgrades {
+    /// The pools of the active ClusterPolicy and its NVIDIADrivers.
+    Pools(Vec<UpgradePool>),
+    /// No ClusterPolicy is active (it was deleted: the operator is being uninstalled): every node's upgrade
+    /// state goes, and nodes the upgrade cordoned are uncordoned ([`gpuop_api::upgrade::release`]).
+    NoPolicy,
+}
+
 /// What the policy reconciler tells the upgrade controller; `None` until its first pass.
-pub type Pools = watch::Sender<Option<Vec<UpgradePool>>>;
+pub type Pools = watch::Sender<Option<Upgrades>>;
 
 /// What a pass remembers for the next.
 #[derive(Debug, Default)]
@@ -110,7 +120,13 @@ pub async fn run_upgrades(context: Arc<Context>, shutdown: CancellationToken) {
         last_pass = Some(Instant::now());
         let current = context.upgrade_pools.borrow().clone();
         wait = match current {
-            Some(pools) if context.leadership.is_leader() => pass(&context, &pools, &mut memory).await,
+            Some(Upgrades::Pools(pools)) if context.leadership.is_leader() => {
+                pass(&context, &pools, &mut memory).await
+            }
+            Some(Upgrades::NoPolicy) if context.leadership.is_leader() => {
+                memory = Memory::default();
+                release_all(&context).await
+            }
             _ => RESYNC,
         };
     }
@@ -555,6 +571,66 @@ async fn switch_off(context: &Context, pool: &UpgradePool, members: &[&Arc<Node>
         }
     }
     next
+}
+
+/// With no ClusterPolicy, undoes what upgrades left on every node: the state label, the upgrade
+/// annotations, and the cordons the upgrade made (see [`gpuop_api::upgrade::release`]). Node changes wake
+/// the controller again, so a failed patch is retried on the next change or after a short wait.
+async fn release_all(context: &Context) -> Duration {
+    let api: Api<Node> = Api::all(context.client.clone());
+    let mut next = RESYNC;
+    for node in context.caches.nodes.state() {
+        let release = release_of(&node);
+        if release.is_empty() {
+            continue;
+        }
+        match api
+            .patch(
+                &node.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(release_patch(&release)),
+            )
+            .await
+        {
+            Ok(_) => {
+                info!(node = %node.name_any(), uncordoned = release.uncordon, "no ClusterPolicy: driver upgrade state removed")
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => {
+                warn!(node = %node.name_any(), %error, "cannot remove the driver upgrade state; retrying");
+                next = Duration::from_secs(2);
+            }
+        }
+    }
+    next
+}
+
+/// [`gpuop_api::upgrade::release`] of a node.
+pub fn release_of(node: &Node) -> gpuop_api::upgrade::Release {
+    let empty = BTreeMap::new();
+    gpuop_api::upgrade::release(
+        node.metadata.labels.as_ref().unwrap_or(&empty),
+        node.metadata.annotations.as_ref().unwrap_or(&empty),
+        node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+    )
+}
+
+/// The merge patch that carries out a release and touches nothing else.
+pub fn release_patch(release: &gpuop_api::upgrade::Release) -> Value {
+    let nulls = |keys: &[&str]| -> Map<String, Value> {
+        keys.iter().map(|k| ((*k).to_owned(), Value::Null)).collect()
+    };
+    let mut patch = json!({ "metadata": {} });
+    if !release.labels.is_empty() {
+        patch["metadata"]["labels"] = Value::Object(nulls(&release.labels));
+    }
+    if !release.annotations.is_empty() {
+        patch["metadata"]["annotations"] = Value::Object(nulls(&release.annotations));
+    }
+    if release.uncordon {
+        patch["spec"] = json!({ "unschedulable": false });
+    }
+    patch
 }
 
 fn label<'a>(labels: &'a Option<BTreeMap<String, String>>, key: &str) -> Option<&'a str> {

@@ -57,6 +57,69 @@ mod crd {
     }
 }
 
+/// The hook subcommands against a cluster that refuses connections: they fail naming what they could not do.
+mod hooks {
+    use super::*;
+
+    fn with_unreachable_cluster(args: &[&str]) -> Output {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        // Port 1 on loopback: nothing listens, so every request is refused at once.
+        std::fs::write(
+            &kubeconfig,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'http://127.0.0.1:1'}\n\
+             users:\n- name: u\n  user: {token: t}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\n\
+             current-context: x\n",
+        )
+        .unwrap();
+        Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+            .args(args)
+            .env_clear()
+            .env("KUBECONFIG", &kubeconfig)
+            .stdin(Stdio::null())
+            .output()
+            .expect("gpu-operator runs")
+    }
+
+    #[test]
+    fn crd_apply_names_the_crd_it_could_not_read_and_exits_1() {
+        let output = with_unreachable_cluster(&["crd", "--apply", "--timeout-seconds", "5"]);
+        assert_eq!(output.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("CustomResourceDefinition clusterpolicies.nvidia.com: cannot read"),
+            "{stderr}"
+        );
+        assert_eq!(stdout(&output), "", "nothing was applied");
+    }
+
+    #[test]
+    fn uninstall_that_cannot_read_the_cluster_exits_2() {
+        let output = with_unreachable_cluster(&[
+            "uninstall",
+            "--namespace",
+            "gpu-operator",
+            "--timeout-seconds",
+            "5",
+        ]);
+        assert_eq!(output.status.code(), Some(2));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("gpu-operator uninstall: cannot list ClusterPolicy"),
+            "{stderr}"
+        );
+    }
+
+    #[test]
+    fn the_timeout_needs_apply_and_uninstall_needs_a_namespace() {
+        assert_eq!(
+            gpu_operator(&["crd", "--timeout-seconds", "5"]).status.code(),
+            Some(2)
+        );
+        assert_eq!(gpu_operator(&["uninstall"]).status.code(), Some(2));
+    }
+}
+
 mod check {
     use super::*;
 

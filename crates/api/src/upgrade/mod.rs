@@ -831,6 +831,69 @@ fn finish(step: Step, node: &NodeView) -> Step {
     step
 }
 
+/// Node annotations that driver upgrades leave on a node: the upgrade controller's own, and the driver
+/// pod's request to load (`driver-wait-for-safe-load`), which nobody answers once the operator is gone. A
+/// person's `upgrade-requested` and `upgrade.skip` are theirs and stay.
+pub const UPGRADE_ANNOTATIONS: &[&str] = &[
+    UPGRADE_ENABLED_ANNOTATION,
+    UPGRADE_INITIAL_UNSCHEDULABLE,
+    UPGRADE_WAIT_FOR_COMPLETION_START,
+    UPGRADE_VALIDATION_START,
+    UPGRADE_FAILURE,
+    UPGRADE_RESTART_ONLY,
+    UPGRADE_WAIT_FOR_SAFE_LOAD,
+];
+
+/// What undoing driver upgrades on one node takes once no operator manages them (the ClusterPolicy is
+/// gone): the state label and [`UPGRADE_ANNOTATIONS`] go, and a node the upgrade cordoned is uncordoned.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Release {
+    /// Labels to remove.
+    pub labels: Vec<&'static str>,
+    /// Annotations to remove.
+    pub annotations: Vec<&'static str>,
+    /// Uncordon the node.
+    pub uncordon: bool,
+}
+
+impl Release {
+    /// Whether the node carries nothing of an upgrade.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.annotations.is_empty() && !self.uncordon
+    }
+}
+
+/// Decides [`Release`] for a node from its labels, annotations and cordon.
+///
+/// A cordoned node is uncordoned only when the upgrade cordoned it: its state is one the controller enters
+/// after cordoning (`wait-for-jobs-required` through `uncordon-required`, and `upgrade-failed`), and it was
+/// not cordoned before its upgrade began (no `node-initial-state.unschedulable`). Nobody would ever lift
+/// such a cordon otherwise: the state machine that meant to is gone.
+pub fn release(
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+    unschedulable: bool,
+) -> Release {
+    use crate::labels::UPGRADE_STATE;
+    let state = UpgradeState::from_label(labels.get(UPGRADE_STATE).map(String::as_str));
+    let cordoned_by_upgrade = state.is_in_progress() && state != UpgradeState::CordonRequired;
+    Release {
+        labels: if labels.contains_key(UPGRADE_STATE) {
+            vec![UPGRADE_STATE]
+        } else {
+            Vec::new()
+        },
+        annotations: UPGRADE_ANNOTATIONS
+            .iter()
+            .copied()
+            .filter(|key| annotations.contains_key(*key))
+            .collect(),
+        uncordon: unschedulable
+            && cordoned_by_upgrade
+            && !annotations.contains_key(UPGRADE_INITIAL_UNSCHEDULABLE),
+    }
+}
+
 /// Evicts `pods` as `eviction` allows; moves on once they are gone, or to `failed` when some can never be
 /// evicted or the timeout passes.
 #[allow(clippy::too_many_arguments)]
@@ -1917,5 +1980,39 @@ mod tests {
             text.contains("budget: 2 node(s) at once, at most 3 unavailable"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn releasing_a_node_lifts_only_the_upgrades_own_cordon() {
+        use crate::labels::{UPGRADE_SKIP, UPGRADE_STATE};
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let draining = map(&[(UPGRADE_STATE, "drain-required"), (UPGRADE_SKIP, "false")]);
+        let annotations = map(&[(UPGRADE_ENABLED_ANNOTATION, "true"), (UPGRADE_REQUESTED, "true")]);
+        let released = release(&draining, &annotations, true);
+        assert_eq!(released.labels, [UPGRADE_STATE], "a person's skip label stays");
+        assert_eq!(
+            released.annotations,
+            [UPGRADE_ENABLED_ANNOTATION],
+            "a person's request stays"
+        );
+        assert!(released.uncordon);
+        // Cordoned by a person before the upgrade began: it stays cordoned.
+        let before = map(&[(UPGRADE_INITIAL_UNSCHEDULABLE, "true")]);
+        let released = release(&draining, &before, true);
+        assert!(!released.uncordon);
+        assert_eq!(released.annotations, [UPGRADE_INITIAL_UNSCHEDULABLE]);
+        // Not yet cordoned by the upgrade: a cordon is someone else's.
+        for state in ["upgrade-required", "cordon-required", "upgrade-done"] {
+            let labels = map(&[(UPGRADE_STATE, state)]);
+            assert!(!release(&labels, &BTreeMap::new(), true).uncordon, "{state}");
+        }
+        assert!(release(&map(&[(UPGRADE_STATE, "upgrade-failed")]), &BTreeMap::new(), true).uncordon);
+        assert!(!release(&draining, &BTreeMap::new(), false).uncordon);
+        assert!(release(&BTreeMap::new(), &BTreeMap::new(), true).is_empty());
     }
 }

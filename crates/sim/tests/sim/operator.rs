@@ -5,11 +5,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use gpuop_api::ClusterPolicy;
-use gpuop_api::labels::{DEPLOY_OPERANDS, GPU_PRESENT, MANAGED_BY};
+use gpuop_api::labels::{
+    DEPLOY_OPERANDS, DRIVER_OWNER, GPU_PRESENT, MANAGED_BY, UPGRADE_ENABLED_ANNOTATION, UPGRADE_STATE,
+};
 use gpuop_api::status::State;
 use gpuop_fakeserver::{FakeServer, Faults, InjectedError, Verb};
+use gpuop_operator::apply::MANAGED_KINDS;
+use gpuop_operator::crd_install::{self, CrdOutcome};
+use gpuop_operator::labeler::OWNED_LABELS;
 use gpuop_operator::lease;
 use gpuop_operator::run::{self, Config, DEFAULT_LEASE_NAME, LeaderElection, Running};
+use gpuop_operator::uninstall::{self, Report};
 use gpuop_sim::cluster_spec::{ClusterSpec, GpuSpec, NodePool, TaintSpec};
 use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install, snapshot};
 use gpuop_sim::hardware::GpuModel;
@@ -21,7 +27,8 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::ClusterRole;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
@@ -896,4 +903,308 @@ async fn no_ready_is_ever_written_before_the_operands_run_even_when_node_events_
         seen.len()
     );
     cluster.stop().await;
+}
+
+/// Every object labelled managed-by=gpu-operator, of every kind the operator renders that the server serves.
+async fn managed_everywhere(client: &Client) -> Vec<String> {
+    let params = ListParams::default().labels(&format!("{MANAGED_BY}=gpu-operator"));
+    let mut found = Vec::new();
+    for kind in MANAGED_KINDS {
+        let api: Api<DynamicObject> = if kind.namespaced {
+            Api::all_with(client.clone(), &kind.api_resource())
+        } else {
+            kind.api(client.clone(), NAMESPACE)
+        };
+        match api.list_metadata(&params).await {
+            Ok(list) => found.extend(
+                list.items
+                    .iter()
+                    .map(|o| format!("{} {}", kind.kind, o.name_any())),
+            ),
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => panic!("cannot list {}: {error}", kind.kind),
+        }
+    }
+    found
+}
+
+/// What the operator may have left on a node: its own labels and annotations, and upgrade state.
+fn operator_marks(node: &Node) -> Vec<String> {
+    let mut marks: Vec<String> = node
+        .labels()
+        .iter()
+        .filter(|(key, value)| {
+            key.as_str() == GPU_PRESENT
+                || key.as_str() == DRIVER_OWNER
+                || key.as_str() == UPGRADE_STATE
+                || (key.starts_with("nvidia.com/gpu.deploy.") && value.as_str() == "true")
+        })
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect();
+    marks.extend(
+        node.annotations()
+            .keys()
+            .filter(|key| key.as_str() == OWNED_LABELS || key.starts_with("nvidia.com/gpu-driver-upgrade"))
+            .cloned(),
+    );
+    if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
+        marks.push("cordoned".into());
+    }
+    marks
+}
+
+/// Asserts the cluster carries nothing of the operator's, and the person's labels are where they were.
+async fn assert_uninstalled(cluster: &Cluster, report: &Report) {
+    assert!(
+        report.left.is_empty(),
+        "left behind: {}",
+        uninstall::summary(report)
+    );
+    assert_eq!(managed_everywhere(&cluster.client).await, Vec::<String>::new());
+    assert!(
+        Api::<ClusterPolicy>::all(cluster.client.clone())
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    for node in Api::<Node>::all(cluster.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+    {
+        assert_eq!(operator_marks(&node), Vec::<String>::new(), "{}", node.name_any());
+    }
+    let gpu = cluster.node("gpu-0").await;
+    assert_eq!(gpu.labels().get("team").map(String::as_str), Some("ml"));
+    assert_eq!(
+        gpu.labels().get("nvidia.com/gpu.deploy.dcgm").map(String::as_str),
+        Some("false"),
+        "a deploy switch a person changed is theirs"
+    );
+}
+
+/// Fails unless every request `client` made is one `permissions` grant: the chart grants exactly those.
+fn assert_only_requests_granted(server: &FakeServer, client: &str, permissions: &[uninstall::Permission]) {
+    let mut made = 0;
+    for (key, _) in server.requests().iter().filter(|(key, _)| key.client == client) {
+        if key.resource.is_empty() {
+            continue; // discovery
+        }
+        made += 1;
+        let verb = match key.verb {
+            Verb::Apply => "patch".to_owned(),
+            verb => format!("{verb:?}").to_lowercase(),
+        };
+        let granted = permissions.iter().any(|p| {
+            p.group == key.group
+                && p.resource == key.resource
+                && key.subresource.is_empty()
+                && p.verbs.contains(&verb.as_str())
+                && (!p.namespaced || key.scope != "cluster")
+        });
+        assert!(
+            granted,
+            "{client} made a request its permissions do not grant: {key:?}"
+        );
+    }
+    assert!(made > 0, "{client} made no request");
+}
+
+/// A converged cluster where a person labelled gpu-0 for their team and switched DCGM off on it (the
+/// operator had written `true` there).
+async fn converged_with_a_persons_labels() -> Cluster {
+    let cluster = Cluster::start(vec![pool("gpu", 2, Some(GpuModel::T4)), pool("cpu", 1, None)]).await;
+    cluster.apply(DEFAULT_POLICY).await;
+    cluster.converged("cluster-policy").await;
+    assert_eq!(
+        cluster
+            .node("gpu-0")
+            .await
+            .labels()
+            .get("nvidia.com/gpu.deploy.dcgm")
+            .map(String::as_str),
+        Some("true")
+    );
+    // The upgrade controller has marked the nodes too: uninstalling must remove that as well.
+    cluster
+        .until("the upgrade controller marks gpu-0", || async {
+            let node = cluster.node("gpu-0").await;
+            match node.labels().get(UPGRADE_STATE) {
+                Some(_) => Ok(()),
+                None => Err(format!("{:?}", node.labels())),
+            }
+        })
+        .await;
+    cluster.label_node("gpu-0", "team", Some("ml")).await;
+    cluster
+        .label_node("gpu-0", "nvidia.com/gpu.deploy.dcgm", Some("false"))
+        .await;
+    cluster
+}
+
+#[tokio::test]
+async fn uninstall_waits_for_the_operator_to_remove_everything_and_keeps_a_persons_labels() {
+    let cluster = converged_with_a_persons_labels().await;
+    assert!(!managed_everywhere(&cluster.client).await.is_empty());
+    let options = uninstall::Options {
+        namespace: NAMESPACE.into(),
+        timeout: PATIENCE * 2,
+    };
+    let hook = cluster.server.client_as("uninstall-hook");
+    let report = uninstall::uninstall(&hook, &options)
+        .await
+        .expect("uninstall runs");
+    assert_only_requests_granted(&cluster.server, "uninstall-hook", &uninstall::permissions());
+    assert_eq!(report.deleted, ["ClusterPolicy/cluster-policy"]);
+    assert!(
+        report.operator_finished,
+        "the running operator cleans up after itself: {}",
+        uninstall::summary(&report)
+    );
+    assert!(report.removed.is_empty());
+    assert_uninstalled(&cluster, &report).await;
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn uninstall_removes_what_a_stopped_operator_left_and_lifts_its_upgrade_cordon() {
+    let mut cluster = converged_with_a_persons_labels().await;
+    cluster.stop_operator().await;
+    // The operator stopped in the middle of upgrading gpu-1's driver: cordoned, state label, annotation.
+    Api::<Node>::all(cluster.client.clone())
+        .patch(
+            "gpu-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {
+                    "labels": { UPGRADE_STATE: "validation-required" },
+                    "annotations": { UPGRADE_ENABLED_ANNOTATION: "true" },
+                },
+                "spec": { "unschedulable": true },
+            })),
+        )
+        .await
+        .unwrap();
+    let options = uninstall::Options {
+        namespace: NAMESPACE.into(),
+        timeout: Duration::from_secs(20),
+    };
+    let hook = cluster.server.client_as("uninstall-hook");
+    let report = uninstall::uninstall(&hook, &options)
+        .await
+        .expect("uninstall runs");
+    assert_only_requests_granted(&cluster.server, "uninstall-hook", &uninstall::permissions());
+    assert!(!report.operator_finished);
+    assert!(
+        report
+            .removed
+            .iter()
+            .any(|r| r.starts_with("Node gpu-1:") && r.contains("cordoned by a driver upgrade")),
+        "{}",
+        uninstall::summary(&report)
+    );
+    assert_uninstalled(&cluster, &report).await;
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn crd_apply_creates_is_idempotent_updates_and_never_downgrades() {
+    let server = FakeServer::new();
+    let client = server.client_as("crd-hook");
+    let outcomes = |done: Vec<(String, CrdOutcome)>| -> Vec<String> {
+        done.into_iter()
+            .map(|(name, outcome)| format!("{name} {outcome}"))
+            .collect()
+    };
+    let timeout = Duration::from_secs(30);
+    let (done, result) = crd_install::apply_all(&client, timeout).await;
+    result.expect("CRDs install");
+    assert_eq!(
+        outcomes(done),
+        [
+            "clusterpolicies.nvidia.com created",
+            "nvidiadrivers.nvidia.com created"
+        ]
+    );
+    assert!(
+        Api::<ClusterPolicy>::all(server.client())
+            .list(&ListParams::default())
+            .await
+            .is_ok(),
+        "the kind is served"
+    );
+    let (done, result) = crd_install::apply_all(&client, timeout).await;
+    result.unwrap();
+    assert_eq!(
+        outcomes(done),
+        [
+            "clusterpolicies.nvidia.com unchanged",
+            "nvidiadrivers.nvidia.com unchanged"
+        ]
+    );
+
+    // An older operator's CRD: a printer column fewer.
+    let crds: Api<CustomResourceDefinition> = Api::all(server.client());
+    let mut older = gpuop_api::crd::cluster_policy_crd();
+    older.spec.versions[0].additional_printer_columns = None;
+    crds.patch(
+        "clusterpolicies.nvidia.com",
+        &PatchParams::apply("gpu-operator").force(),
+        &Patch::Apply(&older),
+    )
+    .await
+    .unwrap();
+    let (done, result) = crd_install::apply_all(&client, timeout).await;
+    result.unwrap();
+    assert_eq!(
+        outcomes(done),
+        [
+            "clusterpolicies.nvidia.com updated",
+            "nvidiadrivers.nvidia.com unchanged"
+        ]
+    );
+    assert_eq!(
+        crds.get("clusterpolicies.nvidia.com")
+            .await
+            .unwrap()
+            .spec
+            .versions[0]
+            .additional_printer_columns,
+        gpuop_api::crd::cluster_policy_crd().spec.versions[0].additional_printer_columns
+    );
+
+    // A newer operator's CRD serves v2: applying ours would stop serving it.
+    let mut newer = gpuop_api::crd::nvidia_driver_crd();
+    let mut v2 = newer.spec.versions[0].clone();
+    v2.name = "v2".into();
+    v2.storage = false;
+    newer.spec.versions.push(v2);
+    crds.patch(
+        "nvidiadrivers.nvidia.com",
+        &PatchParams::apply("gpu-operator").force(),
+        &Patch::Apply(&newer),
+    )
+    .await
+    .unwrap();
+    let (done, result) = crd_install::apply_all(&client, timeout).await;
+    assert_eq!(outcomes(done), ["clusterpolicies.nvidia.com unchanged"]);
+    let error = result.unwrap_err().to_string();
+    assert!(
+        error.starts_with("CustomResourceDefinition nvidiadrivers.nvidia.com: refusing to downgrade")
+            && error.contains("\"v2\""),
+        "{error}"
+    );
+    assert_only_requests_granted(&server, "crd-hook", &[crd_install::permissions()]);
+    assert_eq!(
+        crds.get("nvidiadrivers.nvidia.com")
+            .await
+            .unwrap()
+            .spec
+            .versions
+            .len(),
+        2,
+        "the newer CRD is left as it is"
+    );
 }
