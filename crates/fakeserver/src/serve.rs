@@ -22,6 +22,15 @@ pub enum ConnectError {
 
 /// A kubeconfig for a server at `url`, with context `fake` and namespace `default`.
 pub fn kubeconfig_yaml(url: &str) -> String {
+    kubeconfig_with_token(url, None)
+}
+
+/// A kubeconfig for a server at `url` whose user presents `token` (the admin's, in rbac mode).
+pub fn kubeconfig_with_token(url: &str, token: Option<&str>) -> String {
+    let user = match token {
+        Some(token) => format!("{{token: {token}}}"),
+        None => "{}".to_owned(),
+    };
     format!(
         "apiVersion: v1
 kind: Config
@@ -38,7 +47,7 @@ contexts:
 current-context: fake
 users:
 - name: fake
-  user: {{}}
+  user: {user}
 preferences: {{}}
 "
     )
@@ -54,7 +63,11 @@ pub struct Running {
 }
 
 impl Running {
-    pub(crate) async fn start(router: axum::Router, addr: SocketAddr) -> io::Result<Self> {
+    pub(crate) async fn start(
+        router: axum::Router,
+        addr: SocketAddr,
+        token: Option<String>,
+    ) -> io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = oneshot::channel::<()>();
@@ -65,7 +78,7 @@ impl Running {
                 })
                 .await
         });
-        let kubeconfig = kubeconfig_yaml(&format!("http://{addr}"));
+        let kubeconfig = kubeconfig_with_token(&format!("http://{addr}"), token.as_deref());
         Ok(Self {
             addr,
             kubeconfig,
