@@ -13,6 +13,7 @@ mod conformance {
     mod gc;
     mod http;
     mod limits;
+    mod rbac;
     mod list;
     mod status;
     mod watch;

@@ -334,7 +334,8 @@ impl Subject {
         }
     }
 
-    /// `describeSubject`: `Group "system:masters"`, `ServiceAccount "ns/name"`.
+    /// `describeSubject`: `Group "system:masters"`, `ServiceAccount "name/namespace"` (sic: the real
+    /// server puts the name first).
     fn describe(&self, binding_namespace: &str) -> String {
         if self.kind == "ServiceAccount" {
             let namespace = if self.namespace.is_empty() {
@@ -342,7 +343,7 @@ impl Subject {
             } else {
                 &self.namespace
             };
-            format!("{} {:?}", self.kind, format!("{namespace}/{}", self.name))
+            format!("{} {:?}", self.kind, format!("{}/{namespace}", self.name))
         } else {
             format!("{} {:?}", self.kind, self.name)
         }
@@ -371,6 +372,18 @@ struct RoleEntry {
     rules: Vec<PolicyRule>,
     labels: Vec<(String, String)>,
     aggregation: Option<Vec<LabelSelector>>,
+}
+
+/// A rule granted to a user, and how.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Granted {
+    /// The rule.
+    pub rule: PolicyRule,
+    /// The bindings that grant its role to the user.
+    pub bindings: BTreeSet<BindingId>,
+    /// Whether its role is part of the server's bootstrap policy (`kubernetes.io/bootstrapping:
+    /// rbac-defaults`), such as `system:discovery`.
+    pub bootstrap: bool,
 }
 
 /// Roles and bindings, with bindings found by subject.
@@ -544,6 +557,18 @@ impl RbacIndex {
         Ok(rules)
     }
 
+    fn is_bootstrap(&self, role: &RoleId) -> bool {
+        let entry = match role.kind {
+            RoleKind::Role => self.roles.get(&(role.namespace.clone(), role.name.clone())),
+            RoleKind::ClusterRole => self.cluster_roles.get(&role.name),
+        };
+        entry.is_some_and(|e| {
+            e.labels
+                .iter()
+                .any(|(k, v)| k == "kubernetes.io/bootstrapping" && v == "rbac-defaults")
+        })
+    }
+
     /// The bindings that apply to `user` in `namespace` ("" for cluster scope: ClusterRoleBindings only),
     /// ClusterRoleBindings first, each with the first subject that names the user.
     fn bindings_for<'a>(
@@ -574,13 +599,14 @@ impl RbacIndex {
         })
     }
 
-    /// Every rule granted to `user` by any binding in any namespace, with the bindings granting it.
-    pub fn granted(&self, user: &UserInfo) -> BTreeMap<RuleId, (PolicyRule, BTreeSet<BindingId>)> {
-        let mut granted: BTreeMap<RuleId, (PolicyRule, BTreeSet<BindingId>)> = BTreeMap::new();
+    /// Every rule granted to `user` by any binding in any namespace.
+    pub fn granted(&self, user: &UserInfo) -> BTreeMap<RuleId, Granted> {
+        let mut granted: BTreeMap<RuleId, Granted> = BTreeMap::new();
         for (id, binding, _) in self.bindings_for(user, None) {
             let Ok(rules) = self.role_rules(&binding.role) else {
                 continue;
             };
+            let bootstrap = self.is_bootstrap(&binding.role);
             for (index, rule) in rules.into_iter().enumerate() {
                 let rule_id = RuleId {
                     role: binding.role.clone(),
@@ -588,8 +614,12 @@ impl RbacIndex {
                 };
                 granted
                     .entry(rule_id)
-                    .or_insert_with(|| (rule, BTreeSet::new()))
-                    .1
+                    .or_insert_with(|| Granted {
+                        rule,
+                        bindings: BTreeSet::new(),
+                        bootstrap,
+                    })
+                    .bindings
                     .insert(id.clone());
             }
         }
@@ -683,8 +713,9 @@ pub fn authorize(index: &RbacIndex, user: &UserInfo, attrs: &Attributes) -> Deci
                 };
                 let binding_name = match id.kind {
                     BindingKind::ClusterRoleBinding => format!("ClusterRoleBinding {:?}", id.name),
+                    // Name first, then namespace, as the real server prints it.
                     BindingKind::RoleBinding => {
-                        format!("RoleBinding {:?}", format!("{}/{}", id.namespace, id.name))
+                        format!("RoleBinding {:?}", format!("{}/{}", id.name, id.namespace))
                     }
                 };
                 decision.reason = format!(
@@ -844,7 +875,8 @@ pub fn escalation_error(
         described.into_iter().collect::<Vec<_>>().join("\n")
     );
     if !resolution_errors.is_empty() {
-        let _ = write!(message, "; resolution errors: [{}]", resolution_errors.join(" "));
+        // `RulesFor` returns one aggregate error, printed inside a `[]error`.
+        let _ = write!(message, "; resolution errors: [{}]", aggregate(resolution_errors));
     }
     Some(message)
 }
@@ -1001,7 +1033,7 @@ mod tests {
         let decision = authorize(&index, &me, &Attributes::resource("get", "", "configmaps", "a", "x"));
         assert_eq!(
             decision.reason,
-            r#"RBAC: allowed by RoleBinding "a/read" of ClusterRole "cm-reader" to ServiceAccount "a/sa""#
+            r#"RBAC: allowed by RoleBinding "read/a" of ClusterRole "cm-reader" to ServiceAccount "sa/a""#
         );
         index.remove(RbacKind::RoleBinding, &binding(Some("a"), "read", "ClusterRole", "cm-reader", json!([])));
         assert!(!at(&index, "configmaps", "a"), "deleting the binding revokes");

@@ -32,11 +32,12 @@ impl AuthorizationReport {
         self.denied.iter().filter(move |d| d.user == user)
     }
 
-    /// The rules granted to `user` that allowed none of its requests.
+    /// The rules granted to `user` that allowed none of its requests, leaving out the bootstrap policy's
+    /// (discovery, self-review) that every authenticated user has.
     pub fn unused_rules(&self, user: &str) -> Vec<&GrantedRule> {
         self.users
             .get(user)
-            .map(|u| u.rules.iter().filter(|r| r.used == 0).collect())
+            .map(|u| u.rules.iter().filter(|r| r.used == 0 && !r.bootstrap).collect())
             .unwrap_or_default()
     }
 }
@@ -97,6 +98,9 @@ pub struct GrantedRule {
     /// How many of the user's allowed requests this rule allowed (every matching rule counts, not only the
     /// first).
     pub used: u64,
+    /// Whether the role is part of the server's bootstrap policy (`system:discovery`, ...), granted to every
+    /// authenticated user rather than by a chart.
+    pub bootstrap: bool,
 }
 
 #[derive(Debug, Default)]
@@ -177,12 +181,13 @@ impl ReportLog {
                 let rules = index
                     .granted(&user)
                     .into_iter()
-                    .map(|(id, (rule, bindings))| GrantedRule {
+                    .map(|(id, granted)| GrantedRule {
                         used: log.used.get(&id).copied().unwrap_or(0),
                         role: id.role,
                         index: id.index,
-                        rule,
-                        bindings: bindings.iter().map(ToString::to_string).collect(),
+                        rule: granted.rule,
+                        bindings: granted.bindings.iter().map(ToString::to_string).collect(),
+                        bootstrap: granted.bootstrap,
                     })
                     .collect();
                 let report = UserReport {
