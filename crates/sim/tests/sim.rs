@@ -2,6 +2,7 @@
 //! - `cluster`: `gpu-sim serve` as a child process, shared by the tests that drive it with real tools;
 //! - `kubectl`: `gpu-sim serve` driven by the real kubectl;
 //! - `helm`: a chart installed, upgraded and uninstalled with the real Helm;
+//! - `rbac`: `gpu-sim serve --authorization rbac` driven by kubectl with admin and service-account tokens;
 //! - `scenarios`: the simulator's actors on the fake API server, driven by hand-written objects and faults;
 //! - `operator`: the operator converging simulated clusters (controller-level tests of issue 5);
 //! - `workloads`: GPU workloads, their disruption budgets and evictions, and scenario actions on objects;
@@ -13,6 +14,8 @@ mod cluster;
 mod helm;
 #[path = "sim/kubectl.rs"]
 mod kubectl;
+#[path = "sim/rbac.rs"]
+mod rbac;
 #[path = "sim/operator.rs"]
 mod operator;
 #[path = "sim/scenarios.rs"]

@@ -365,6 +365,21 @@ async fn the_report_is_served_to_masters_only_and_the_bootstrap_policy_is_listed
 }
 
 #[tokio::test]
+async fn in_rbac_mode_the_socket_speaks_tls_and_the_kubeconfig_is_the_admins() {
+    let server = rbac_server(&ManualClock::default());
+    let running = server
+        .serve(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("serving");
+    assert!(running.url().starts_with("https://127.0.0.1:"), "{}", running.url());
+    assert!(running.kubeconfig().contains("certificate-authority-data:"));
+    let client = running.client().await.expect("a client from the kubeconfig");
+    let nodes: Api<Node> = Api::all(client);
+    assert_eq!(nodes.list(&ListParams::default()).await.expect("the admin lists nodes").items.len(), 1);
+    running.shutdown().await;
+}
+
+#[tokio::test]
 async fn always_allow_mode_asks_for_no_credentials() {
     let server = super::support::server();
     assert_eq!(server.admin_token(), None);
