@@ -475,13 +475,8 @@ impl ResourceRequest<'_> {
         if self.info().group != RBAC_GROUP || user.is_master() {
             return None;
         }
-        let mut attrs = Attributes::resource(
-            "",
-            RBAC_GROUP,
-            &self.info().plural,
-            self.namespace(),
-            self.name(),
-        );
+        let mut attrs =
+            Attributes::resource("", RBAC_GROUP, &self.info().plural, self.namespace(), self.name());
         attrs.verb = match self.key.verb {
             Verb::Create => "create",
             Verb::Update => "update",

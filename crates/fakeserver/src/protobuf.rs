@@ -212,7 +212,10 @@ const SELF_SUBJECT_ACCESS_REVIEW: &[(u64, Field)] = &[
             "spec",
             &[
                 (1, Field::Message("resourceAttributes", RESOURCE_ATTRIBUTES)),
-                (2, Field::Message("nonResourceAttributes", NON_RESOURCE_ATTRIBUTES)),
+                (
+                    2,
+                    Field::Message("nonResourceAttributes", NON_RESOURCE_ATTRIBUTES),
+                ),
             ],
         ),
     ),
@@ -226,7 +229,10 @@ const SUBJECT_ACCESS_REVIEW: &[(u64, Field)] = &[
             "spec",
             &[
                 (1, Field::Message("resourceAttributes", RESOURCE_ATTRIBUTES)),
-                (2, Field::Message("nonResourceAttributes", NON_RESOURCE_ATTRIBUTES)),
+                (
+                    2,
+                    Field::Message("nonResourceAttributes", NON_RESOURCE_ATTRIBUTES),
+                ),
                 (3, Field::Text("user")),
                 (4, Field::TextList("groups")),
                 (6, Field::Text("uid")),

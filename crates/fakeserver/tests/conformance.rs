@@ -13,8 +13,8 @@ mod conformance {
     mod gc;
     mod http;
     mod limits;
-    mod rbac;
     mod list;
+    mod rbac;
     mod status;
     mod watch;
 }

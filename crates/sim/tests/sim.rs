@@ -14,10 +14,10 @@ mod cluster;
 mod helm;
 #[path = "sim/kubectl.rs"]
 mod kubectl;
-#[path = "sim/rbac.rs"]
-mod rbac;
 #[path = "sim/operator.rs"]
 mod operator;
+#[path = "sim/rbac.rs"]
+mod rbac;
 #[path = "sim/scenarios.rs"]
 mod scenarios;
 #[path = "sim/upgrade.rs"]

@@ -276,12 +276,21 @@ impl Authz {
 
     /// Answers a SelfSubjectAccessReview (`user` asks about itself) or a SubjectAccessReview (`user` is
     /// `None`: the spec names the subject), from the same authorizer, recording nothing.
-    pub(crate) fn review(&self, user: Option<&UserInfo>, body: &Value, kind: &str) -> Result<Value, ApiError> {
+    pub(crate) fn review(
+        &self,
+        user: Option<&UserInfo>,
+        body: &Value,
+        kind: &str,
+    ) -> Result<Value, ApiError> {
         let spec = body.get("spec").cloned().unwrap_or_else(|| json!({}));
         let subject = match user {
             Some(user) => user.clone(),
             None => UserInfo {
-                name: spec.get("user").and_then(Value::as_str).unwrap_or_default().to_owned(),
+                name: spec
+                    .get("user")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
                 groups: spec
                     .get("groups")
                     .and_then(Value::as_array)
@@ -289,7 +298,13 @@ impl Authz {
                     .unwrap_or_default(),
             },
         };
-        let field = |value: &Value, key: &str| value.get(key).and_then(Value::as_str).unwrap_or_default().to_owned();
+        let field = |value: &Value, key: &str| {
+            value
+                .get(key)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
         let attrs = match (spec.get("resourceAttributes"), spec.get("nonResourceAttributes")) {
             (Some(r), None) => {
                 let mut attrs = Attributes::resource(
@@ -312,8 +327,9 @@ impl Authz {
                     "",
                     vec![Cause {
                         reason: "FieldValueInvalid".into(),
-                        message: "exactly one of nonResourceAttributes or resourceAttributes must be specified"
-                            .into(),
+                        message:
+                            "exactly one of nonResourceAttributes or resourceAttributes must be specified"
+                                .into(),
                         field: "spec.resourceAttributes".into(),
                     }],
                 ));
@@ -400,7 +416,13 @@ fn only_gc_fields_differ(old: &Value, new: &Value) -> bool {
     let strip = |value: &Value| {
         let mut value = value.clone();
         if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
-            for key in ["ownerReferences", "finalizers", "managedFields", "resourceVersion", "generation"] {
+            for key in [
+                "ownerReferences",
+                "finalizers",
+                "managedFields",
+                "resourceVersion",
+                "generation",
+            ] {
                 meta.remove(key);
             }
         }
@@ -428,14 +450,22 @@ impl Escalation {
     }
 
     /// `Ok` when the writer holds what the object grants, or may escalate or bind.
-    pub(crate) fn check(&self, info: &ResourceInfo, old: Option<&Value>, new: &Value) -> Result<(), ApiError> {
+    pub(crate) fn check(
+        &self,
+        info: &ResourceInfo,
+        old: Option<&Value>,
+        new: &Value,
+    ) -> Result<(), ApiError> {
         if info.group != RBAC_GROUP || info.custom.is_some() || self.user.is_master() {
             return Ok(());
         }
         if old.is_some_and(|old| only_gc_fields_differ(old, new)) {
             return Ok(());
         }
-        let name = new.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        let name = new
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         let namespace = &self.attrs.namespace;
         let held = |namespace: &str| {
             let index = self.authz.index.read().unwrap_or_else(PoisonError::into_inner);
@@ -453,7 +483,9 @@ impl Escalation {
                 }
                 if info.plural == "clusterroles" && new.get("aggregationRule").is_some_and(|a| !a.is_null()) {
                     let full = [
-                        PolicyRule::from_json(&json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]})),
+                        PolicyRule::from_json(
+                            &json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}),
+                        ),
                         PolicyRule::from_json(&json!({"verbs": ["*"], "nonResourceURLs": ["*"]})),
                     ];
                     if rbac::escalation_error(&self.user, &rules, &errors, &full).is_some() {
@@ -467,8 +499,14 @@ impl Escalation {
                 Ok(())
             }
             "rolebindings" | "clusterrolebindings" => {
-                let kind = new.pointer("/roleRef/kind").and_then(Value::as_str).unwrap_or_default();
-                let role_name = new.pointer("/roleRef/name").and_then(Value::as_str).unwrap_or_default();
+                let kind = new
+                    .pointer("/roleRef/kind")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let role_name = new
+                    .pointer("/roleRef/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
                 let (role_kind, role_resource) = match kind {
                     "Role" => (RoleKind::Role, "roles"),
                     "ClusterRole" => (RoleKind::ClusterRole, "clusterroles"),

@@ -96,10 +96,7 @@ impl PolicyRule {
                         .is_some_and(|prefix| attrs.path.starts_with(prefix))
             });
         }
-        let group_matches = self
-            .api_groups
-            .iter()
-            .any(|g| g == ALL || *g == attrs.api_group);
+        let group_matches = self.api_groups.iter().any(|g| g == ALL || *g == attrs.api_group);
         group_matches
             && self.resource_matches(&attrs.resource, &attrs.subresource)
             && (self.resource_names.is_empty() || self.resource_names.contains(&attrs.name))
@@ -114,10 +111,7 @@ impl PolicyRule {
         self.resources.iter().any(|rule| {
             rule == ALL
                 || *rule == combined
-                || (!subresource.is_empty()
-                    && rule
-                        .strip_prefix("*/")
-                        .is_some_and(|sub| sub == subresource))
+                || (!subresource.is_empty() && rule.strip_prefix("*/").is_some_and(|sub| sub == subresource))
         })
     }
 
@@ -594,7 +588,10 @@ impl RbacIndex {
                 return None;
             }
             let binding = self.bindings.get(id)?;
-            let subject = binding.subjects.iter().find(|s| applies(s, user, &id.namespace))?;
+            let subject = binding
+                .subjects
+                .iter()
+                .find(|s| applies(s, user, &id.namespace))?;
             Some((id, binding, subject))
         })
     }
@@ -791,9 +788,9 @@ fn rule_covers(owner: &PolicyRule, sub: &PolicyRule) -> bool {
     let resources = owner.resources.iter().any(|r| r == ALL)
         || sub.resources.iter().all(|wanted| {
             owner.resources.contains(wanted)
-                || wanted.split_once('/').is_some_and(|(_, subresource)| {
-                    owner.resources.contains(&format!("*/{subresource}"))
-                })
+                || wanted
+                    .split_once('/')
+                    .is_some_and(|(_, subresource)| owner.resources.contains(&format!("*/{subresource}")))
         });
     let urls = sub.non_resource_urls.iter().all(|wanted| {
         owner.non_resource_urls.iter().any(|have| {
@@ -951,24 +948,47 @@ mod tests {
         );
         index.upsert(
             RbacKind::ClusterRoleBinding,
-            &binding(None, "op", "ClusterRole", "op", sa("gpu-operator", "gpu-operator")),
+            &binding(
+                None,
+                "op",
+                "ClusterRole",
+                "op",
+                sa("gpu-operator", "gpu-operator"),
+            ),
         );
         let me = sa_user("gpu-operator", "gpu-operator");
         let at = |verb: &str, group: &str, resource: &str, ns: &str, name: &str| {
-            allowed(&index, &me, &Attributes::resource(verb, group, resource, ns, name))
+            allowed(
+                &index,
+                &me,
+                &Attributes::resource(verb, group, resource, ns, name),
+            )
         };
         assert!(at("list", "", "nodes", "", ""));
         assert!(at("watch", "", "nodes", "", ""));
-        assert!(!at("patch", "", "nodes", "", "n1"), "nodes/status does not grant nodes");
+        assert!(
+            !at("patch", "", "nodes", "", "n1"),
+            "nodes/status does not grant nodes"
+        );
         assert!(at("patch", "", "nodes/status", "", "n1"));
         assert!(!at("get", "", "nodes/status", "", "n1"));
         assert!(at("create", "", "pods/eviction", "ns", "p"), "*/eviction");
-        assert!(!at("create", "", "pods", "ns", ""), "*/eviction does not grant pods");
+        assert!(
+            !at("create", "", "pods", "ns", ""),
+            "*/eviction does not grant pods"
+        );
         assert!(at("deletecollection", "apps", "daemonsets", "x", ""), "* verbs");
         assert!(!at("list", "extensions", "daemonsets", "x", ""), "other group");
-        assert!(!at("list", "apps", "daemonsets/status", "x", ""), "subresource needs naming");
+        assert!(
+            !at("list", "apps", "daemonsets/status", "x", ""),
+            "subresource needs naming"
+        );
         let other = sa_user("gpu-operator", "other");
-        assert!(!allowed(&index, &other, &Attributes::resource("list", "", "nodes", "", "")));
+        assert!(!allowed(
+            &index,
+            &other,
+            &Attributes::resource("list", "", "nodes", "", "")
+        ));
     }
 
     #[test]
@@ -978,13 +998,21 @@ mod tests {
             RbacKind::ClusterRole,
             &cluster_role(
                 "cp",
-                vec![json!({"verbs": ["get", "list", "watch", "create", "update"], "apiGroups": ["nvidia.com"],
-                            "resources": ["clusterpolicies"], "resourceNames": ["cluster-policy"]})],
+                vec![
+                    json!({"verbs": ["get", "list", "watch", "create", "update"], "apiGroups": ["nvidia.com"],
+                            "resources": ["clusterpolicies"], "resourceNames": ["cluster-policy"]}),
+                ],
             ),
         );
         index.upsert(
             RbacKind::ClusterRoleBinding,
-            &binding(None, "cp", "ClusterRole", "cp", json!([{"kind": "User", "name": "alice"}])),
+            &binding(
+                None,
+                "cp",
+                "ClusterRole",
+                "cp",
+                json!([{"kind": "User", "name": "alice"}]),
+            ),
         );
         let alice = user("alice", &["system:authenticated"]);
         let at = |verb: &str, name: &str| {
@@ -998,7 +1026,10 @@ mod tests {
         assert!(at("update", "cluster-policy"));
         assert!(!at("get", "other"));
         assert!(!at("list", ""), "a list names nothing");
-        assert!(at("list", "cluster-policy"), "list with fieldSelector metadata.name");
+        assert!(
+            at("list", "cluster-policy"),
+            "list with fieldSelector metadata.name"
+        );
         assert!(!at("create", ""), "create cannot be restricted by name");
     }
 
@@ -1015,27 +1046,56 @@ mod tests {
         );
         index.upsert(
             RbacKind::RoleBinding,
-            &binding(Some("a"), "read", "ClusterRole", "cm-reader", json!([{"kind": "ServiceAccount", "name": "sa"}])),
+            &binding(
+                Some("a"),
+                "read",
+                "ClusterRole",
+                "cm-reader",
+                json!([{"kind": "ServiceAccount", "name": "sa"}]),
+            ),
         );
         index.upsert(
             RbacKind::RoleBinding,
-            &binding(Some("a"), "secrets", "Role", "secrets", json!([{"kind": "Group", "name": "system:serviceaccounts:a"}])),
+            &binding(
+                Some("a"),
+                "secrets",
+                "Role",
+                "secrets",
+                json!([{"kind": "Group", "name": "system:serviceaccounts:a"}]),
+            ),
         );
         let me = sa_user("a", "sa");
         let at = |index: &RbacIndex, resource: &str, ns: &str| {
             allowed(index, &me, &Attributes::resource("get", "", resource, ns, "x"))
         };
-        assert!(at(&index, "configmaps", "a"), "ServiceAccount subject defaults to the binding's namespace");
+        assert!(
+            at(&index, "configmaps", "a"),
+            "ServiceAccount subject defaults to the binding's namespace"
+        );
         assert!(!at(&index, "configmaps", "b"));
-        assert!(!at(&index, "configmaps", ""), "a RoleBinding grants nothing cluster-wide");
+        assert!(
+            !at(&index, "configmaps", ""),
+            "a RoleBinding grants nothing cluster-wide"
+        );
         assert!(at(&index, "secrets", "a"), "Group subject");
-        assert!(!allowed(&index, &sa_user("b", "sa"), &Attributes::resource("get", "", "configmaps", "a", "x")));
-        let decision = authorize(&index, &me, &Attributes::resource("get", "", "configmaps", "a", "x"));
+        assert!(!allowed(
+            &index,
+            &sa_user("b", "sa"),
+            &Attributes::resource("get", "", "configmaps", "a", "x")
+        ));
+        let decision = authorize(
+            &index,
+            &me,
+            &Attributes::resource("get", "", "configmaps", "a", "x"),
+        );
         assert_eq!(
             decision.reason,
             r#"RBAC: allowed by RoleBinding "read/a" of ClusterRole "cm-reader" to ServiceAccount "sa/a""#
         );
-        index.remove(RbacKind::RoleBinding, &binding(Some("a"), "read", "ClusterRole", "cm-reader", json!([])));
+        index.remove(
+            RbacKind::RoleBinding,
+            &binding(Some("a"), "read", "ClusterRole", "cm-reader", json!([])),
+        );
         assert!(!at(&index, "configmaps", "a"), "deleting the binding revokes");
     }
 
@@ -1051,14 +1111,36 @@ mod tests {
         );
         index.upsert(
             RbacKind::ClusterRoleBinding,
-            &binding(None, "d", "ClusterRole", "d", json!([{"kind": "Group", "name": "system:authenticated"}])),
+            &binding(
+                None,
+                "d",
+                "ClusterRole",
+                "d",
+                json!([{"kind": "Group", "name": "system:authenticated"}]),
+            ),
         );
         let me = user("bob", &["system:authenticated"]);
         assert!(allowed(&index, &me, &Attributes::non_resource("get", "/healthz")));
-        assert!(!allowed(&index, &me, &Attributes::non_resource("get", "/healthz/etcd")));
-        assert!(allowed(&index, &me, &Attributes::non_resource("get", "/apis/apps/v1")));
-        assert!(!allowed(&index, &me, &Attributes::non_resource("post", "/healthz")));
-        assert!(!allowed(&index, &me, &Attributes::non_resource("get", "/metrics")));
+        assert!(!allowed(
+            &index,
+            &me,
+            &Attributes::non_resource("get", "/healthz/etcd")
+        ));
+        assert!(allowed(
+            &index,
+            &me,
+            &Attributes::non_resource("get", "/apis/apps/v1")
+        ));
+        assert!(!allowed(
+            &index,
+            &me,
+            &Attributes::non_resource("post", "/healthz")
+        ));
+        assert!(!allowed(
+            &index,
+            &me,
+            &Attributes::non_resource("get", "/metrics")
+        ));
     }
 
     #[test]
@@ -1073,18 +1155,44 @@ mod tests {
         );
         index.upsert(
             RbacKind::ClusterRoleBinding,
-            &binding(None, "r", "ClusterRole", "r", json!([{"kind": "User", "name": "u"}])),
+            &binding(
+                None,
+                "r",
+                "ClusterRole",
+                "r",
+                json!([{"kind": "User", "name": "u"}]),
+            ),
         );
         index.upsert(
             RbacKind::ClusterRoleBinding,
-            &binding(None, "gone", "ClusterRole", "gone", json!([{"kind": "User", "name": "v"}])),
+            &binding(
+                None,
+                "gone",
+                "ClusterRole",
+                "gone",
+                json!([{"kind": "User", "name": "v"}]),
+            ),
         );
-        let decision = authorize(&index, &user("u", &[]), &Attributes::resource("list", "", "nodes", "", ""));
+        let decision = authorize(
+            &index,
+            &user("u", &[]),
+            &Attributes::resource("list", "", "nodes", "", ""),
+        );
         assert!(decision.allowed);
-        assert_eq!(decision.matched.iter().map(|r| r.index).collect::<Vec<_>>(), [0, 1]);
-        let denied = authorize(&index, &user("v", &[]), &Attributes::resource("list", "", "nodes", "", ""));
+        assert_eq!(
+            decision.matched.iter().map(|r| r.index).collect::<Vec<_>>(),
+            [0, 1]
+        );
+        let denied = authorize(
+            &index,
+            &user("v", &[]),
+            &Attributes::resource("list", "", "nodes", "", ""),
+        );
         assert!(!denied.allowed);
-        assert_eq!(denied.reason, r#"RBAC: clusterrole.rbac.authorization.k8s.io "gone" not found"#);
+        assert_eq!(
+            denied.reason,
+            r#"RBAC: clusterrole.rbac.authorization.k8s.io "gone" not found"#
+        );
     }
 
     #[test]
@@ -1102,10 +1210,20 @@ mod tests {
         );
         index.upsert(
             RbacKind::ClusterRoleBinding,
-            &binding(None, "v", "ClusterRole", "view", json!([{"kind": "User", "name": "u"}])),
+            &binding(
+                None,
+                "v",
+                "ClusterRole",
+                "view",
+                json!([{"kind": "User", "name": "u"}]),
+            ),
         );
         let at = |resource: &str| {
-            allowed(&index, &user("u", &[]), &Attributes::resource("get", "nvidia.com", resource, "", "p"))
+            allowed(
+                &index,
+                &user("u", &[]),
+                &Attributes::resource("get", "nvidia.com", resource, "", "p"),
+            )
         };
         assert!(at("clusterpolicies"));
         assert!(!at("nvidiadrivers"));
@@ -1116,7 +1234,12 @@ mod tests {
         let held = vec![PolicyRule::from_json(&rule(&["get", "list"], &[""], &["nodes"]))];
         let me = user("alice", &["dev", "system:authenticated"]);
         assert_eq!(
-            escalation_error(&me, &held, &[], &[PolicyRule::from_json(&rule(&["list"], &[""], &["nodes"]))]),
+            escalation_error(
+                &me,
+                &held,
+                &[],
+                &[PolicyRule::from_json(&rule(&["list"], &[""], &["nodes"]))]
+            ),
             None
         );
         let message = escalation_error(
@@ -1136,11 +1259,23 @@ mod tests {
              {NonResourceURLs:[\"/metrics\"], Verbs:[\"get\"]}"
         );
         let wildcard = vec![PolicyRule::from_json(&rule(&["*"], &["*"], &["*/status"]))];
-        assert!(uncovered(&wildcard, &[PolicyRule::from_json(&rule(&["patch"], &[""], &["nodes/status"]))]).is_empty());
+        assert!(
+            uncovered(
+                &wildcard,
+                &[PolicyRule::from_json(&rule(&["patch"], &[""], &["nodes/status"]))]
+            )
+            .is_empty()
+        );
         let named = vec![PolicyRule::from_json(
             &json!({"verbs": ["get"], "apiGroups": [""], "resources": ["secrets"], "resourceNames": ["a"]}),
         )];
-        assert!(!uncovered(&named, &[PolicyRule::from_json(&rule(&["get"], &[""], &["secrets"]))]).is_empty());
+        assert!(
+            !uncovered(
+                &named,
+                &[PolicyRule::from_json(&rule(&["get"], &[""], &["secrets"]))]
+            )
+            .is_empty()
+        );
     }
 
     #[test]

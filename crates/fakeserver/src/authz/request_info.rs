@@ -13,7 +13,11 @@ const NAMESPACE_SUBRESOURCES: [&str; 2] = ["status", "finalize"];
 /// The attributes of a request.
 pub fn request_info(method: &Method, path: &str, query: Option<&str>) -> Attributes {
     let non_resource = || Attributes::non_resource(&method_verb(method).to_lowercase(), path);
-    let parts: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
+    let parts: Vec<&str> = path
+        .trim_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
     if parts.len() < 3 || !matches!(parts[0], "api" | "apis") {
         return non_resource();
     }
@@ -75,7 +79,8 @@ pub fn request_info(method: &Method, path: &str, query: Option<&str>) -> Attribu
             .map(|(k, v)| (k.into_owned(), v.into_owned()))
             .collect();
         let param = |key: &str| params.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
-        let watching = param("watch").is_some_and(|w| !matches!(w.to_lowercase().as_str(), "false" | "0" | ""));
+        let watching =
+            param("watch").is_some_and(|w| !matches!(w.to_lowercase().as_str(), "false" | "0" | ""));
         attrs.verb = if watching { "watch" } else { "list" }.to_owned();
         if let Some(name) = param("fieldSelector")
             .and_then(|s| FieldSelector::parse(s).ok())
@@ -118,10 +123,22 @@ mod tests {
     #[test]
     fn verbs_come_from_the_method_and_whether_a_name_is_given() {
         let s = |v: &[&str; 5]| v.map(str::to_owned);
-        assert_eq!(short(Method::GET, "/api/v1/nodes", "limit=500"), s(&["list", "", "nodes", "", ""]));
-        assert_eq!(short(Method::GET, "/api/v1/nodes", "watch=true"), s(&["watch", "", "nodes", "", ""]));
-        assert_eq!(short(Method::GET, "/api/v1/nodes", "watch=0"), s(&["list", "", "nodes", "", ""]));
-        assert_eq!(short(Method::GET, "/api/v1/nodes/n1", ""), s(&["get", "", "nodes", "", "n1"]));
+        assert_eq!(
+            short(Method::GET, "/api/v1/nodes", "limit=500"),
+            s(&["list", "", "nodes", "", ""])
+        );
+        assert_eq!(
+            short(Method::GET, "/api/v1/nodes", "watch=true"),
+            s(&["watch", "", "nodes", "", ""])
+        );
+        assert_eq!(
+            short(Method::GET, "/api/v1/nodes", "watch=0"),
+            s(&["list", "", "nodes", "", ""])
+        );
+        assert_eq!(
+            short(Method::GET, "/api/v1/nodes/n1", ""),
+            s(&["get", "", "nodes", "", "n1"])
+        );
         assert_eq!(
             short(Method::GET, "/api/v1/watch/namespaces/a/pods", ""),
             s(&["watch", "", "pods", "a", ""])
@@ -134,7 +151,10 @@ mod tests {
             short(Method::PUT, "/apis/apps/v1/namespaces/a/daemonsets/d/status", ""),
             s(&["update", "apps", "daemonsets/status", "a", "d"])
         );
-        assert_eq!(short(Method::PATCH, "/api/v1/nodes/n1", ""), s(&["patch", "", "nodes", "", "n1"]));
+        assert_eq!(
+            short(Method::PATCH, "/api/v1/nodes/n1", ""),
+            s(&["patch", "", "nodes", "", "n1"])
+        );
         assert_eq!(
             short(Method::DELETE, "/api/v1/namespaces/a/pods/p", ""),
             s(&["delete", "", "pods", "a", "p"])
@@ -156,12 +176,18 @@ mod tests {
     #[test]
     fn namespaces_are_objects_with_their_own_subresources() {
         let s = |v: &[&str; 5]| v.map(str::to_owned);
-        assert_eq!(short(Method::GET, "/api/v1/namespaces/a", ""), s(&["get", "", "namespaces", "a", "a"]));
+        assert_eq!(
+            short(Method::GET, "/api/v1/namespaces/a", ""),
+            s(&["get", "", "namespaces", "a", "a"])
+        );
         assert_eq!(
             short(Method::PUT, "/api/v1/namespaces/a/finalize", ""),
             s(&["update", "", "namespaces/finalize", "a", "a"])
         );
-        assert_eq!(short(Method::GET, "/api/v1/namespaces", ""), s(&["list", "", "namespaces", "", ""]));
+        assert_eq!(
+            short(Method::GET, "/api/v1/namespaces", ""),
+            s(&["list", "", "namespaces", "", ""])
+        );
     }
 
     #[test]
@@ -176,11 +202,23 @@ mod tests {
 
     #[test]
     fn discovery_and_health_are_non_resource_paths() {
-        for path in ["/api", "/apis", "/api/v1", "/apis/apps", "/apis/apps/v1", "/healthz", "/version", "/openapi/v3"] {
+        for path in [
+            "/api",
+            "/apis",
+            "/api/v1",
+            "/apis/apps",
+            "/apis/apps/v1",
+            "/healthz",
+            "/version",
+            "/openapi/v3",
+        ] {
             let a = request_info(&Method::GET, path, None);
             assert!(!a.resource_request, "{path}");
             assert_eq!((a.verb.as_str(), a.path.as_str()), ("get", path));
         }
-        assert_eq!(request_info(&Method::POST, "/fakeserver/compact", None).verb, "post");
+        assert_eq!(
+            request_info(&Method::POST, "/fakeserver/compact", None).verb,
+            "post"
+        );
     }
 }

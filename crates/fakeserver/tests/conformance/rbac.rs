@@ -75,10 +75,17 @@ async fn requests_without_a_valid_token_get_the_servers_401() {
                               "message": "Unauthorized", "reason": "Unauthorized", "code": 401});
     for token in [None, Some("not-a-token")] {
         let (code, _, body) = call(&server, request("GET", "/api/v1/nodes", token, None)).await;
-        assert_eq!((code, json_of(&body)), (401, unauthorized.clone()), "token {token:?}");
+        assert_eq!(
+            (code, json_of(&body)),
+            (401, unauthorized.clone()),
+            "token {token:?}"
+        );
     }
     let (code, _, _) = call(&server, request("GET", "/version", None, None)).await;
-    assert_eq!(code, 401, "only the health endpoints are open to anonymous requests");
+    assert_eq!(
+        code, 401,
+        "only the health endpoints are open to anonymous requests"
+    );
     let (code, _, body) = call(&server, request("GET", "/readyz", None, None)).await;
     assert_eq!((code, body.as_str()), (200, "ok"));
     let admin = server.admin_token().expect("rbac mode has an admin");
@@ -90,7 +97,11 @@ async fn requests_without_a_valid_token_get_the_servers_401() {
 async fn a_refused_request_gets_the_exact_forbidden_status() {
     let server = rbac_server(&ManualClock::default());
     let token = server.token_for(NS, "gpu-operator").expect("token");
-    let (code, _, body) = call(&server, request("GET", "/api/v1/nodes?limit=500", Some(&token), None)).await;
+    let (code, _, body) = call(
+        &server,
+        request("GET", "/api/v1/nodes?limit=500", Some(&token), None),
+    )
+    .await;
     assert_eq!(code, 403);
     assert_eq!(
         json_of(&body),
@@ -98,11 +109,18 @@ async fn a_refused_request_gets_the_exact_forbidden_status() {
                "message": format!("nodes is forbidden: User \"{SA_USER}\" cannot list resource \"nodes\" in API group \"\" at the cluster scope"),
                "reason": "Forbidden", "details": {"kind": "nodes"}, "code": 403})
     );
-    let patch = request("PATCH", "/api/v1/nodes/n1", Some(&token), Some(json!({"metadata": {"labels": {"a": "b"}}})));
+    let patch = request(
+        "PATCH",
+        "/api/v1/nodes/n1",
+        Some(&token),
+        Some(json!({"metadata": {"labels": {"a": "b"}}})),
+    );
     let status = json_of(&call(&server, patch).await.2);
     assert_eq!(
         status["message"],
-        format!("nodes \"n1\" is forbidden: User \"{SA_USER}\" cannot patch resource \"nodes\" in API group \"\" at the cluster scope")
+        format!(
+            "nodes \"n1\" is forbidden: User \"{SA_USER}\" cannot patch resource \"nodes\" in API group \"\" at the cluster scope"
+        )
     );
     assert_eq!(status["details"], json!({"name": "n1", "kind": "nodes"}));
     let evict = request(
@@ -114,12 +132,23 @@ async fn a_refused_request_gets_the_exact_forbidden_status() {
     let status = json_of(&call(&server, evict).await.2);
     assert_eq!(
         status["message"],
-        format!("pods \"p\" is forbidden: User \"{SA_USER}\" cannot create resource \"pods/eviction\" in API group \"\" in the namespace \"{NS}\"")
+        format!(
+            "pods \"p\" is forbidden: User \"{SA_USER}\" cannot create resource \"pods/eviction\" in API group \"\" in the namespace \"{NS}\""
+        )
     );
-    let daemonsets = request("GET", &format!("/apis/apps/v1/namespaces/{NS}/daemonsets"), Some(&token), None);
+    let daemonsets = request(
+        "GET",
+        &format!("/apis/apps/v1/namespaces/{NS}/daemonsets"),
+        Some(&token),
+        None,
+    );
     let status = json_of(&call(&server, daemonsets).await.2);
     assert_eq!(status["details"], json!({"group": "apps", "kind": "daemonsets"}));
-    assert!(status["message"].as_str().is_some_and(|m| m.starts_with("daemonsets.apps is forbidden")));
+    assert!(
+        status["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("daemonsets.apps is forbidden"))
+    );
     // Discovery is open to every authenticated user, as the bootstrap policy has it.
     let (code, _, _) = call(&server, request("GET", "/apis", Some(&token), None)).await;
     assert_eq!(code, 200);
@@ -131,7 +160,12 @@ async fn a_refused_request_gets_the_exact_forbidden_status() {
         .collect();
     assert_eq!(
         denied,
-        [("list", "nodes", ""), ("patch", "nodes", ""), ("create", "pods", "eviction"), ("list", "daemonsets", "")]
+        [
+            ("list", "nodes", ""),
+            ("patch", "nodes", ""),
+            ("create", "pods", "eviction"),
+            ("list", "daemonsets", "")
+        ]
     );
 }
 
@@ -144,7 +178,13 @@ async fn bindings_grant_through_kube_clients_and_the_report_tells_used_from_unus
             json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
                    {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]),
         ),
-        binding_to_sa("ClusterRoleBinding", None, "gpu-operator", "ClusterRole", "gpu-operator"),
+        binding_to_sa(
+            "ClusterRoleBinding",
+            None,
+            "gpu-operator",
+            "ClusterRole",
+            "gpu-operator",
+        ),
         cluster_role(
             "configmaps",
             json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "get"]}]),
@@ -157,18 +197,32 @@ async fn bindings_grant_through_kube_clients_and_the_report_tells_used_from_unus
         .client_for_service_account(NS, "gpu-operator")
         .expect("service account exists");
     let nodes: Api<Node> = Api::all(client.clone());
-    assert_eq!(nodes.list(&ListParams::default()).await.expect("list nodes").items.len(), 1);
+    assert_eq!(
+        nodes
+            .list(&ListParams::default())
+            .await
+            .expect("list nodes")
+            .items
+            .len(),
+        1
+    );
     let patch = Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}}));
     let refused = failure(nodes.patch("n1", &PatchParams::default(), &patch).await);
     assert_eq!(refused.reason, "Forbidden");
     let here: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
-    here.create(&PostParams::default(), &configmap("a")).await.expect("a RoleBinding grants in its namespace");
+    here.create(&PostParams::default(), &configmap("a"))
+        .await
+        .expect("a RoleBinding grants in its namespace");
     let elsewhere: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let refused = failure(elsewhere.create(&PostParams::default(), &configmap("a")).await);
     assert_eq!(refused.code, 403, "and only there");
     // A watch is authorized when it starts.
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::all(client.clone());
-    let refused = failure(pods.watch(&kube::api::WatchParams::default(), "0").await.map(|_| ()));
+    let refused = failure(
+        pods.watch(&kube::api::WatchParams::default(), "0")
+            .await
+            .map(|_| ()),
+    );
     assert_eq!(refused.code, 403);
 
     let report = server.authorization_report();
@@ -183,7 +237,11 @@ async fn bindings_grant_through_kube_clients_and_the_report_tells_used_from_unus
         .collect();
     assert_eq!(
         used,
-        [("configmaps".to_owned(), 0, 1), ("gpu-operator".to_owned(), 0, 1), ("gpu-operator".to_owned(), 1, 0)]
+        [
+            ("configmaps".to_owned(), 0, 1),
+            ("gpu-operator".to_owned(), 0, 1),
+            ("gpu-operator".to_owned(), 1, 0)
+        ]
     );
     let unused = report.unused_rules(SA_USER);
     assert_eq!(unused.len(), 1);
@@ -213,22 +271,39 @@ async fn token_requests_mint_tokens_that_expire_and_die_with_their_service_accou
     let token = server.token_for(NS, "gpu-operator").expect("token");
     let probe = request("GET", "/api", Some(&token), None);
     assert_eq!(call(&server, probe).await.0, 200);
-    let delete = request("DELETE", &format!("/api/v1/namespaces/{NS}/serviceaccounts/gpu-operator"), Some(&admin), None);
+    let delete = request(
+        "DELETE",
+        &format!("/api/v1/namespaces/{NS}/serviceaccounts/gpu-operator"),
+        Some(&admin),
+        None,
+    );
     assert_eq!(call(&server, delete).await.0, 200);
     let probe = request("GET", "/api", Some(&token), None);
     assert_eq!(call(&server, probe).await.0, 401, "its service account is gone");
 
     let (code, _, missing) = call(&server, request("POST", &uri, Some(&admin), Some(json!({})))).await;
     assert_eq!(code, 404);
-    assert_eq!(json_of(&missing)["message"], "serviceaccounts \"gpu-operator\" not found");
+    assert_eq!(
+        json_of(&missing)["message"],
+        "serviceaccounts \"gpu-operator\" not found"
+    );
     let short = json!({"spec": {"expirationSeconds": 10}});
     let uri = format!("/api/v1/namespaces/{NS}/serviceaccounts/default/token");
-    assert_eq!(call(&server, request("POST", &uri, Some(&admin), Some(short))).await.0, 422);
+    assert_eq!(
+        call(&server, request("POST", &uri, Some(&admin), Some(short)))
+            .await
+            .0,
+        422
+    );
     // Minting a token is itself authorized: `create` on `serviceaccounts/token`.
     let other = server.token_for(NS, "default").expect("token");
     let (code, _, body) = call(&server, request("POST", &uri, Some(&other), Some(json!({})))).await;
     assert_eq!(code, 403);
-    assert!(json_of(&body)["message"].as_str().is_some_and(|m| m.contains("cannot create resource \"serviceaccounts/token\"")));
+    assert!(
+        json_of(&body)["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("cannot create resource \"serviceaccounts/token\""))
+    );
 }
 
 #[tokio::test]
@@ -242,10 +317,19 @@ async fn roles_and_bindings_that_grant_more_than_the_writer_holds_are_refused() 
         ))
         .expect("fixture");
     server
-        .insert(binding_to_sa("RoleBinding", Some(NS), "rbac-writer", "ClusterRole", "rbac-writer"))
+        .insert(binding_to_sa(
+            "RoleBinding",
+            Some(NS),
+            "rbac-writer",
+            "ClusterRole",
+            "rbac-writer",
+        ))
         .expect("fixture");
     server
-        .insert(cluster_role("secrets", json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}])))
+        .insert(cluster_role(
+            "secrets",
+            json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]),
+        ))
         .expect("fixture");
     let token = server.token_for(NS, "gpu-operator").expect("token");
     let roles = format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/roles");
@@ -254,8 +338,16 @@ async fn roles_and_bindings_that_grant_more_than_the_writer_holds_are_refused() 
                "rules": [{"apiGroups": [""], "resources": [resource], "verbs": ["get"]}]})
     };
     let held = request("POST", &roles, Some(&token), Some(role("cm", "configmaps")));
-    assert_eq!(call(&server, held).await.0, 201, "a role within what the writer holds");
-    let (code, _, body) = call(&server, request("POST", &roles, Some(&token), Some(role("s", "secrets")))).await;
+    assert_eq!(
+        call(&server, held).await.0,
+        201,
+        "a role within what the writer holds"
+    );
+    let (code, _, body) = call(
+        &server,
+        request("POST", &roles, Some(&token), Some(role("s", "secrets"))),
+    )
+    .await;
     assert_eq!(code, 403);
     assert_eq!(
         json_of(&body)["message"],
@@ -269,7 +361,11 @@ async fn roles_and_bindings_that_grant_more_than_the_writer_holds_are_refused() 
     let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "s"},
                          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "secrets"},
                          "subjects": [{"kind": "User", "name": "bob"}]});
-    let (code, _, body) = call(&server, request("POST", &bindings, Some(&token), Some(binding.clone()))).await;
+    let (code, _, body) = call(
+        &server,
+        request("POST", &bindings, Some(&token), Some(binding.clone())),
+    )
+    .await;
     assert_eq!(code, 403, "{body}");
     assert_eq!(server.authorization_report().denied_for(SA_USER).count(), 2);
 
@@ -282,9 +378,19 @@ async fn roles_and_bindings_that_grant_more_than_the_writer_holds_are_refused() 
         ))
         .expect("fixture");
     server
-        .insert(binding_to_sa("RoleBinding", Some(NS), "delegate", "ClusterRole", "delegate"))
+        .insert(binding_to_sa(
+            "RoleBinding",
+            Some(NS),
+            "delegate",
+            "ClusterRole",
+            "delegate",
+        ))
         .expect("fixture");
-    let (code, _, body) = call(&server, request("POST", &roles, Some(&token), Some(role("s", "secrets")))).await;
+    let (code, _, body) = call(
+        &server,
+        request("POST", &roles, Some(&token), Some(role("s", "secrets"))),
+    )
+    .await;
     assert_eq!(code, 201, "escalate allows it: {body}");
     let (code, _, body) = call(&server, request("POST", &bindings, Some(&token), Some(binding))).await;
     assert_eq!(code, 201, "bind on that ClusterRole allows it: {body}");
@@ -294,10 +400,19 @@ async fn roles_and_bindings_that_grant_more_than_the_writer_holds_are_refused() 
 async fn access_reviews_answer_from_the_same_authorizer() {
     let server = rbac_server(&ManualClock::default());
     server
-        .insert(cluster_role("nodes", json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}])))
+        .insert(cluster_role(
+            "nodes",
+            json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]),
+        ))
         .expect("fixture");
     server
-        .insert(binding_to_sa("ClusterRoleBinding", None, "nodes", "ClusterRole", "nodes"))
+        .insert(binding_to_sa(
+            "ClusterRoleBinding",
+            None,
+            "nodes",
+            "ClusterRole",
+            "nodes",
+        ))
         .expect("fixture");
     let token = server.token_for(NS, "gpu-operator").expect("token");
     let review = |verb: &str| {
@@ -320,12 +435,19 @@ async fn access_reviews_answer_from_the_same_authorizer() {
                      "spec": {"user": SA_USER, "groups": ["system:authenticated"], "resourceAttributes": {"verb": "list", "resource": "nodes"}}});
     let uri = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
     let (code, _, body) = call(&server, request("POST", uri, Some(&admin), Some(sar.clone()))).await;
-    assert_eq!((code, json_of(&body)["status"]["allowed"].clone()), (201, json!(true)));
+    assert_eq!(
+        (code, json_of(&body)["status"]["allowed"].clone()),
+        (201, json!(true))
+    );
     let (code, _, _) = call(&server, request("POST", uri, Some(&token), Some(sar))).await;
     assert_eq!(code, 403, "SubjectAccessReview is not for everyone");
     // Reviews are answers, not uses: the rule stays unused.
     let report = server.authorization_report();
-    let nodes = report.users[SA_USER].rules.iter().find(|r| r.role.name == "nodes").expect("granted");
+    let nodes = report.users[SA_USER]
+        .rules
+        .iter()
+        .find(|r| r.role.name == "nodes")
+        .expect("granted");
     assert_eq!(nodes.used, 0);
 }
 
@@ -339,14 +461,23 @@ async fn the_report_is_served_to_masters_only_and_the_bootstrap_policy_is_listed
     assert_eq!(code, 200);
     let report: gpuop_fakeserver::AuthorizationReport = serde_json::from_str(&body).expect("a report");
     assert_eq!(report, server.authorization_report());
-    assert_eq!(report.denied[0].message, format!("nodes is forbidden: User \"{SA_USER}\" cannot list resource \"nodes\" in API group \"\" at the cluster scope"));
+    assert_eq!(
+        report.denied[0].message,
+        format!(
+            "nodes is forbidden: User \"{SA_USER}\" cannot list resource \"nodes\" in API group \"\" at the cluster scope"
+        )
+    );
     let (code, _, body) = call(&server, request("GET", "/fake/authorization", Some(&token), None)).await;
     assert_eq!(code, 403);
     assert_eq!(
         json_of(&body)["message"],
         format!("forbidden: User \"{SA_USER}\" cannot get path \"/fake/authorization\"")
     );
-    let (code, _, _) = call(&server, request("DELETE", "/fake/authorization", Some(&admin), None)).await;
+    let (code, _, _) = call(
+        &server,
+        request("DELETE", "/fake/authorization", Some(&admin), None),
+    )
+    .await;
     assert_eq!(code, 200);
     assert!(server.authorization_report().denied.is_empty());
 
@@ -359,8 +490,16 @@ async fn the_report_is_served_to_masters_only_and_the_bootstrap_policy_is_listed
         .into_iter()
         .filter_map(|r| r.metadata.name)
         .collect();
-    for bootstrap in ["cluster-admin", "system:basic-user", "system:discovery", "system:public-info-viewer"] {
-        assert!(names.iter().any(|n| n == bootstrap), "{bootstrap} missing from {names:?}");
+    for bootstrap in [
+        "cluster-admin",
+        "system:basic-user",
+        "system:discovery",
+        "system:public-info-viewer",
+    ] {
+        assert!(
+            names.iter().any(|n| n == bootstrap),
+            "{bootstrap} missing from {names:?}"
+        );
     }
 }
 
@@ -371,11 +510,23 @@ async fn in_rbac_mode_the_socket_speaks_tls_and_the_kubeconfig_is_the_admins() {
         .serve(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
         .await
         .expect("serving");
-    assert!(running.url().starts_with("https://127.0.0.1:"), "{}", running.url());
+    assert!(
+        running.url().starts_with("https://127.0.0.1:"),
+        "{}",
+        running.url()
+    );
     assert!(running.kubeconfig().contains("certificate-authority-data:"));
     let client = running.client().await.expect("a client from the kubeconfig");
     let nodes: Api<Node> = Api::all(client);
-    assert_eq!(nodes.list(&ListParams::default()).await.expect("the admin lists nodes").items.len(), 1);
+    assert_eq!(
+        nodes
+            .list(&ListParams::default())
+            .await
+            .expect("the admin lists nodes")
+            .items
+            .len(),
+        1
+    );
     running.shutdown().await;
 }
 
@@ -387,8 +538,20 @@ async fn always_allow_mode_asks_for_no_credentials() {
     assert_eq!(code, 200);
     let review = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
                         "spec": {"resourceAttributes": {"verb": "delete", "resource": "nodes"}}});
-    let (code, _, body) = call(&server, request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", None, Some(review))).await;
-    assert_eq!((code, json_of(&body)["status"]["allowed"].clone()), (201, json!(true)));
+    let (code, _, body) = call(
+        &server,
+        request(
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            None,
+            Some(review),
+        ),
+    )
+    .await;
+    assert_eq!(
+        (code, json_of(&body)["status"]["allowed"].clone()),
+        (201, json!(true))
+    );
     let report = server.authorization_report();
     assert_eq!((report.mode.as_str(), report.users.len()), ("always-allow", 0));
 }

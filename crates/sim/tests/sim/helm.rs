@@ -356,7 +356,14 @@ async fn helm_installs_into_an_rbac_server_and_the_chart_grants_its_service_acco
     let chart = chart.to_str().expect("utf-8 path");
     let installed = helm_ok(
         &cluster,
-        &["install", RELEASE, chart, "--namespace", NAMESPACE, "--create-namespace"],
+        &[
+            "install",
+            RELEASE,
+            chart,
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+        ],
     )
     .await;
     assert!(installed.contains("STATUS: deployed"), "{installed}");
@@ -364,11 +371,25 @@ async fn helm_installs_into_an_rbac_server_and_the_chart_grants_its_service_acco
     let can_i = |args: &[&str]| {
         let mut all = vec!["--token", token.trim(), "auth", "can-i"];
         all.extend_from_slice(args);
-        String::from_utf8_lossy(&cluster.run(&all).stdout).trim().to_owned()
+        String::from_utf8_lossy(&cluster.run(&all).stdout)
+            .trim()
+            .to_owned()
     };
-    assert_eq!(can_i(&["patch", "nodes"]), "yes", "granted by the chart's ClusterRole");
-    assert_eq!(can_i(&["create", "daemonsets.apps", "-n", NAMESPACE]), "yes", "by its Role");
-    assert_eq!(can_i(&["create", "daemonsets.apps", "-n", "default"]), "no", "only in its namespace");
+    assert_eq!(
+        can_i(&["patch", "nodes"]),
+        "yes",
+        "granted by the chart's ClusterRole"
+    );
+    assert_eq!(
+        can_i(&["create", "daemonsets.apps", "-n", NAMESPACE]),
+        "yes",
+        "by its Role"
+    );
+    assert_eq!(
+        can_i(&["create", "daemonsets.apps", "-n", "default"]),
+        "no",
+        "only in its namespace"
+    );
     assert_eq!(can_i(&["delete", "nodes"]), "no");
     let uninstalled = helm_ok(&cluster, &["uninstall", RELEASE, "--namespace", NAMESPACE]).await;
     assert!(uninstalled.contains("uninstalled"), "{uninstalled}");

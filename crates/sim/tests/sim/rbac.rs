@@ -16,7 +16,12 @@ fn stderr(output: &std::process::Output) -> String {
 fn service_account_tokens_are_held_to_their_bindings() {
     let cluster = Cluster::start_rbac(&[]);
     let roles = cluster.ok(&["get", "clusterroles"]);
-    for bootstrap in ["cluster-admin", "system:discovery", "system:basic-user", "system:public-info-viewer"] {
+    for bootstrap in [
+        "cluster-admin",
+        "system:discovery",
+        "system:basic-user",
+        "system:public-info-viewer",
+    ] {
         assert!(roles.contains(bootstrap), "{bootstrap} missing: {roles}");
     }
     cluster.ok(&["create", "namespace", "gpu-operator"]);
@@ -39,7 +44,13 @@ fn service_account_tokens_are_held_to_their_bindings() {
     let whoami = cluster.ok(&["--token", token, "auth", "whoami"]);
     assert!(whoami.contains(SA_USER), "{whoami}");
 
-    cluster.ok(&["create", "clusterrole", "node-reader", "--verb=get,list,watch", "--resource=nodes"]);
+    cluster.ok(&[
+        "create",
+        "clusterrole",
+        "node-reader",
+        "--verb=get,list,watch",
+        "--resource=nodes",
+    ]);
     cluster.ok(&[
         "create",
         "clusterrolebinding",
@@ -71,7 +82,10 @@ fn service_account_tokens_are_held_to_their_bindings() {
         .filter_map(|d| d["verb"].as_str())
         .collect();
     assert_eq!(denied, ["list"], "{report}");
-    let rules = report["users"][SA_USER]["rules"].as_array().cloned().unwrap_or_default();
+    let rules = report["users"][SA_USER]["rules"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let node_reader = rules
         .iter()
         .find(|r| r["role"]["name"] == "node-reader")
@@ -92,6 +106,15 @@ fn the_simulated_cluster_runs_under_rbac() {
             Ok(())
         }
     });
-    let anonymous = cluster.run(&["--token", "", "--username", "x", "--password", "y", "get", "nodes"]);
+    let anonymous = cluster.run(&[
+        "--token",
+        "",
+        "--username",
+        "x",
+        "--password",
+        "y",
+        "get",
+        "nodes",
+    ]);
     assert!(!anonymous.status.success());
 }
