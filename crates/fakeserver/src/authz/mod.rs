@@ -548,7 +548,10 @@ fn bootstrap_labels() -> Value {
 fn cluster_role(name: &str, rules: Value) -> Value {
     let mut metadata = bootstrap_labels();
     metadata["name"] = json!(name);
-    json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": metadata, "rules": rules})
+    let mut role =
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": metadata});
+    role["rules"] = rules;
+    role
 }
 
 fn cluster_role_binding(name: &str, groups: &[&str]) -> Value {

@@ -907,11 +907,15 @@ mod tests {
     }
 
     fn cluster_role(name: &str, rules: Vec<Value>) -> Value {
-        json!({"metadata": {"name": name}, "rules": rules})
+        let mut role = json!({"metadata": {"name": name}});
+        role["rules"] = Value::Array(rules);
+        role
     }
 
     fn role(namespace: &str, name: &str, rules: Vec<Value>) -> Value {
-        json!({"metadata": {"name": name, "namespace": namespace}, "rules": rules})
+        let mut role = json!({"metadata": {"name": name, "namespace": namespace}});
+        role["rules"] = Value::Array(rules);
+        role
     }
 
     fn binding(namespace: Option<&str>, name: &str, role_kind: &str, role: &str, subjects: Value) -> Value {
@@ -919,8 +923,10 @@ mod tests {
         if let Some(ns) = namespace {
             metadata["namespace"] = json!(ns);
         }
-        json!({"metadata": metadata, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role},
-               "subjects": subjects})
+        let mut binding = json!({"metadata": metadata, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role},
+               "subjects": null});
+        binding["subjects"] = subjects;
+        binding
     }
 
     fn sa(namespace: &str, name: &str) -> Value {

@@ -57,12 +57,10 @@ pub fn request_info(method: &Method, path: &str, query: Option<&str>) -> Attribu
         }
         .to_owned();
     }
-    if rest.first() == Some(&"namespaces") {
-        if rest.len() > 1 {
-            attrs.namespace = rest[1].to_owned();
-            if rest.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&rest[2]) {
-                rest = &rest[2..];
-            }
+    if rest.first() == Some(&"namespaces") && rest.len() > 1 {
+        attrs.namespace = rest[1].to_owned();
+        if rest.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&rest[2]) {
+            rest = &rest[2..];
         }
     }
     if rest.len() >= 3 && attrs.verb != "proxy" {
@@ -109,13 +107,13 @@ fn valid_path_segment(name: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn info(method: Method, path: &str, query: &str) -> (String, String, String, String, String, String) {
-        let a = request_info(&method, path, Some(query));
+    fn info(method: &Method, path: &str, query: &str) -> (String, String, String, String, String, String) {
+        let a = request_info(method, path, Some(query));
         let resource = a.combined_resource();
         (a.verb, a.api_group, resource, a.namespace, a.name, a.path)
     }
 
-    fn short(method: Method, path: &str, query: &str) -> [String; 5] {
+    fn short(method: &Method, path: &str, query: &str) -> [String; 5] {
         let (verb, group, resource, namespace, name, _) = info(method, path, query);
         [verb, group, resource, namespace, name]
     }
@@ -124,51 +122,51 @@ mod tests {
     fn verbs_come_from_the_method_and_whether_a_name_is_given() {
         let s = |v: &[&str; 5]| v.map(str::to_owned);
         assert_eq!(
-            short(Method::GET, "/api/v1/nodes", "limit=500"),
+            short(&Method::GET, "/api/v1/nodes", "limit=500"),
             s(&["list", "", "nodes", "", ""])
         );
         assert_eq!(
-            short(Method::GET, "/api/v1/nodes", "watch=true"),
+            short(&Method::GET, "/api/v1/nodes", "watch=true"),
             s(&["watch", "", "nodes", "", ""])
         );
         assert_eq!(
-            short(Method::GET, "/api/v1/nodes", "watch=0"),
+            short(&Method::GET, "/api/v1/nodes", "watch=0"),
             s(&["list", "", "nodes", "", ""])
         );
         assert_eq!(
-            short(Method::GET, "/api/v1/nodes/n1", ""),
+            short(&Method::GET, "/api/v1/nodes/n1", ""),
             s(&["get", "", "nodes", "", "n1"])
         );
         assert_eq!(
-            short(Method::GET, "/api/v1/watch/namespaces/a/pods", ""),
+            short(&Method::GET, "/api/v1/watch/namespaces/a/pods", ""),
             s(&["watch", "", "pods", "a", ""])
         );
         assert_eq!(
-            short(Method::POST, "/apis/apps/v1/namespaces/a/daemonsets", ""),
+            short(&Method::POST, "/apis/apps/v1/namespaces/a/daemonsets", ""),
             s(&["create", "apps", "daemonsets", "a", ""])
         );
         assert_eq!(
-            short(Method::PUT, "/apis/apps/v1/namespaces/a/daemonsets/d/status", ""),
+            short(&Method::PUT, "/apis/apps/v1/namespaces/a/daemonsets/d/status", ""),
             s(&["update", "apps", "daemonsets/status", "a", "d"])
         );
         assert_eq!(
-            short(Method::PATCH, "/api/v1/nodes/n1", ""),
+            short(&Method::PATCH, "/api/v1/nodes/n1", ""),
             s(&["patch", "", "nodes", "", "n1"])
         );
         assert_eq!(
-            short(Method::DELETE, "/api/v1/namespaces/a/pods/p", ""),
+            short(&Method::DELETE, "/api/v1/namespaces/a/pods/p", ""),
             s(&["delete", "", "pods", "a", "p"])
         );
         assert_eq!(
-            short(Method::DELETE, "/api/v1/namespaces/a/pods", ""),
+            short(&Method::DELETE, "/api/v1/namespaces/a/pods", ""),
             s(&["deletecollection", "", "pods", "a", ""])
         );
         assert_eq!(
-            short(Method::POST, "/api/v1/namespaces/a/pods/p/eviction", ""),
+            short(&Method::POST, "/api/v1/namespaces/a/pods/p/eviction", ""),
             s(&["create", "", "pods/eviction", "a", "p"])
         );
         assert_eq!(
-            short(Method::POST, "/api/v1/namespaces/a/serviceaccounts/sa/token", ""),
+            short(&Method::POST, "/api/v1/namespaces/a/serviceaccounts/sa/token", ""),
             s(&["create", "", "serviceaccounts/token", "a", "sa"])
         );
     }
@@ -177,15 +175,15 @@ mod tests {
     fn namespaces_are_objects_with_their_own_subresources() {
         let s = |v: &[&str; 5]| v.map(str::to_owned);
         assert_eq!(
-            short(Method::GET, "/api/v1/namespaces/a", ""),
+            short(&Method::GET, "/api/v1/namespaces/a", ""),
             s(&["get", "", "namespaces", "a", "a"])
         );
         assert_eq!(
-            short(Method::PUT, "/api/v1/namespaces/a/finalize", ""),
+            short(&Method::PUT, "/api/v1/namespaces/a/finalize", ""),
             s(&["update", "", "namespaces/finalize", "a", "a"])
         );
         assert_eq!(
-            short(Method::GET, "/api/v1/namespaces", ""),
+            short(&Method::GET, "/api/v1/namespaces", ""),
             s(&["list", "", "namespaces", "", ""])
         );
     }
@@ -193,7 +191,7 @@ mod tests {
     #[test]
     fn a_metadata_name_field_selector_names_the_object() {
         let (verb, _, _, _, name, _) = info(
-            Method::GET,
+            &Method::GET,
             "/api/v1/namespaces/a/configmaps",
             "fieldSelector=metadata.name%3Dx&watch=true",
         );

@@ -55,7 +55,9 @@ fn request(method: &str, uri: &str, token: Option<&str>, body: Option<Value>) ->
 }
 
 fn cluster_role(name: &str, rules: Value) -> Value {
-    json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name}, "rules": rules})
+    let mut role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name}});
+    role["rules"] = rules;
+    role
 }
 
 fn binding_to_sa(kind: &str, namespace: Option<&str>, name: &str, role_kind: &str, role: &str) -> Value {
