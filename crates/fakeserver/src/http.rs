@@ -305,6 +305,7 @@ fn admit(shared: &Shared, parts: &http::request::Parts) -> Result<Option<UserInf
         .authz
         .authenticate(&shared.store, &parts.headers, path)
         .ok_or(ApiError::Unauthorized)?;
+    let user = shared.authz.impersonate(user, &parts.headers)?;
     let attrs = request_info(&parts.method, path, parts.uri.query());
     shared.authz.authorize(&user, &attrs)?;
     Ok(Some(user))

@@ -6,6 +6,8 @@
 //! - a request is authenticated by its bearer token: the admin token (user `kubernetes-admin` in
 //!   `system:masters`, as kubeadm's admin.conf) or a service-account token minted by a TokenRequest;
 //!   no token (except for `/healthz`, `/livez`, `/readyz`) or an unknown, expired or orphaned one is 401;
+//! - `Impersonate-User`/`Impersonate-Group` headers (`kubectl --as`) switch to that identity when the
+//!   requester may `impersonate` it;
 //! - `system:masters` may do everything; anyone else is asked of [`rbac::authorize`] over the
 //!   Roles and bindings in the store, with the bootstrap ClusterRoles and bindings a real server creates;
 //! - writes of Roles and bindings are refused when they would grant more than the writer holds, unless it
@@ -157,6 +159,70 @@ impl Authz {
             (minted.namespace.clone(), minted.name.clone())
         };
         Some(service_account(&namespace, &name))
+    }
+
+    /// The user a request acts as: `user`, or whom its `Impersonate-User` and `Impersonate-Group` headers
+    /// name if `user` may `impersonate` them (as the real server's impersonation filter decides).
+    pub(crate) fn impersonate(&self, user: UserInfo, headers: &HeaderMap) -> Result<UserInfo, ApiError> {
+        let values = |name: &str| -> Vec<String> {
+            headers
+                .get_all(name)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .map(str::to_owned)
+                .collect()
+        };
+        let names = values("impersonate-user");
+        let groups = values("impersonate-group");
+        let Some(name) = names.first().cloned() else {
+            if groups.is_empty() {
+                return Ok(user);
+            }
+            return Err(ApiError::BadRequest(format!(
+                "requested {:?} without impersonating a user",
+                groups
+            )));
+        };
+        let account = name
+            .strip_prefix("system:serviceaccount:")
+            .and_then(|rest| rest.split_once(':'));
+        let as_user = match account {
+            Some((namespace, account)) => {
+                Attributes::resource("impersonate", "", "serviceaccounts", namespace, account)
+            }
+            None => Attributes::resource("impersonate", "", "users", "", &name),
+        };
+        self.authorize(&user, &as_user)?;
+        for group in &groups {
+            self.authorize(
+                &user,
+                &Attributes::resource("impersonate", "", "groups", "", group),
+            )?;
+        }
+        let mut impersonated = UserInfo {
+            name: name.clone(),
+            groups: groups.clone(),
+        };
+        if let Some((namespace, _)) = account
+            && groups.is_empty()
+        {
+            impersonated.groups = vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{namespace}"),
+            ];
+        }
+        if name == "system:anonymous" {
+            if !impersonated.groups.iter().any(|g| g == "system:unauthenticated") {
+                impersonated.groups.push("system:unauthenticated".into());
+            }
+        } else if !impersonated
+            .groups
+            .iter()
+            .any(|g| g == "system:authenticated" || g == "system:unauthenticated")
+        {
+            impersonated.groups.push("system:authenticated".into());
+        }
+        Ok(impersonated)
     }
 
     /// Whether `user` may make the request; records the decision. `Err` is the 403 to answer.

@@ -533,6 +533,39 @@ async fn in_rbac_mode_the_socket_speaks_tls_and_the_kubeconfig_is_the_admins() {
 }
 
 #[tokio::test]
+async fn impersonation_acts_as_whom_the_headers_name_when_the_requester_may() {
+    let server = rbac_server(&ManualClock::default());
+    let admin = server.admin_token().expect("admin");
+    let as_sa = |token: &str| {
+        http::Request::get("/api/v1/nodes")
+            .header("authorization", format!("Bearer {token}"))
+            .header("impersonate-user", SA_USER)
+            .body(Body::empty())
+            .expect("request")
+    };
+    let (code, _, body) = call(&server, as_sa(&admin)).await;
+    assert_eq!(
+        code, 403,
+        "the admin, acting as the service account, has its rights only"
+    );
+    assert!(
+        json_of(&body)["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(SA_USER))
+    );
+    let token = server.token_for(NS, "default").expect("token");
+    let (code, _, body) = call(&server, as_sa(&token)).await;
+    assert_eq!(code, 403);
+    assert_eq!(
+        json_of(&body)["message"],
+        format!(
+            "serviceaccounts \"gpu-operator\" is forbidden: User \"system:serviceaccount:{NS}:default\" cannot \
+             impersonate resource \"serviceaccounts\" in API group \"\" in the namespace \"{NS}\""
+        )
+    );
+}
+
+#[tokio::test]
 async fn always_allow_mode_asks_for_no_credentials() {
     let server = super::support::server();
     assert_eq!(server.admin_token(), None);
