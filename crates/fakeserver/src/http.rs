@@ -766,6 +766,7 @@ async fn review(request: &ResourceRequest<'_>, method: &Method, body: Body) -> R
     let answer = match request.info().kind.as_str() {
         "SelfSubjectAccessReview" => authz.review(Some(user), &body, "SelfSubjectAccessReview")?,
         "SubjectAccessReview" => authz.review(None, &body, "SubjectAccessReview")?,
+        "SelfSubjectRulesReview" => authz.rules_review(user, &body),
         _ => json!({
             "kind": "SelfSubjectReview",
             "apiVersion": "authentication.k8s.io/v1",

@@ -241,6 +241,12 @@ const SUBJECT_ACCESS_REVIEW: &[(u64, Field)] = &[
     ),
 ];
 
+/// What `kubectl auth can-i --list` sends.
+const SELF_SUBJECT_RULES_REVIEW: &[(u64, Field)] = &[
+    (1, Field::Message("metadata", OBJECT_META)),
+    (2, Field::Message("spec", &[(1, Field::Text("namespace"))])),
+];
+
 /// What `kubectl auth whoami` sends.
 const SELF_SUBJECT_REVIEW: &[(u64, Field)] = &[(1, Field::Message("metadata", OBJECT_META))];
 
@@ -258,6 +264,7 @@ fn schema(api_version: &str, kind: &str) -> Option<&'static [(u64, Field)]> {
         ("authentication.k8s.io/v1", "SelfSubjectReview") => SELF_SUBJECT_REVIEW,
         ("authorization.k8s.io/v1", "SelfSubjectAccessReview") => SELF_SUBJECT_ACCESS_REVIEW,
         ("authorization.k8s.io/v1", "SubjectAccessReview") => SUBJECT_ACCESS_REVIEW,
+        ("authorization.k8s.io/v1", "SelfSubjectRulesReview") => SELF_SUBJECT_RULES_REVIEW,
         _ => return None,
     })
 }

@@ -297,6 +297,14 @@ const BUILTINS: &[Builtin] = &[
     builtin(
         "authorization.k8s.io",
         "v1",
+        "SelfSubjectRulesReview",
+        "selfsubjectrulesreviews",
+        false,
+    )
+    .create_only(),
+    builtin(
+        "authorization.k8s.io",
+        "v1",
         "SubjectAccessReview",
         "subjectaccessreviews",
         false,

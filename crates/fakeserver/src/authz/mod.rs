@@ -421,6 +421,53 @@ impl Authz {
         }))
     }
 
+    /// Answers a SelfSubjectRulesReview (`kubectl auth can-i --list`): the rules `user` holds in
+    /// `spec.namespace`, split into resource and non-resource rules as the real server lists them.
+    pub(crate) fn rules_review(&self, user: &UserInfo, body: &Value) -> Value {
+        let namespace = body
+            .pointer("/spec/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let (rules, errors) = if !self.enforcing() || user.is_master() {
+            let everything = vec![
+                PolicyRule::from_json(&json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]})),
+                PolicyRule::from_json(&json!({"verbs": ["*"], "nonResourceURLs": ["*"]})),
+            ];
+            (everything, Vec::new())
+        } else {
+            let index = self.index.read().unwrap_or_else(PoisonError::into_inner);
+            index.rules_for(user, namespace)
+        };
+        let resource_rules: Vec<Value> = rules
+            .iter()
+            .filter(|r| !r.resources.is_empty())
+            .map(|r| {
+                let mut rule = json!({"verbs": r.verbs, "apiGroups": r.api_groups, "resources": r.resources});
+                if !r.resource_names.is_empty() {
+                    rule["resourceNames"] = json!(r.resource_names);
+                }
+                rule
+            })
+            .collect();
+        let non_resource_rules: Vec<Value> = rules
+            .iter()
+            .filter(|r| !r.non_resource_urls.is_empty())
+            .map(|r| json!({"verbs": r.verbs, "nonResourceURLs": r.non_resource_urls}))
+            .collect();
+        let mut status = json!({"resourceRules": resource_rules, "nonResourceRules": non_resource_rules,
+                                "incomplete": false});
+        if !errors.is_empty() {
+            status["evaluationError"] = json!(errors.join(", "));
+        }
+        json!({
+            "kind": "SelfSubjectRulesReview",
+            "apiVersion": "authorization.k8s.io/v1",
+            "metadata": {"creationTimestamp": null},
+            "spec": {"namespace": namespace},
+            "status": status,
+        })
+    }
+
     /// The report of every decision so far.
     pub(crate) fn report(&self) -> AuthorizationReport {
         let index = self.index.read().unwrap_or_else(PoisonError::into_inner);

@@ -63,6 +63,12 @@ fn service_account_tokens_are_held_to_their_bindings() {
     cluster.ok(&["--token", token, "get", "nodes"]);
     let impersonated = cluster.ok(&["auth", "can-i", "list", "nodes", "--as", SA_USER]);
     assert_eq!(impersonated.trim(), "yes", "the admin may impersonate");
+    let list = cluster.ok(&["--token", token, "auth", "can-i", "--list"]);
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("nodes ") && l.contains("[get list watch]")),
+        "{list}"
+    );
     let can_i = cluster.run(&["--token", token, "auth", "can-i", "delete", "nodes"]);
     assert_eq!(String::from_utf8_lossy(&can_i.stdout).trim(), "no");
 
