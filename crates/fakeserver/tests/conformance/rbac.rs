@@ -566,6 +566,46 @@ async fn impersonation_acts_as_whom_the_headers_name_when_the_requester_may() {
 }
 
 #[tokio::test]
+async fn roles_and_bindings_are_validated_as_the_api_server_does() {
+    let server = super::support::server();
+    let refused = |object: Value| {
+        let error = server.insert(object).expect_err("invalid");
+        error.to_string()
+    };
+    assert_eq!(
+        refused(
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                       "metadata": {"name": "r", "namespace": "default"},
+                       "rules": [{"apiGroups": [""], "resources": ["pods"]}, {"verbs": ["get"], "nonResourceURLs": ["/x"]}]})
+        ),
+        "Role.rbac.authorization.k8s.io \"r\" is invalid: [rules[0].verbs: Required value: verbs must contain at least \
+         one value, rules[1].nonResourceURLs: Invalid value: [\"/x\"]: namespaced rules cannot apply to non-resource URLs]"
+    );
+    let binding = |role_kind: &str, subject: Value| {
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "b"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": "r"},
+               "subjects": [subject]})
+    };
+    let message = refused(binding("Role", json!({"kind": "ServiceAccount", "name": "sa"})));
+    assert!(
+        message.contains("roleRef.kind: Unsupported value: \"Role\""),
+        "{message}"
+    );
+    assert!(
+        message.contains("subjects[0].namespace: Required value"),
+        "{message}"
+    );
+    let message = refused(binding("ClusterRole", json!({"kind": "Robot", "name": "r2"})));
+    assert!(
+        message.contains("subjects[0].kind: Unsupported value: \"Robot\""),
+        "{message}"
+    );
+    server
+        .insert(binding("ClusterRole", json!({"kind": "User", "name": "alice"})))
+        .expect("a User subject gets its apiGroup by default");
+}
+
+#[tokio::test]
 async fn always_allow_mode_asks_for_no_credentials() {
     let server = super::support::server();
     assert_eq!(server.admin_token(), None);
