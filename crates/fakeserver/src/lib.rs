@@ -35,7 +35,8 @@
 //! things, `ssa` and `fieldset` server-side apply, `patch` and `strategic` the other patches,
 //! `typed`, `defaults` and `validation` what the server does to an object before storing it,
 //! `watch` and `encode` what goes on the wire, `http` the router, `discovery` the discovery
-//! documents, `accounting` and `faults` the test hooks.
+//! documents, `accounting` and `faults` the test hooks, `authz` who may do what (tokens, RBAC and the
+//! authorization report; only in [`Authorization::Rbac`] mode, see `docs/fakeserver.md`).
 
 pub mod accounting;
 pub mod authz;

@@ -88,10 +88,10 @@ fn policy_rules(object: &Value, namespaced: bool) -> Vec<Cause> {
         }
     }
     if let Some(rule) = object.get("aggregationRule").filter(|r| !r.is_null())
-        && !rule
+        && rule
             .get("clusterRoleSelectors")
             .and_then(Value::as_array)
-            .is_some_and(|s| !s.is_empty())
+            .is_none_or(Vec::is_empty)
     {
         causes.push(required(
             "aggregationRule.clusterRoleSelectors",

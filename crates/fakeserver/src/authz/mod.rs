@@ -11,7 +11,7 @@
 //! - `system:masters` may do everything; anyone else is asked of [`rbac::authorize`] over the
 //!   Roles and bindings in the store, with the bootstrap ClusterRoles and bindings a real server creates;
 //! - writes of Roles and bindings are refused when they would grant more than the writer holds, unless it
-//!   may `escalate` or `bind` ([`Escalation`]);
+//!   may `escalate` or `bind` (`Escalation`);
 //! - every decision is recorded for the [`report::AuthorizationReport`].
 //!
 //! `rbac` and `request_info` are pure and tested without a server.
@@ -179,8 +179,7 @@ impl Authz {
                 return Ok(user);
             }
             return Err(ApiError::BadRequest(format!(
-                "requested {:?} without impersonating a user",
-                groups
+                "requested {groups:?} without impersonating a user"
             )));
         };
         let account = name
