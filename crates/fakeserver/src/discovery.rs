@@ -108,7 +108,7 @@ pub(crate) fn resource_list(registry: &Registry, group: &str, version: &str) -> 
             "singularName": info.singular,
             "namespaced": info.namespaced,
             "kind": info.kind,
-            "verbs": VERBS,
+            "verbs": if info.create_only { &["create"][..] } else { &VERBS[..] },
         });
         if !info.short_names.is_empty() {
             resource["shortNames"] = json!(info.short_names);
@@ -129,10 +129,16 @@ pub(crate) fn resource_list(registry: &Registry, group: &str, version: &str) -> 
                 "eviction" => sub("eviction", "Eviction", &["create"]),
                 "binding" => sub("binding", "Binding", &["create"]),
                 "finalize" => sub("finalize", "Namespace", &["update"]),
+                "token" => sub("token", "TokenRequest", &["create"]),
                 _ => continue,
             };
-            if *extra == "eviction" {
-                entry["group"] = json!("policy");
+            let group = match *extra {
+                "eviction" => "policy",
+                "token" => "authentication.k8s.io",
+                _ => "",
+            };
+            if !group.is_empty() {
+                entry["group"] = json!(group);
                 entry["version"] = json!("v1");
             }
             resources.push(entry);
@@ -271,6 +277,7 @@ mod tests {
             "pods/binding",
             "nodes/status",
             "namespaces/finalize",
+            "serviceaccounts/token",
         ] {
             assert!(names.contains(&expected), "{expected} missing from {names:?}");
         }

@@ -162,6 +162,9 @@ pub enum ApiError {
         /// Why.
         message: String,
     },
+    /// 401: the request carries no credentials the server accepts.
+    #[error("Unauthorized")]
+    Unauthorized,
     /// 405: the verb is not supported on this path.
     #[error("the server does not allow this method on the requested resource")]
     MethodNotAllowed,
@@ -255,6 +258,7 @@ impl ApiError {
             Self::Invalid { .. } | Self::Unprocessable(_) => 422,
             Self::BadRequest(_) => 400,
             Self::Forbidden { .. } => 403,
+            Self::Unauthorized => 401,
             Self::MethodNotAllowed => 405,
             Self::NotAcceptable => 406,
             Self::TooLarge(_) => 413,
@@ -275,6 +279,7 @@ impl ApiError {
             Self::Invalid { .. } | Self::Unprocessable(_) => "Invalid",
             Self::BadRequest(_) => "BadRequest",
             Self::Forbidden { .. } => "Forbidden",
+            Self::Unauthorized => "Unauthorized",
             Self::MethodNotAllowed => "MethodNotAllowed",
             Self::NotAcceptable => "NotAcceptable",
             Self::TooLarge(_) => "RequestEntityTooLarge",
@@ -353,8 +358,9 @@ impl ApiError {
 
 fn resource_details(resource: &GroupResource, name: &str, causes: &[Cause]) -> Value {
     let mut details = json!({"name": name, "group": resource.group, "kind": resource.resource});
-    if resource.group.is_empty() {
-        details.as_object_mut().map(|d| d.remove("group"));
+    // Go's `omitempty`: a Forbidden for a collection has no name, one for a path no kind either.
+    if let Some(fields) = details.as_object_mut() {
+        fields.retain(|_, value| value.as_str().is_none_or(|text| !text.is_empty()));
     }
     if !causes.is_empty() {
         details["causes"] = causes_json(causes);

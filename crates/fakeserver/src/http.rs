@@ -18,6 +18,9 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::accounting::{RequestKey, RequestLog, Verb, client_label};
+use crate::authz::rbac::{Attributes, UserInfo};
+use crate::authz::request_info::request_info;
+use crate::authz::{Authz, Escalation, RBAC_GROUP};
 use crate::discovery;
 use crate::encode::{self, Projection};
 use crate::error::{ApiError, success_status};
@@ -43,6 +46,7 @@ pub(crate) struct Shared {
     pub(crate) faults: FaultInjector,
     pub(crate) bookmark_interval: Duration,
     pub(crate) watch_timeout: Duration,
+    pub(crate) authz: Arc<Authz>,
 }
 
 /// The router for all paths.
@@ -104,6 +108,7 @@ enum Route {
     Metrics,
     Health,
     Compact,
+    AuthorizationReport,
     Resource(Target),
     Unknown,
 }
@@ -156,6 +161,7 @@ fn route(store: &Store, path: &str) -> Route {
         ["metrics"] => return Route::Metrics,
         ["healthz" | "livez" | "readyz", ..] => return Route::Health,
         ["fakeserver", "compact"] => return Route::Compact,
+        ["fake", "authorization"] => return Route::AuthorizationReport,
         ["api", version, rest @ ..] => ("", *version, rest),
         ["apis", group, version, rest @ ..] => (*group, *version, rest),
         _ => return Route::Unknown,
@@ -219,6 +225,12 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     let (parts, body) = request.into_parts();
     let params = Params::parse(parts.uri.query());
     let client = client_label(header(&parts.headers, USER_AGENT));
+    // Who is asking and whether they may: in rbac mode only, before routing, as the real server's filters.
+    let admitted = if shared.authz.enforcing() {
+        admit(&shared, &parts)
+    } else {
+        Ok(None)
+    };
     let route = route(&shared.store, parts.uri.path());
     let mut key = RequestKey {
         verb: Verb::Get,
@@ -244,21 +256,23 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             }
             .to_owned();
             let decision = shared.faults.decide(key.verb, &target.info.plural);
-            if !decision.latency.is_zero() {
+            if !decision.latency.is_zero() && admitted.is_ok() {
                 tokio::time::sleep(decision.latency).await;
             }
-            match decision.error {
-                Some(error) => {
+            match (admitted, decision.error) {
+                (Err(refused), _) => error_response(&refused),
+                (Ok(_), Some(error)) => {
                     let name = target.name.as_deref().unwrap_or_default();
                     error_response(&error.to_api_error(target.info.group_resource(), name))
                 }
-                None => {
+                (Ok(user), None) => {
                     let request = ResourceRequest {
                         shared: &shared,
                         target,
                         params,
                         headers: &parts.headers,
                         key: &key,
+                        user: user.as_ref(),
                     };
                     match serve_resource(request, &parts.method, body).await {
                         Ok(response) => response,
@@ -273,7 +287,10 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             } else {
                 Verb::Get
             };
-            serve_other(&shared, other, &parts.method, &parts.headers)
+            match admitted {
+                Err(refused) => error_response(&refused),
+                Ok(user) => serve_other(&shared, other, &parts, user.as_ref()),
+            }
         }
     };
     key.code = response.status().as_u16();
@@ -281,7 +298,27 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     response
 }
 
-fn serve_other(shared: &Shared, route: Route, method: &Method, headers: &HeaderMap) -> Response {
+/// Authenticates and authorizes a request (rbac mode): the user, or the 401 or 403 to answer.
+fn admit(shared: &Shared, parts: &http::request::Parts) -> Result<Option<UserInfo>, ApiError> {
+    let path = parts.uri.path();
+    let user = shared
+        .authz
+        .authenticate(&shared.store, &parts.headers, path)
+        .ok_or(ApiError::Unauthorized)?;
+    let user = shared.authz.impersonate(user, &parts.headers)?;
+    let attrs = request_info(&parts.method, path, parts.uri.query());
+    shared.authz.authorize(&user, &attrs)?;
+    Ok(Some(user))
+}
+
+fn serve_other(
+    shared: &Shared,
+    route: Route,
+    parts: &http::request::Parts,
+    user: Option<&UserInfo>,
+) -> Response {
+    let method = &parts.method;
+    let headers = &parts.headers;
     let get = |value: Option<Value>| match value {
         Some(value) if *method == Method::GET => json_response(StatusCode::OK, &value, &[]),
         Some(_) => error_response(&ApiError::MethodNotAllowed),
@@ -323,6 +360,23 @@ fn serve_other(shared: &Shared, route: Route, method: &Method, headers: &HeaderM
             json_response(StatusCode::OK, &success_status(None), &[])
         }
         Route::Compact => error_response(&ApiError::MethodNotAllowed),
+        Route::AuthorizationReport => {
+            let attrs = request_info(method, parts.uri.path(), parts.uri.query());
+            if let Err(refused) = shared.authz.masters_only(user, &attrs) {
+                return error_response(&refused);
+            }
+            match *method {
+                Method::GET => match serde_json::to_value(shared.authz.report()) {
+                    Ok(report) => json_response(StatusCode::OK, &report, &[]),
+                    Err(error) => error_response(&ApiError::Internal(error.to_string())),
+                },
+                Method::DELETE => {
+                    shared.authz.reset_report();
+                    json_response(StatusCode::OK, &success_status(None), &[])
+                }
+                _ => error_response(&ApiError::MethodNotAllowed),
+            }
+        }
         Route::Resource(_) | Route::Unknown => error_response(&ApiError::NoSuchPath),
     }
 }
@@ -333,6 +387,8 @@ struct ResourceRequest<'a> {
     params: Params,
     headers: &'a HeaderMap,
     key: &'a RequestKey,
+    /// The authenticated user, in rbac mode.
+    user: Option<&'a UserInfo>,
 }
 
 impl ResourceRequest<'_> {
@@ -409,7 +465,31 @@ impl ResourceRequest<'_> {
             status,
             force,
             keep_identity: false,
+            escalation: self.escalation(),
         })
+    }
+
+    /// The privilege-escalation check for a write of a Role or binding by someone outside
+    /// `system:masters` (rbac mode only).
+    fn escalation(&self) -> Option<Arc<Escalation>> {
+        let user = self.user?;
+        if self.info().group != RBAC_GROUP || user.is_master() {
+            return None;
+        }
+        let mut attrs =
+            Attributes::resource("", RBAC_GROUP, &self.info().plural, self.namespace(), self.name());
+        attrs.verb = match self.key.verb {
+            Verb::Create => "create",
+            Verb::Update => "update",
+            _ => "patch",
+        }
+        .to_owned();
+        attrs.api_version.clone_from(&self.info().version);
+        Some(Arc::new(Escalation {
+            authz: self.shared.authz.clone(),
+            user: user.clone(),
+            attrs,
+        }))
     }
 
     fn list_query(&self) -> Result<ListQuery, ApiError> {
@@ -519,6 +599,9 @@ async fn serve_resource(
     let subresource = target.subresource.as_deref();
     let info = request.info().clone();
     let watching = request.params.flag("watch")?;
+    if info.create_only {
+        return review(&request, method, body).await;
+    }
     match (method.clone(), target.name.is_some(), subresource) {
         (Method::GET, _, None | Some("status")) if watching => watch(&request),
         (Method::GET, false, None) => list(&request),
@@ -558,6 +641,16 @@ async fn serve_resource(
                 .store
                 .evict(request.namespace(), request.name(), &eviction)?;
             Ok(json_response(StatusCode::CREATED, &success_status(None), &[]))
+        }
+        (Method::POST, true, Some("token")) if info.is("", "ServiceAccount") => {
+            let token_request = read_body(body, request.headers).await?;
+            let answer = request.shared.authz.token_request(
+                &request.shared.store,
+                request.namespace(),
+                request.name(),
+                &token_request,
+            )?;
+            Ok(json_response(StatusCode::CREATED, &answer, &[]))
         }
         (Method::POST, true, Some("binding")) if info.is("", "Pod") => {
             let binding = read_body(body, request.headers).await?;
@@ -651,11 +744,37 @@ async fn serve_resource(
             let body = encode::list(&info, &deleted, rv, None, None, request.projection());
             Ok(bytes_response(StatusCode::OK, body, &[]))
         }
-        (_, _, Some(sub)) if !matches!(sub, "status" | "eviction" | "binding" | "finalize") => {
+        (_, _, Some(sub)) if !matches!(sub, "status" | "eviction" | "binding" | "finalize" | "token") => {
             Err(ApiError::NoSuchPath)
         }
         _ => Err(ApiError::MethodNotAllowed),
     }
+}
+
+/// Access reviews and `SelfSubjectReview`: answered on create from the authorizer, never stored.
+async fn review(request: &ResourceRequest<'_>, method: &Method, body: Body) -> Result<Response, ApiError> {
+    if *method != Method::POST || request.target.name.is_some() {
+        return Err(ApiError::MethodNotAllowed);
+    }
+    let body = read_body(body, request.headers).await?;
+    let authz = &request.shared.authz;
+    let anonymous = UserInfo {
+        name: "system:anonymous".into(),
+        groups: vec!["system:unauthenticated".into()],
+    };
+    let user = request.user.unwrap_or(&anonymous);
+    let answer = match request.info().kind.as_str() {
+        "SelfSubjectAccessReview" => authz.review(Some(user), &body, "SelfSubjectAccessReview")?,
+        "SubjectAccessReview" => authz.review(None, &body, "SubjectAccessReview")?,
+        "SelfSubjectRulesReview" => authz.rules_review(user, &body),
+        _ => json!({
+            "kind": "SelfSubjectReview",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"creationTimestamp": null},
+            "status": {"userInfo": {"username": user.name, "groups": user.groups}},
+        }),
+    };
+    Ok(json_response(StatusCode::CREATED, &answer, &[]))
 }
 
 fn delete_options(request: &ResourceRequest<'_>, body: &Value) -> Result<DeleteOptions, ApiError> {

@@ -35,9 +35,11 @@
 //! things, `ssa` and `fieldset` server-side apply, `patch` and `strategic` the other patches,
 //! `typed`, `defaults` and `validation` what the server does to an object before storing it,
 //! `watch` and `encode` what goes on the wire, `http` the router, `discovery` the discovery
-//! documents, `accounting` and `faults` the test hooks.
+//! documents, `accounting` and `faults` the test hooks, `authz` who may do what (tokens, RBAC and the
+//! authorization report; only in [`Authorization::Rbac`] mode, see `docs/fakeserver.md`).
 
 pub mod accounting;
+pub mod authz;
 mod clock;
 mod defaults;
 mod discovery;
@@ -74,14 +76,17 @@ use ::http::HeaderValue;
 use serde_json::Value;
 
 pub use accounting::{RequestCounts, RequestKey, Verb};
+pub use authz::Authorization;
+pub use authz::report::{AuthorizationReport, Denial, GrantedRule, UserReport};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{ApiError, Cause, GroupKind, GroupResource};
 pub use faults::{Faults, InjectedError};
 pub use load::LoadError;
-pub use serve::{ConnectError, Running, kubeconfig_yaml};
+pub use serve::{ConnectError, Running, kubeconfig_with_token, kubeconfig_yaml};
 pub use store::PodTermination;
 
 use crate::accounting::RequestLog;
+use crate::authz::Authz;
 use crate::faults::FaultInjector;
 use crate::http::Shared;
 use crate::store::{Store, StoreOptions, WriteOptions};
@@ -99,6 +104,7 @@ pub struct Builder {
     watch_timeout: Duration,
     pod_termination: PodTermination,
     faults: Faults,
+    authorization: Authorization,
 }
 
 impl Default for Builder {
@@ -113,6 +119,7 @@ impl Default for Builder {
             watch_timeout: Duration::from_secs(30 * 60),
             pod_termination: PodTermination::Immediate,
             faults: Faults::default(),
+            authorization: Authorization::AlwaysAllow,
         }
     }
 }
@@ -167,7 +174,17 @@ impl Builder {
         self
     }
 
-    /// The server, holding the system namespaces and priority classes every cluster has.
+    /// How requests are authorized (default [`Authorization::AlwaysAllow`]). With
+    /// [`Authorization::Rbac`] requests need a bearer token ([`FakeServer::admin_token`],
+    /// [`FakeServer::token_for`]) and are authorized by RBAC; the in-process [`FakeServer::client`] and
+    /// [`FakeServer::client_as`] carry the admin token.
+    pub fn authorization(mut self, authorization: Authorization) -> Self {
+        self.authorization = authorization;
+        self
+    }
+
+    /// The server, holding the system namespaces and priority classes every cluster has (and in rbac mode
+    /// the bootstrap ClusterRoles and bindings).
     pub fn build(self) -> FakeServer {
         let options = StoreOptions {
             history: self.history,
@@ -178,13 +195,28 @@ impl Builder {
         };
         let faults = FaultInjector::default();
         faults.set(self.faults);
+        let authz = Arc::new(Authz::new(self.authorization, self.seed, self.clock.clone()));
+        let store = Store::new(options, self.clock);
+        if authz.enforcing() {
+            store.track_rbac(authz.index.clone());
+            let opts = WriteOptions {
+                manager: "kube-apiserver".into(),
+                ..WriteOptions::default()
+            };
+            for object in authz::bootstrap_policy() {
+                store
+                    .create_object(object, &opts)
+                    .expect("the bootstrap policy is valid");
+            }
+        }
         FakeServer {
             shared: Arc::new(Shared {
-                store: Store::new(options, self.clock),
+                store,
                 requests: RequestLog::default(),
                 faults,
                 bookmark_interval: self.bookmark_interval,
                 watch_timeout: self.watch_timeout,
+                authz,
             }),
         }
     }
@@ -218,30 +250,87 @@ impl FakeServer {
         http::router(self.shared.clone())
     }
 
-    /// An in-process client (no `User-Agent`; its requests count as client `unknown`).
+    /// An in-process client (no `User-Agent`; its requests count as client `unknown`). In rbac mode it is
+    /// the admin.
     pub fn client(&self) -> kube::Client {
-        kube::Client::new(self.router(), "default")
+        self.client_with(None, self.admin_token().as_deref())
     }
 
     /// An in-process client whose requests carry `User-Agent: <agent>`, so they can be counted per client
-    /// and their writes get `<agent>` (up to a `/`) as field manager.
+    /// and their writes get `<agent>` (up to a `/`) as field manager. In rbac mode it is the admin.
     pub fn client_as(&self, agent: &str) -> kube::Client {
-        let value =
-            HeaderValue::from_str(agent).unwrap_or_else(|_| HeaderValue::from_static("invalid-agent"));
+        self.client_with(Some(agent), self.admin_token().as_deref())
+    }
+
+    /// An in-process client sending `Authorization: Bearer <token>` (and `User-Agent: <agent>` if given):
+    /// in rbac mode it is whoever the token names.
+    pub fn client_with(&self, agent: Option<&str>, token: Option<&str>) -> kube::Client {
+        let agent = agent.map(|agent| {
+            HeaderValue::from_str(agent).unwrap_or_else(|_| HeaderValue::from_static("invalid-agent"))
+        });
+        let token = token.map(|token| {
+            HeaderValue::from_str(&format!("Bearer {token}"))
+                .unwrap_or_else(|_| HeaderValue::from_static("Bearer invalid"))
+        });
         let service = tower::ServiceBuilder::new()
             .map_request(move |mut request: ::http::Request<kube::client::Body>| {
-                request
-                    .headers_mut()
-                    .insert(::http::header::USER_AGENT, value.clone());
+                if let Some(agent) = &agent {
+                    request
+                        .headers_mut()
+                        .insert(::http::header::USER_AGENT, agent.clone());
+                }
+                if let Some(token) = &token {
+                    request
+                        .headers_mut()
+                        .insert(::http::header::AUTHORIZATION, token.clone());
+                }
                 request
             })
             .service(self.router());
         kube::Client::new(service, "default")
     }
 
+    /// How the server authorizes requests.
+    pub fn authorization(&self) -> Authorization {
+        self.shared.authz.mode()
+    }
+
+    /// The admin's bearer token (user `kubernetes-admin`, groups `system:masters` and
+    /// `system:authenticated`), in rbac mode; it is the same for the same seed.
+    pub fn admin_token(&self) -> Option<String> {
+        self.shared.authz.admin_token().map(str::to_owned)
+    }
+
+    /// A token for the existing ServiceAccount `namespace/name`, valid for an hour, as
+    /// `kubectl create token` gets one: user `system:serviceaccount:<namespace>:<name>`.
+    pub fn token_for(&self, namespace: &str, service_account: &str) -> Result<String, ApiError> {
+        self.shared
+            .authz
+            .mint(&self.shared.store, namespace, service_account, 3600)
+            .map(|(token, _)| token)
+    }
+
+    /// An in-process client acting as the ServiceAccount `namespace/name` (with `User-Agent: <name>`).
+    pub fn client_for_service_account(&self, namespace: &str, name: &str) -> Result<kube::Client, ApiError> {
+        let token = self.token_for(namespace, name)?;
+        Ok(self.client_with(Some(name), Some(&token)))
+    }
+
+    /// Every authorization decision so far: refused requests, and per user the granted rules and how often
+    /// each was used (empty in always-allow mode). Also served to `system:masters` at
+    /// `GET /fake/authorization`.
+    pub fn authorization_report(&self) -> AuthorizationReport {
+        self.shared.authz.report()
+    }
+
+    /// Forgets the decisions recorded so far (also `DELETE /fake/authorization`).
+    pub fn reset_authorization_report(&self) {
+        self.shared.authz.reset_report();
+    }
+
     /// Serves the router on `addr` (use port 0 for a free one).
     pub async fn serve(&self, addr: SocketAddr) -> std::io::Result<Running> {
-        Running::start(self.router(), addr).await
+        Running::start(self.router(), addr, self.admin_token()).await
     }
 
     /// Creates an object, found by its `apiVersion` and `kind`, keeping a `uid` and `creationTimestamp` it

@@ -1,6 +1,7 @@
 //! Request bodies in the Kubernetes protobuf encoding (`application/vnd.kubernetes.protobuf`), for the
 //! kinds kubectl's typed clients send that way: `kubectl create configmap|secret|namespace|serviceaccount`
-//! and `kubectl drain` (evictions, delete options). Answers are always JSON, which those clients accept.
+//! `kubectl drain` (evictions, delete options), `kubectl create token` (TokenRequest) and
+//! `kubectl auth can-i|whoami` (access reviews) and `kubectl create [cluster]role[binding]`. Answers are always JSON, which those clients accept.
 //!
 //! The encoding is the `k8s\0` magic, then a `runtime.Unknown` envelope (type meta, raw message); the raw
 //! message is decoded with the field numbers of the Kubernetes `generated.proto` files for these kinds
@@ -99,6 +100,156 @@ const EVICTION: &[(u64, Field)] = &[
     (2, Field::Message("deleteOptions", DELETE_OPTIONS)),
 ];
 
+const POLICY_RULE: &[(u64, Field)] = &[
+    (1, Field::TextList("verbs")),
+    (2, Field::TextList("apiGroups")),
+    (3, Field::TextList("resources")),
+    (4, Field::TextList("resourceNames")),
+    (5, Field::TextList("nonResourceURLs")),
+];
+
+const LABEL_SELECTOR: &[(u64, Field)] = &[
+    (1, Field::TextMap("matchLabels")),
+    (
+        2,
+        Field::Messages(
+            "matchExpressions",
+            &[
+                (1, Field::Text("key")),
+                (2, Field::Text("operator")),
+                (3, Field::TextList("values")),
+            ],
+        ),
+    ),
+];
+
+/// What `kubectl create role|clusterrole` sends.
+const ROLE: &[(u64, Field)] = &[
+    (1, Field::Message("metadata", OBJECT_META)),
+    (2, Field::Messages("rules", POLICY_RULE)),
+    (
+        3,
+        Field::Message(
+            "aggregationRule",
+            &[(1, Field::Messages("clusterRoleSelectors", LABEL_SELECTOR))],
+        ),
+    ),
+];
+
+/// What `kubectl create rolebinding|clusterrolebinding` sends.
+const ROLE_BINDING: &[(u64, Field)] = &[
+    (1, Field::Message("metadata", OBJECT_META)),
+    (
+        2,
+        Field::Messages(
+            "subjects",
+            &[
+                (1, Field::Text("kind")),
+                (2, Field::Text("apiGroup")),
+                (3, Field::Text("name")),
+                (4, Field::Text("namespace")),
+            ],
+        ),
+    ),
+    (
+        3,
+        Field::Message(
+            "roleRef",
+            &[
+                (1, Field::Text("apiGroup")),
+                (2, Field::Text("kind")),
+                (3, Field::Text("name")),
+            ],
+        ),
+    ),
+];
+
+/// What `kubectl create token` sends.
+const TOKEN_REQUEST: &[(u64, Field)] = &[
+    (1, Field::Message("metadata", OBJECT_META)),
+    (
+        2,
+        Field::Message(
+            "spec",
+            &[
+                (1, Field::TextList("audiences")),
+                (4, Field::Integer("expirationSeconds")),
+                (
+                    3,
+                    Field::Message(
+                        "boundObjectRef",
+                        &[
+                            (1, Field::Text("kind")),
+                            (2, Field::Text("apiVersion")),
+                            (3, Field::Text("name")),
+                            (4, Field::Text("uid")),
+                        ],
+                    ),
+                ),
+            ],
+        ),
+    ),
+];
+
+const RESOURCE_ATTRIBUTES: &[(u64, Field)] = &[
+    (1, Field::Text("namespace")),
+    (2, Field::Text("verb")),
+    (3, Field::Text("group")),
+    (4, Field::Text("version")),
+    (5, Field::Text("resource")),
+    (6, Field::Text("subresource")),
+    (7, Field::Text("name")),
+];
+
+const NON_RESOURCE_ATTRIBUTES: &[(u64, Field)] = &[(1, Field::Text("path")), (2, Field::Text("verb"))];
+
+/// What `kubectl auth can-i` sends.
+const SELF_SUBJECT_ACCESS_REVIEW: &[(u64, Field)] = &[
+    (1, Field::Message("metadata", OBJECT_META)),
+    (
+        2,
+        Field::Message(
+            "spec",
+            &[
+                (1, Field::Message("resourceAttributes", RESOURCE_ATTRIBUTES)),
+                (
+                    2,
+                    Field::Message("nonResourceAttributes", NON_RESOURCE_ATTRIBUTES),
+                ),
+            ],
+        ),
+    ),
+];
+
+const SUBJECT_ACCESS_REVIEW: &[(u64, Field)] = &[
+    (1, Field::Message("metadata", OBJECT_META)),
+    (
+        2,
+        Field::Message(
+            "spec",
+            &[
+                (1, Field::Message("resourceAttributes", RESOURCE_ATTRIBUTES)),
+                (
+                    2,
+                    Field::Message("nonResourceAttributes", NON_RESOURCE_ATTRIBUTES),
+                ),
+                (3, Field::Text("user")),
+                (4, Field::TextList("groups")),
+                (6, Field::Text("uid")),
+            ],
+        ),
+    ),
+];
+
+/// What `kubectl auth can-i --list` sends.
+const SELF_SUBJECT_RULES_REVIEW: &[(u64, Field)] = &[
+    (1, Field::Message("metadata", OBJECT_META)),
+    (2, Field::Message("spec", &[(1, Field::Text("namespace"))])),
+];
+
+/// What `kubectl auth whoami` sends.
+const SELF_SUBJECT_REVIEW: &[(u64, Field)] = &[(1, Field::Message("metadata", OBJECT_META))];
+
 fn schema(api_version: &str, kind: &str) -> Option<&'static [(u64, Field)]> {
     Some(match (api_version, kind) {
         ("v1", "ConfigMap") => CONFIG_MAP,
@@ -107,6 +258,13 @@ fn schema(api_version: &str, kind: &str) -> Option<&'static [(u64, Field)]> {
         ("v1", "ServiceAccount") => SERVICE_ACCOUNT,
         ("policy/v1" | "policy/v1beta1", "Eviction") => EVICTION,
         ("meta.k8s.io/v1" | "v1", "DeleteOptions") => DELETE_OPTIONS,
+        ("authentication.k8s.io/v1", "TokenRequest") => TOKEN_REQUEST,
+        ("rbac.authorization.k8s.io/v1", "Role" | "ClusterRole") => ROLE,
+        ("rbac.authorization.k8s.io/v1", "RoleBinding" | "ClusterRoleBinding") => ROLE_BINDING,
+        ("authentication.k8s.io/v1", "SelfSubjectReview") => SELF_SUBJECT_REVIEW,
+        ("authorization.k8s.io/v1", "SelfSubjectAccessReview") => SELF_SUBJECT_ACCESS_REVIEW,
+        ("authorization.k8s.io/v1", "SubjectAccessReview") => SUBJECT_ACCESS_REVIEW,
+        ("authorization.k8s.io/v1", "SelfSubjectRulesReview") => SELF_SUBJECT_RULES_REVIEW,
         _ => return None,
     })
 }
@@ -286,7 +444,9 @@ pub(crate) fn decode(body: &[u8]) -> Result<Value, ApiError> {
     let schema = schema(&api_version, &kind).ok_or_else(|| ApiError::UnsupportedMediaType {
         accepted: format!(
             "application/json, application/yaml ({MEDIA_TYPE} only for ConfigMap, Secret, Namespace, \
-                           ServiceAccount, Eviction and DeleteOptions, not {api_version} {kind})"
+                           ServiceAccount, Eviction, DeleteOptions, TokenRequest, RBAC objects and access \
+                           reviews, not \
+                           {api_version} {kind})"
         ),
     })?;
     let mut object = message(raw, schema)?;

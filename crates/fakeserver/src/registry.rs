@@ -84,6 +84,8 @@ pub struct ResourceInfo {
     pub generation: bool,
     /// Field labels supported in field selectors (always `metadata.name` and `metadata.namespace`).
     pub field_labels: Vec<FieldLabel>,
+    /// Whether the resource is a review answered on `create` and never stored (SubjectAccessReview...).
+    pub create_only: bool,
     /// Set for custom resources.
     pub custom: Option<CustomInfo>,
 }
@@ -150,6 +152,7 @@ struct Builtin {
     short_names: &'static [&'static str],
     subresources: &'static [&'static str],
     fields: &'static [(&'static str, &'static str)],
+    create_only: bool,
 }
 
 const fn builtin(
@@ -170,6 +173,7 @@ const fn builtin(
         short_names: &[],
         subresources: &[],
         fields: &[],
+        create_only: false,
     }
 }
 
@@ -192,6 +196,10 @@ impl Builtin {
     }
     const fn fields(mut self, fields: &'static [(&'static str, &'static str)]) -> Self {
         self.fields = fields;
+        self
+    }
+    const fn create_only(mut self) -> Self {
+        self.create_only = true;
         self
     }
 }
@@ -255,7 +263,9 @@ const BUILTINS: &[Builtin] = &[
     builtin("", "v1", "Service", "services", true)
         .status()
         .short(&["svc"]),
-    builtin("", "v1", "ServiceAccount", "serviceaccounts", true).short(&["sa"]),
+    builtin("", "v1", "ServiceAccount", "serviceaccounts", true)
+        .short(&["sa"])
+        .subresources(&["token"]),
     builtin("", "v1", "Event", "events", true)
         .short(&["ev"])
         .fields(EVENT_FIELDS),
@@ -276,6 +286,38 @@ const BUILTINS: &[Builtin] = &[
         .short(&["ev"])
         .fields(NEW_EVENT_FIELDS),
     builtin("rbac.authorization.k8s.io", "v1", "Role", "roles", true),
+    builtin(
+        "authorization.k8s.io",
+        "v1",
+        "SelfSubjectAccessReview",
+        "selfsubjectaccessreviews",
+        false,
+    )
+    .create_only(),
+    builtin(
+        "authorization.k8s.io",
+        "v1",
+        "SelfSubjectRulesReview",
+        "selfsubjectrulesreviews",
+        false,
+    )
+    .create_only(),
+    builtin(
+        "authorization.k8s.io",
+        "v1",
+        "SubjectAccessReview",
+        "subjectaccessreviews",
+        false,
+    )
+    .create_only(),
+    builtin(
+        "authentication.k8s.io",
+        "v1",
+        "SelfSubjectReview",
+        "selfsubjectreviews",
+        false,
+    )
+    .create_only(),
     builtin(
         "rbac.authorization.k8s.io",
         "v1",
@@ -376,6 +418,7 @@ impl Registry {
                     },
                     generation: b.generation,
                     field_labels,
+                    create_only: b.create_only,
                     custom: None,
                 })
             })
@@ -500,6 +543,7 @@ impl Registry {
                 categories: strings(names.get("categories")),
                 generation: true,
                 field_labels,
+                create_only: false,
                 custom: Some(CustomInfo {
                     schema: version.pointer("/schema/openAPIV3Schema").cloned(),
                     storage_version: storage_version.clone(),

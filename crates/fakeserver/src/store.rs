@@ -14,12 +14,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 
 use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
+use crate::authz::Escalation;
+use crate::authz::rbac::{RbacIndex, RbacKind};
 use crate::clock::{Clock, format_time};
 use crate::error::{ApiError, GroupKind};
 use crate::gc::Work;
@@ -182,6 +184,8 @@ pub(crate) struct WriteOptions {
     pub(crate) force: bool,
     /// Keep a `uid` and `creationTimestamp` the object brings (loading fixtures).
     pub(crate) keep_identity: bool,
+    /// In rbac mode, for writes of Roles and bindings: the privilege-escalation check.
+    pub(crate) escalation: Option<Arc<Escalation>>,
 }
 
 /// The outcome of a successful write.
@@ -293,6 +297,8 @@ pub(crate) struct State {
     pub(crate) next_ip: u32,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) options: StoreOptions,
+    /// The RBAC index to keep up to date with Roles and bindings, in rbac mode only.
+    pub(crate) rbac: Option<Arc<RwLock<RbacIndex>>>,
 }
 
 /// The store: state behind a lock, and the last resource version whose events have been sent.
@@ -319,6 +325,7 @@ impl Store {
             next_ip: 10,
             clock,
             options,
+            rbac: None,
         };
         let store = Self {
             state: Mutex::new(state),
@@ -359,6 +366,25 @@ impl Store {
         state.settle();
         self.committed.store(state.rv, Ordering::Release);
         result
+    }
+
+    /// Keeps `index` up to date with the Roles and bindings stored, from those stored now on.
+    pub(crate) fn track_rbac(&self, index: Arc<RwLock<RbacIndex>>) {
+        let mut state = self.lock();
+        {
+            let mut index = index.write().unwrap_or_else(PoisonError::into_inner);
+            for (key, table) in &state.tables {
+                if key.group != crate::authz::RBAC_GROUP {
+                    continue;
+                }
+                if let Some(kind) = RbacKind::from_plural(&key.plural) {
+                    for stored in table.objects.values() {
+                        index.upsert(kind, &stored.value());
+                    }
+                }
+            }
+        }
+        state.rbac = Some(index);
     }
 
     /// The version up to which every event has been handed to watchers.
@@ -971,6 +997,19 @@ impl State {
     }
 
     fn publish(&mut self, key: &StorageKey, change: Change) {
+        // The authorizer's index changes with the store, before the writer is answered, as if its informer
+        // had no lag.
+        if let Some(index) = &self.rbac
+            && key.group == crate::authz::RBAC_GROUP
+            && let Some(kind) = RbacKind::from_plural(&key.plural)
+        {
+            let mut index = index.write().unwrap_or_else(PoisonError::into_inner);
+            let object = change.object.value();
+            match change.kind {
+                ChangeKind::Deleted => index.remove(kind, &object),
+                ChangeKind::Added | ChangeKind::Modified => index.upsert(kind, &object),
+            }
+        }
         let history = self.options.history;
         let table = self.table(key);
         let change = Arc::new(change);

@@ -37,6 +37,132 @@ pub(crate) fn invalid(field: &str, value: &Value, detail: impl Into<String>) -> 
 }
 
 /// `Required value[: detail]` at `field`.
+/// The rules of a Role or ClusterRole, as `ValidatePolicyRule` checks them.
+fn policy_rules(object: &Value, namespaced: bool) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let list = |rule: &Value, key: &str| {
+        rule.get(key)
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty())
+    };
+    for (i, rule) in object
+        .get("rules")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let field = |key: &str| format!("rules[{i}].{key}");
+        if !list(rule, "verbs") {
+            causes.push(required(&field("verbs"), "verbs must contain at least one value"));
+        }
+        if list(rule, "nonResourceURLs") {
+            let urls = rule.get("nonResourceURLs").unwrap_or(&Value::Null);
+            if namespaced {
+                causes.push(invalid(
+                    &field("nonResourceURLs"),
+                    urls,
+                    "namespaced rules cannot apply to non-resource URLs",
+                ));
+            }
+            if list(rule, "apiGroups") || list(rule, "resources") || list(rule, "resourceNames") {
+                causes.push(invalid(
+                    &field("nonResourceURLs"),
+                    urls,
+                    "rules cannot apply to both regular resources and non-resource URLs",
+                ));
+            }
+            continue;
+        }
+        if !list(rule, "apiGroups") {
+            causes.push(required(
+                &field("apiGroups"),
+                "resource rules must supply at least one api group",
+            ));
+        }
+        if !list(rule, "resources") {
+            causes.push(required(
+                &field("resources"),
+                "resource rules must supply at least one resource",
+            ));
+        }
+    }
+    if let Some(rule) = object.get("aggregationRule").filter(|r| !r.is_null())
+        && rule
+            .get("clusterRoleSelectors")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty)
+    {
+        causes.push(required(
+            "aggregationRule.clusterRoleSelectors",
+            "at least one clusterRoleSelector required if aggregationRule is non-nil",
+        ));
+    }
+    causes
+}
+
+/// A binding's role reference and subjects, as `ValidateRoleBinding` and `ValidateRoleBindingSubject`
+/// check them.
+fn binding_refs(object: &Value, namespaced: bool) -> Vec<Cause> {
+    const GROUP: &str = "rbac.authorization.k8s.io";
+    let mut causes = Vec::new();
+    let text = |value: &Value, key: &str| {
+        value
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let role_ref = object.get("roleRef").cloned().unwrap_or(Value::Null);
+    let group = text(&role_ref, "apiGroup");
+    if group != GROUP {
+        causes.push(unsupported("roleRef.apiGroup", &Value::from(group), &[GROUP]));
+    }
+    let kind = text(&role_ref, "kind");
+    let kinds: &[&str] = if namespaced {
+        &["Role", "ClusterRole"]
+    } else {
+        &["ClusterRole"]
+    };
+    if !kind.is_empty() && !kinds.contains(&kind.as_str()) {
+        causes.push(unsupported("roleRef.kind", &Value::from(kind), kinds));
+    }
+    for (i, subject) in object
+        .get("subjects")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let field = |key: &str| format!("subjects[{i}].{key}");
+        if text(subject, "name").is_empty() {
+            causes.push(required(&field("name"), ""));
+        }
+        let api_group = text(subject, "apiGroup");
+        match text(subject, "kind").as_str() {
+            "ServiceAccount" => {
+                if !api_group.is_empty() {
+                    causes.push(unsupported(&field("apiGroup"), &Value::from(api_group), &[""]));
+                }
+                if !namespaced && text(subject, "namespace").is_empty() {
+                    causes.push(required(&field("namespace"), ""));
+                }
+            }
+            "User" | "Group" => {
+                if api_group != GROUP {
+                    causes.push(unsupported(&field("apiGroup"), &Value::from(api_group), &[GROUP]));
+                }
+            }
+            other => causes.push(unsupported(
+                &field("kind"),
+                &Value::from(other),
+                &["ServiceAccount", "User", "Group"],
+            )),
+        }
+    }
+    causes
+}
+
 pub(crate) fn required(field: &str, detail: &str) -> Cause {
     let message = if detail.is_empty() {
         "Required value".to_owned()
@@ -370,7 +496,10 @@ pub(crate) fn builtin(info: &ResourceInfo, object: &Value, old: Option<&Value>) 
                 }
             }
         }
-        ("rbac.authorization.k8s.io", "RoleBinding" | "ClusterRoleBinding") => {
+        ("rbac.authorization.k8s.io", kind @ ("Role" | "ClusterRole")) => {
+            causes.extend(policy_rules(object, kind == "Role"));
+        }
+        ("rbac.authorization.k8s.io", kind @ ("RoleBinding" | "ClusterRoleBinding")) => {
             let role_ref = object.get("roleRef");
             for key in ["kind", "name"] {
                 if role_ref
@@ -381,6 +510,7 @@ pub(crate) fn builtin(info: &ResourceInfo, object: &Value, old: Option<&Value>) 
                     causes.push(required(&format!("roleRef.{key}"), ""));
                 }
             }
+            causes.extend(binding_refs(object, kind == "RoleBinding"));
             if let Some(old) = old
                 && old.get("roleRef") != role_ref
             {

@@ -546,6 +546,10 @@ impl State {
         };
 
         let old_value = old;
+        // The RBAC registry refuses an escalating Role or binding before it validates it.
+        if let Some(escalation) = &opts.escalation {
+            escalation.check(info, old_value, &new)?;
+        }
         let mut causes = validation::metadata(info, &new);
         causes.extend(validation::builtin(info, &new, old_value));
         if let Some(schema) = schema {

@@ -14,6 +14,7 @@ mod conformance {
     mod http;
     mod limits;
     mod list;
+    mod rbac;
     mod status;
     mod watch;
 }

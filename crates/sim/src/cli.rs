@@ -68,9 +68,13 @@ pub struct UpArgs {
     /// Port of the served API server (0 picks a free one).
     #[arg(long, default_value_t = 0, conflicts_with = "kubeconfig")]
     pub port: u16,
-    /// Also run the operator in-process.
+    /// Also run the operator in-process (as the admin, also in rbac mode).
     #[arg(long)]
     pub with_operator: bool,
+    /// How the served API server authorizes requests: `always-allow`, or `rbac` (bearer tokens and RBAC;
+    /// the simulated cluster's own actors act as the admin).
+    #[arg(long, value_enum, default_value_t = AuthorizationMode::AlwaysAllow, conflicts_with = "kubeconfig")]
+    pub authorization: AuthorizationMode,
     /// Zero latency on the nodes.
     #[arg(long)]
     pub instant: bool,
@@ -158,6 +162,26 @@ pub enum PodTermination {
     Kubelet,
 }
 
+/// How the served API server authorizes requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum AuthorizationMode {
+    /// Every request is allowed, with or without credentials.
+    #[default]
+    AlwaysAllow,
+    /// Bearer tokens and RBAC, as a real API server: the kubeconfig written carries the admin's token
+    /// (`kubernetes-admin` in `system:masters`); `kubectl create token` mints service-account tokens.
+    Rbac,
+}
+
+impl From<AuthorizationMode> for gpuop_fakeserver::Authorization {
+    fn from(mode: AuthorizationMode) -> Self {
+        match mode {
+            AuthorizationMode::AlwaysAllow => Self::AlwaysAllow,
+            AuthorizationMode::Rbac => Self::Rbac,
+        }
+    }
+}
+
 /// `gpu-sim serve`.
 #[derive(Debug, Parser)]
 pub struct ServeArgs {
@@ -190,6 +214,10 @@ pub struct ServeArgs {
     /// How deleting a pod bound to a node behaves.
     #[arg(long, value_enum, default_value_t = PodTermination::Immediate)]
     pub pod_termination: PodTermination,
+    /// How requests are authorized: `always-allow`, or `rbac` (bearer tokens and RBAC; the report of every
+    /// decision is at `GET /fake/authorization` for the admin).
+    #[arg(long, value_enum, default_value_t = AuthorizationMode::AlwaysAllow)]
+    pub authorization: AuthorizationMode,
 }
 
 /// `gpu-sim bench apiserver`.

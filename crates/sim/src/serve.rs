@@ -26,6 +26,7 @@ pub fn build(args: &ServeArgs) -> anyhow::Result<FakeServer> {
             cli::PodTermination::Kubelet => PodTermination::Kubelet,
         })
         .faults(faults)
+        .authorization(args.authorization.into())
         .build();
     if let Some(dir) = &args.load {
         let count = server

@@ -75,7 +75,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let client = match &args.kubeconfig {
         Some(path) => client_from_kubeconfig(path).await?,
         None => {
-            let server = FakeServer::new();
+            let server = FakeServer::builder()
+                .authorization(args.authorization.into())
+                .build();
             let running = server
                 .serve(SocketAddr::from((Ipv4Addr::LOCALHOST, args.port)))
                 .await

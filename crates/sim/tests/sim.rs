@@ -3,6 +3,7 @@
 //! - `kubectl`: `gpu-sim serve` driven by the real kubectl;
 //! - `helm`: a chart installed, upgraded and uninstalled with the real Helm, and the repository's chart installed;
 //! - `tools`: the pinned Helm from `target/tools/` (`scripts/tools.rs`, shared with the operator's tests);
+//! - `rbac`: `gpu-sim serve --authorization rbac` driven by kubectl with admin and service-account tokens;
 //! - `scenarios`: the simulator's actors on the fake API server, driven by hand-written objects and faults;
 //! - `operator`: the operator converging simulated clusters (controller-level tests of issue 5);
 //! - `workloads`: GPU workloads, their disruption budgets and evictions, and scenario actions on objects;
@@ -16,6 +17,8 @@ mod helm;
 mod kubectl;
 #[path = "sim/operator.rs"]
 mod operator;
+#[path = "sim/rbac.rs"]
+mod rbac;
 #[path = "sim/scenarios.rs"]
 mod scenarios;
 #[path = "../../../scripts/tools.rs"]

@@ -48,6 +48,17 @@ impl Cluster {
         Self::launch(&["serve", "--port", "0"], extra)
     }
 
+    /// Starts `gpu-sim serve --authorization rbac`: its kubeconfig is the admin's (`kubernetes-admin` in
+    /// `system:masters`); other identities come from `kubectl create token`.
+    pub(crate) fn start_rbac(extra: &[&str]) -> Self {
+        Self::launch(&["serve", "--port", "0", "--authorization", "rbac"], extra)
+    }
+
+    /// Starts `gpu-sim up --instant --authorization rbac`.
+    pub(crate) fn up_rbac(extra: &[&str]) -> Self {
+        Self::launch(&["up", "--instant", "--authorization", "rbac"], extra)
+    }
+
     /// Starts `gpu-sim up --instant` (the demo cluster unless `extra` names a scenario) for a test that
     /// drives it with kubectl; fails when kubectl is missing.
     pub(crate) fn up(extra: &[&str]) -> Self {
@@ -93,7 +104,7 @@ impl Cluster {
             .recv_timeout(Duration::from_secs(30))
             .expect("gpu-sim prints its address");
         assert!(
-            url.starts_with("http://127.0.0.1:"),
+            url.starts_with("http://127.0.0.1:") || url.starts_with("https://127.0.0.1:"),
             "unexpected first line {url:?}"
         );
         assert!(

@@ -409,3 +409,57 @@ async fn the_repository_chart_installs_and_upgrades_with_nvidia_values() {
         Api::<ClusterRole>::all(client.clone()).get("gpu-operator").await
     ));
 }
+
+/// The flow an end-to-end test of a chart's RBAC follows: Helm installs as the admin of
+/// `gpu-sim serve --authorization rbac` (over HTTPS, with the admin token of the kubeconfig it wrote), then
+/// the chart's service account gets a token and is held to exactly what the chart grants it.
+#[tokio::test]
+async fn helm_installs_into_an_rbac_server_and_the_chart_grants_its_service_account() {
+    helm();
+    let cluster = Cluster::start_rbac(&[]);
+    let chart = chart(cluster.dir());
+    let chart = chart.to_str().expect("utf-8 path");
+    let installed = helm_ok(
+        &cluster,
+        &[
+            "install",
+            RELEASE,
+            chart,
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+        ],
+    )
+    .await;
+    assert!(installed.contains("STATUS: deployed"), "{installed}");
+    let token = cluster.ok(&["create", "token", "gpu-operator", "-n", NAMESPACE]);
+    let can_i = |args: &[&str]| {
+        let mut all = vec!["--token", token.trim(), "auth", "can-i"];
+        all.extend_from_slice(args);
+        String::from_utf8_lossy(&cluster.run(&all).stdout)
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(
+        can_i(&["patch", "nodes"]),
+        "yes",
+        "granted by the chart's ClusterRole"
+    );
+    assert_eq!(
+        can_i(&["create", "daemonsets.apps", "-n", NAMESPACE]),
+        "yes",
+        "by its Role"
+    );
+    assert_eq!(
+        can_i(&["create", "daemonsets.apps", "-n", "default"]),
+        "no",
+        "only in its namespace"
+    );
+    assert_eq!(can_i(&["delete", "nodes"]), "no");
+    let uninstalled = helm_ok(&cluster, &["uninstall", RELEASE, "--namespace", NAMESPACE]).await;
+    assert!(uninstalled.contains("uninstalled"), "{uninstalled}");
+    // The service account went with the release, and its tokens with it.
+    let after = cluster.run(&["--token", token.trim(), "auth", "can-i", "patch", "nodes"]);
+    let stderr = String::from_utf8_lossy(&after.stderr);
+    assert!(stderr.contains("You must be logged in to the server"), "{stderr}");
+}
