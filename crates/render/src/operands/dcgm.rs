@@ -28,7 +28,7 @@ use crate::operands::metrics::metrics_service;
 use crate::operands::{add_validator_pull_secrets, container};
 use crate::pod::{
     apply_host_paths, config_map_volume, env, field_env, file_mount, host_path, mount_with, privileged,
-    set_env, status_file_waits, validations_volume,
+    run_nvidia_volume, set_env, status_file_waits,
 };
 use crate::rbac::{access, push_exporter_read_pods};
 
@@ -98,7 +98,7 @@ pub(crate) fn render_host_engine(
         service_account_name: Some(access(info.operand).account.to_owned()),
         init_containers: Some(status_file_waits(info, &validator)),
         containers: vec![engine],
-        volumes: Some(vec![validations_volume()]),
+        volumes: Some(vec![run_nvidia_volume(Some("Directory"))]),
         ..PodSpec::default()
     };
     apply_host_paths(&mut spec, &inputs.host_paths);
@@ -230,7 +230,7 @@ pub(crate) fn render_exporter(
                 ),
                 None,
             ),
-            validations_volume(),
+            run_nvidia_volume(None),
         ]),
         ..PodSpec::default()
     };
