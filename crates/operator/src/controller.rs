@@ -784,7 +784,7 @@ async fn transition_event(
 }
 
 /// The ConfigMaps a policy's driver (and vGPU manager) mount file by file.
-fn policy_config_maps(spec: &gpuop_api::ClusterPolicySpec) -> Vec<String> {
+pub(crate) fn policy_config_maps(spec: &gpuop_api::ClusterPolicySpec) -> Vec<String> {
     let driver = &spec.driver;
     let names = [
         driver
@@ -812,7 +812,16 @@ async fn config_map_keys(
     context: &Context,
     names: Vec<String>,
 ) -> Result<BTreeMap<String, Vec<String>>, ReconcileError> {
-    let api: Api<ConfigMap> = Api::namespaced(context.client.clone(), &context.namespace);
+    read_config_map_keys(&context.client, &context.namespace, names).await
+}
+
+/// Keys of the named ConfigMaps in `namespace`; a missing ConfigMap has no entry.
+pub(crate) async fn read_config_map_keys(
+    client: &Client,
+    namespace: &str,
+    names: Vec<String>,
+) -> Result<BTreeMap<String, Vec<String>>, ReconcileError> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let mut keys = BTreeMap::new();
     for name in names {
         if keys.contains_key(&name) {

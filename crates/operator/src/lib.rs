@@ -11,6 +11,7 @@ pub mod caches;
 pub mod check;
 pub mod cli;
 pub mod controller;
+pub mod diff_live;
 pub mod drivers;
 pub mod facts;
 pub mod labeler;
