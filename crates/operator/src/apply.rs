@@ -369,12 +369,14 @@ pub fn ownership_takeover(live: &DynamicObject) -> Option<Value> {
     };
     let mut fields = Value::Object(serde_json::Map::new());
     let mut api_version = None;
+    let mut time = None;
     for entry in entries.iter().filter(|e| ours(e) || foreign(e)) {
         if let Some(set) = &entry.fields_v1 {
             merge_field_sets(&mut fields, &set.0);
         }
         if ours(entry) || api_version.is_none() {
             api_version.clone_from(&entry.api_version);
+            time.clone_from(&entry.time);
         }
     }
     let mut kept: Vec<Value> = entries
@@ -386,6 +388,7 @@ pub fn ownership_takeover(live: &DynamicObject) -> Option<Value> {
         "manager": FIELD_MANAGER,
         "operation": "Apply",
         "apiVersion": api_version,
+        "time": time,
         "fieldsType": "FieldsV1",
         "fieldsV1": fields,
     }));

@@ -370,6 +370,7 @@ fn default_pod_spec(pod: &mut Map<String, Value>) {
     set(pod, "dnsPolicy", json!("ClusterFirst"));
     set(pod, "securityContext", json!({}));
     set(pod, "schedulerName", json!("default-scheduler"));
+    set(pod, "enableServiceLinks", json!(true));
     if let Some(account) = pod.get("serviceAccountName").cloned() {
         set(pod, "serviceAccount", account);
     }

@@ -3,6 +3,7 @@
 //! - `kubectl`: `gpu-sim serve` driven by the real kubectl;
 //! - `helm`: a chart installed, upgraded and uninstalled with the real Helm;
 //! - `scenarios`: the simulator's actors on the fake API server, driven by hand-written objects and faults;
+//! - `migrate`: taking over a cluster NVIDIA's operator converged, without restarting its operand pods;
 //! - `operator`: the operator converging simulated clusters (controller-level tests of issue 5);
 //! - `workloads`: GPU workloads, their disruption budgets and evictions, and scenario actions on objects;
 //! - `upgrade`: the operator upgrading drivers node by node under running workloads, and NVIDIADriver pools.
@@ -13,6 +14,8 @@ mod cluster;
 mod helm;
 #[path = "sim/kubectl.rs"]
 mod kubectl;
+#[path = "sim/migrate.rs"]
+mod migrate;
 #[path = "sim/operator.rs"]
 mod operator;
 #[path = "sim/scenarios.rs"]

@@ -88,6 +88,9 @@ pub(crate) fn render_host_engine(
         ports: Some(vec![ContainerPort {
             name: Some("dcgm".to_owned()),
             container_port: HOST_ENGINE_PORT,
+            // The API server\'s default, written out: server-side apply keys container ports by port
+            // and protocol, and an applied port without one is another list item than the stored port.
+            protocol: Some("TCP".to_owned()),
             ..ContainerPort::default()
         }]),
         liveness_probe: Some(tcp_probe()),
@@ -203,6 +206,9 @@ pub(crate) fn render_exporter(
         ports: Some(vec![ContainerPort {
             name: Some("metrics".to_owned()),
             container_port: EXPORTER_PORT,
+            // The API server\'s default, written out: server-side apply keys container ports by port
+            // and protocol, and an applied port without one is another list item than the stored port.
+            protocol: Some("TCP".to_owned()),
             ..ContainerPort::default()
         }]),
         liveness_probe: Some(health(Some(5))),

@@ -1,0 +1,238 @@
+//! Taking over a cluster that NVIDIA's operator converged: the DaemonSets as NVIDIA's operator writes them
+//! for the sample policy (`testdata/nvidia-converged/`, see its README) run their pods on simulated nodes
+//! labelled as NVIDIA labels them; `render --diff-live` predicts what taking over changes; then our
+//! operator takes over, and no operand pod restarts.
+
+use std::collections::BTreeMap;
+
+use gpuop_api::ClusterPolicy;
+use gpuop_api::labels::GpuDetection;
+use gpuop_api::validate::ImageDefaults;
+use gpuop_operator::diff_live::{Change, DiffReport, EXIT_NOTHING_RESTARTS};
+use gpuop_operator::render_command::{DiffLiveInput, diff_live};
+use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE};
+use gpuop_sim::hardware::GpuModel;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::operator::{Cluster, pool};
+
+/// NVIDIA's operator's DaemonSets for the sample policy on containerd / Ubuntu 22.04.
+const NVIDIA_DAEMONSETS: &[&str] = &[
+    include_str!("../testdata/nvidia-converged/daemonset-nvidia-driver-daemonset.yaml"),
+    include_str!("../testdata/nvidia-converged/daemonset-nvidia-container-toolkit-daemonset.yaml"),
+    include_str!("../testdata/nvidia-converged/daemonset-nvidia-operator-validator.yaml"),
+    include_str!("../testdata/nvidia-converged/daemonset-nvidia-device-plugin-daemonset.yaml"),
+    include_str!("../testdata/nvidia-converged/daemonset-nvidia-device-plugin-mps-control-daemon.yaml"),
+    include_str!("../testdata/nvidia-converged/daemonset-nvidia-dcgm-exporter.yaml"),
+    include_str!("../testdata/nvidia-converged/daemonset-gpu-feature-discovery.yaml"),
+    include_str!("../testdata/nvidia-converged/daemonset-nvidia-mig-manager.yaml"),
+];
+
+/// The deploy labels NVIDIA's operator sets on a GPU node in the container workload configuration (its
+/// `gpuStateLabels`), plus the MIG manager's on MIG-capable nodes.
+fn nvidia_node_labels(mig_capable: bool) -> Value {
+    let mut labels = json!({"nvidia.com/gpu.present": "true"});
+    for operand in [
+        "driver",
+        "gpu-feature-discovery",
+        "container-toolkit",
+        "device-plugin",
+        "dcgm",
+        "dcgm-exporter",
+        "node-status-exporter",
+        "operator-validator",
+        "client",
+    ] {
+        labels[format!("nvidia.com/gpu.deploy.{operand}")] = json!("true");
+    }
+    if mig_capable {
+        labels["nvidia.com/gpu.deploy.mig-manager"] = json!("true");
+    }
+    labels
+}
+
+/// Every pod of the namespace, by name, with its uid.
+async fn pod_uids(client: &Client) -> BTreeMap<String, String> {
+    Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .list(&ListParams::default())
+        .await
+        .expect("pods list")
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+        .collect()
+}
+
+/// Whether every DaemonSet of the namespace has all its pods ready (and some DaemonSet has pods).
+async fn daemonsets_ready(client: &Client) -> Result<(), String> {
+    let daemonsets = Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?
+        .items;
+    let mut scheduled = 0;
+    let mut lagging = Vec::new();
+    for ds in &daemonsets {
+        let status = ds.status.clone().unwrap_or_default();
+        scheduled += status.desired_number_scheduled;
+        if status.number_ready != status.desired_number_scheduled {
+            lagging.push(format!(
+                "{}: {}/{}",
+                ds.name_any(),
+                status.number_ready,
+                status.desired_number_scheduled
+            ));
+        }
+    }
+    if scheduled > 0 && lagging.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{scheduled} scheduled; lagging {lagging:?}"))
+    }
+}
+
+async fn predict(client: &Client) -> DiffReport {
+    let input = DiffLiveInput {
+        namespace: NAMESPACE,
+        detection: &GpuDetection::Nfd,
+        image_defaults: &ImageDefaults::default(),
+    };
+    diff_live(client, input)
+        .await
+        .expect("diff-live reads the cluster")
+}
+
+#[tokio::test]
+async fn taking_over_from_nvidias_operator_restarts_no_operand_pod() {
+    let mut cluster = Cluster::without_operator(vec![
+        pool("h100", 1, Some(GpuModel::H100_80GB)),
+        pool("l4", 1, Some(GpuModel::L4)),
+    ])
+    .await;
+    // NVIDIA's operator writes as `gpu-operator` with Create and Update calls.
+    let nvidia = cluster.server.client_as("gpu-operator");
+    cluster.apply(DEFAULT_POLICY).await;
+    let policy_uid = Api::<ClusterPolicy>::all(cluster.client.clone())
+        .get("cluster-policy")
+        .await
+        .expect("policy exists")
+        .uid()
+        .expect("a uid");
+    for (node, mig_capable) in [("h100-0", true), ("l4-0", false)] {
+        Api::<Node>::all(nvidia.clone())
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": nvidia_node_labels(mig_capable)}})),
+            )
+            .await
+            .expect("node labels");
+    }
+    for yaml in NVIDIA_DAEMONSETS {
+        let mut object: Value = serde_saphyr::from_str(yaml).expect("testdata parses");
+        object["metadata"]["ownerReferences"][0]["uid"] = json!(policy_uid);
+        let daemonset: DaemonSet = serde_json::from_value(object).expect("a DaemonSet");
+        Api::<DaemonSet>::namespaced(nvidia.clone(), NAMESPACE)
+            .create(&PostParams::default(), &daemonset)
+            .await
+            .expect("NVIDIA's DaemonSet is created");
+    }
+    let client = cluster.client.clone();
+    cluster
+        .until("NVIDIA's operand pods are ready", || daemonsets_ready(&client))
+        .await;
+    let before = pod_uids(&cluster.client).await;
+    assert!(
+        before.keys().any(|p| p.starts_with("nvidia-mig-manager")),
+        "the MIG manager runs on the H100 node: {before:?}"
+    );
+
+    let report = predict(&cluster.client).await;
+    assert_eq!(
+        report.restarts(),
+        Vec::<(&str, &str, &str)>::new(),
+        "{}",
+        report.to_text()
+    );
+    assert_eq!(
+        report.exit_status(),
+        EXIT_NOTHING_RESTARTS,
+        "{}",
+        report.to_text()
+    );
+    for object in report.objects.iter().filter(|o| o.kind == "DaemonSet") {
+        assert!(
+            matches!(object.change, Change::MetadataOnly { .. }),
+            "NVIDIA's {} gets our labels and hash, nothing else: {:?}",
+            object.name,
+            object.change
+        );
+    }
+
+    cluster.start_operator().await;
+    cluster.converged("cluster-policy").await;
+
+    let after = pod_uids(&cluster.client).await;
+    assert_eq!(
+        after, before,
+        "every operand pod kept running: same names, same uids"
+    );
+    let report = predict(&cluster.client).await;
+    let changed: Vec<_> = report
+        .objects
+        .iter()
+        .filter(|o| o.change != Change::Unchanged)
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "the live objects are the rendered ones: {changed:#?}"
+    );
+    for ds in Api::<DaemonSet>::namespaced(cluster.client.clone(), NAMESPACE)
+        .list(&ListParams::default())
+        .await
+        .expect("daemonsets list")
+        .items
+    {
+        assert!(
+            !ds.annotations().contains_key("openshift.io/scc"),
+            "{}: what only NVIDIA's operator set is gone",
+            ds.name_any()
+        );
+        let updates: Vec<_> = ds
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter(|e| {
+                e.manager.as_deref() == Some("gpu-operator") && e.operation.as_deref() == Some("Update")
+            })
+            .collect();
+        assert!(
+            updates.is_empty(),
+            "{}: NVIDIA's fields are ours now",
+            ds.name_any()
+        );
+    }
+    let driver = Api::<DaemonSet>::namespaced(cluster.client.clone(), NAMESPACE)
+        .get("nvidia-driver-daemonset")
+        .await
+        .expect("the driver DaemonSet");
+    let digest = driver.spec.and_then(|s| s.template.spec).and_then(|pod| {
+        pod.containers
+            .into_iter()
+            .flat_map(|c| c.env.unwrap_or_default())
+            .find(|e| e.name == "DRIVER_CONFIG_DIGEST")
+            .and_then(|e| e.value)
+    });
+    assert_eq!(
+        digest.as_deref(),
+        Some("NVIDIA-DRIVER-CONFIG-DIGEST"),
+        "the live driver digest is kept: the driver installs the same configuration"
+    );
+    cluster.stop().await;
+}
