@@ -671,12 +671,12 @@ mod tests {
         assert!(disabled.orphan.is_empty(), "a disabled driver goes with its pods");
     }
 
-    fn entry(manager: &str, operation: &str, fields: Value) -> Value {
+    fn entry(manager: &str, operation: &str, fields: &Value) -> Value {
         json!({"manager": manager, "operation": operation, "apiVersion": "apps/v1",
-               "fieldsType": "FieldsV1", "fieldsV1": fields})
+               "fieldsType": "FieldsV1", "fieldsV1": fields, "time": "2026-12-01T12:00:00Z"})
     }
 
-    fn live_with(entries: Vec<Value>) -> DynamicObject {
+    fn live_with(entries: &[Value]) -> DynamicObject {
         serde_json::from_value(json!({
             "apiVersion": "apps/v1", "kind": "DaemonSet",
             "metadata": {"name": "ds", "resourceVersion": "7", "managedFields": entries}
@@ -686,18 +686,18 @@ mod tests {
 
     #[test]
     fn fields_nvidias_operator_wrote_become_ours_and_others_stay_theirs() {
-        let live = live_with(vec![
+        let live = live_with(&[
             entry(
                 "gpu-operator",
                 "Update",
-                json!({"f:spec": {"f:template": {"f:x": {}}}}),
+                &json!({"f:spec": {"f:template": {"f:x": {}}}}),
             ),
             entry(
                 "gpu-operator",
                 "Apply",
-                json!({"f:spec": {"f:template": {"f:y": {}}}}),
+                &json!({"f:spec": {"f:template": {"f:y": {}}}}),
             ),
-            entry("kubectl-edit", "Update", json!({"f:spec": {"f:z": {}}})),
+            entry("kubectl-edit", "Update", &json!({"f:spec": {"f:z": {}}})),
             json!({"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "apps/v1",
                    "subresource": "status", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}),
         ]);
@@ -723,7 +723,11 @@ mod tests {
             entries[2]["fieldsV1"],
             json!({"f:spec": {"f:template": {"f:x": {}, "f:y": {}}}})
         );
-        let ours_only = live_with(vec![entry("gpu-operator", "Apply", json!({"f:spec": {}}))]);
+        assert_eq!(
+            entries[2]["time"], "2026-12-01T12:00:00Z",
+            "a time the API accepts"
+        );
+        let ours_only = live_with(&[entry("gpu-operator", "Apply", &json!({"f:spec": {}}))]);
         assert_eq!(
             ownership_takeover(&ours_only),
             None,
