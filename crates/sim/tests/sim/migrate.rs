@@ -8,29 +8,47 @@ use std::collections::BTreeMap;
 use gpuop_api::ClusterPolicy;
 use gpuop_api::labels::GpuDetection;
 use gpuop_api::validate::ImageDefaults;
+use gpuop_operator::apply::MANAGED_KINDS;
 use gpuop_operator::diff_live::{Change, DiffReport, EXIT_NOTHING_RESTARTS};
 use gpuop_operator::render_command::{DiffLiveInput, diff_live};
 use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE};
 use gpuop_sim::hardware::GpuModel;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::operator::{Cluster, pool};
 
-/// NVIDIA's operator's DaemonSets for the sample policy on containerd / Ubuntu 22.04.
-const NVIDIA_DAEMONSETS: &[&str] = &[
-    include_str!("../testdata/nvidia-converged/daemonset-nvidia-driver-daemonset.yaml"),
-    include_str!("../testdata/nvidia-converged/daemonset-nvidia-container-toolkit-daemonset.yaml"),
-    include_str!("../testdata/nvidia-converged/daemonset-nvidia-operator-validator.yaml"),
-    include_str!("../testdata/nvidia-converged/daemonset-nvidia-device-plugin-daemonset.yaml"),
-    include_str!("../testdata/nvidia-converged/daemonset-nvidia-device-plugin-mps-control-daemon.yaml"),
-    include_str!("../testdata/nvidia-converged/daemonset-nvidia-dcgm-exporter.yaml"),
-    include_str!("../testdata/nvidia-converged/daemonset-gpu-feature-discovery.yaml"),
-    include_str!("../testdata/nvidia-converged/daemonset-nvidia-mig-manager.yaml"),
-];
+/// What NVIDIA's operator writes for the sample policy on containerd / Ubuntu 22.04 (see the README there),
+/// in the order it creates them (service accounts and RBAC before the DaemonSets that use them).
+fn nvidia_objects() -> Vec<Value> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata/nvidia-converged");
+    let mut objects: Vec<Value> = std::fs::read_dir(&dir)
+        .expect("testdata folder")
+        .map(|entry| entry.expect("entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "yaml"))
+        .map(|path| {
+            let text = std::fs::read_to_string(&path).expect("testdata reads");
+            serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        })
+        .collect();
+    let rank = |object: &Value| {
+        MANAGED_KINDS
+            .iter()
+            .rev()
+            .position(|k| k.kind == object["kind"])
+            .expect("a kind the operator renders")
+    };
+    objects.sort_by_key(|object| {
+        (
+            rank(object),
+            object["metadata"]["name"].as_str().map(str::to_owned),
+        )
+    });
+    objects
+}
 
 /// The deploy labels NVIDIA's operator sets on a GPU node in the container workload configuration (its
 /// `gpuStateLabels`), plus the MIG manager's on MIG-capable nodes.
@@ -133,14 +151,17 @@ async fn taking_over_from_nvidias_operator_restarts_no_operand_pod() {
             .await
             .expect("node labels");
     }
-    for yaml in NVIDIA_DAEMONSETS {
-        let mut object: Value = serde_saphyr::from_str(yaml).expect("testdata parses");
+    for mut object in nvidia_objects() {
         object["metadata"]["ownerReferences"][0]["uid"] = json!(policy_uid);
-        let daemonset: DaemonSet = serde_json::from_value(object).expect("a DaemonSet");
-        Api::<DaemonSet>::namespaced(nvidia.clone(), NAMESPACE)
-            .create(&PostParams::default(), &daemonset)
+        let kind = MANAGED_KINDS
+            .iter()
+            .find(|k| k.kind == object["kind"])
+            .expect("a kind the operator renders");
+        let object: DynamicObject = serde_json::from_value(object).expect("an object");
+        kind.api(nvidia.clone(), NAMESPACE)
+            .create(&PostParams::default(), &object)
             .await
-            .expect("NVIDIA's DaemonSet is created");
+            .unwrap_or_else(|e| panic!("NVIDIA's {} {} is created: {e}", kind.kind, object.name_any()));
     }
     let client = cluster.client.clone();
     cluster
@@ -192,6 +213,22 @@ async fn taking_over_from_nvidias_operator_restarts_no_operand_pod() {
         changed.is_empty(),
         "the live objects are the rendered ones: {changed:#?}"
     );
+    for object in nvidia_objects() {
+        let kind = MANAGED_KINDS
+            .iter()
+            .find(|k| k.kind == object["kind"])
+            .expect("known");
+        let name = object["metadata"]["name"].as_str().expect("named");
+        let live = kind
+            .api(cluster.client.clone(), NAMESPACE)
+            .get(name)
+            .await
+            .expect("still there");
+        let foreign = live.metadata.managed_fields.iter().flatten().any(|e| {
+            e.manager.as_deref() == Some("gpu-operator") && e.operation.as_deref() == Some("Update")
+        });
+        assert!(!foreign, "{} {name}: NVIDIA's fields are ours now", kind.kind);
+    }
     for ds in Api::<DaemonSet>::namespaced(cluster.client.clone(), NAMESPACE)
         .list(&ListParams::default())
         .await

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Derive the DaemonSets NVIDIA's GPU Operator writes for deploy/samples/clusterpolicy.yaml on
+"""Derive the objects NVIDIA's GPU Operator writes for deploy/samples/clusterpolicy.yaml on
 containerd / Ubuntu 22.04 nodes: NVIDIA's asset files plus the transforms its ClusterPolicy controller
 applies (controllers/object_controls.go), re-stated here for this one policy. Usage:
-  derive.py ASSET_DIR OUT_DIR   (ASSET_DIR holds <state>.yaml, one DaemonSet asset per state)"""
-import copy, sys, yaml, os
+  derive.py ASSETS OUT_DIR   (ASSETS: NVIDIA's assets/ folder at the commit named in README.md)"""
+import copy, glob, sys, yaml, os
 
 NS = "gpu-operator"
 VALIDATOR = "nvcr.io/nvidia/gpu-operator:v26.7.0"
@@ -180,12 +180,37 @@ def derive(state, ds):
     ds["metadata"].setdefault("annotations", {})["nvidia.com/last-applied-hash"] = LAST_APPLIED_HASH
     return ds
 
+# RBAC gated off for this policy (rbacGates: the exporter reads pods only with pod metadata enabled).
+GATED = {"nvidia-dcgm-exporter-read-pods"}
+NAMESPACED = {"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "DaemonSet"}
+
+def other(obj):
+    # ServiceAccount(), Role(), RoleBinding(), ClusterRole(), ClusterRoleBinding(), createConfigMap():
+    # the operator namespace, subjects in it, a controller reference to the ClusterPolicy; content as is.
+    meta = obj["metadata"]
+    if obj["kind"] in NAMESPACED:
+        meta["namespace"] = NS
+    else:
+        meta.pop("namespace", None)
+    for subject in obj.get("subjects", []):
+        subject["namespace"] = NS
+    meta["ownerReferences"] = [dict(OWNER)]
+    return obj
+
 if __name__ == "__main__":
     src, out = sys.argv[1], sys.argv[2]
     for state in TRANSFORMS:
-        with open(os.path.join(src, state + ".yaml")) as f:
-            ds = yaml.safe_load(f)
-        ds = derive(state, ds)
-        with open(os.path.join(out, "daemonset-" + ds["metadata"]["name"] + ".yaml"), "w") as f:
-            f.write("# Derived by derive.py from NVIDIA's assets/%s; see README.md.\n" % state)
-            yaml.safe_dump(ds, f, sort_keys=False, default_flow_style=False, width=110)
+        for path in sorted(glob.glob(os.path.join(src, state, "*.yaml"))):
+            if "openshift" in path:
+                continue
+            with open(path) as f:
+                obj = yaml.safe_load(f)
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            if kind not in NAMESPACED | {"ClusterRole", "ClusterRoleBinding"} or name in GATED:
+                continue  # Services, ServiceMonitors: see README.md
+            obj = derive(state, obj) if kind == "DaemonSet" else other(obj)
+            file = "%s-%s.yaml" % (kind.lower(), name)
+            with open(os.path.join(out, file), "w") as f:
+                f.write("# Derived by derive.py from NVIDIA's assets/%s/%s; see README.md.\n"
+                        % (state, os.path.basename(path)))
+                yaml.safe_dump(obj, f, sort_keys=False, default_flow_style=False, width=110)
