@@ -9,7 +9,7 @@ use gpuop_api::ClusterPolicy;
 use gpuop_api::labels::GpuDetection;
 use gpuop_api::validate::ImageDefaults;
 use gpuop_operator::apply::MANAGED_KINDS;
-use gpuop_operator::diff_live::{Change, DiffReport, EXIT_NOTHING_RESTARTS};
+use gpuop_operator::diff_live::{Change, DiffReport, EXIT_NOTHING_RESTARTS, EXIT_PODS_RESTART};
 use gpuop_operator::render_command::{DiffLiveInput, diff_live};
 use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE};
 use gpuop_sim::hardware::GpuModel;
@@ -125,9 +125,11 @@ async fn predict(client: &Client) -> DiffReport {
         .expect("diff-live reads the cluster")
 }
 
-#[tokio::test]
-async fn taking_over_from_nvidias_operator_restarts_no_operand_pod() {
-    let mut cluster = Cluster::without_operator(vec![
+/// A simulated cluster (one H100 node, one L4 node) on which NVIDIA's operator converged the sample policy:
+/// its node labels, its objects (each passed through `tweak` first), their pods ready. Our operator is not
+/// running.
+async fn nvidia_converged(tweak: impl Fn(&mut Value)) -> Cluster {
+    let cluster = Cluster::without_operator(vec![
         pool("h100", 1, Some(GpuModel::H100_80GB)),
         pool("l4", 1, Some(GpuModel::L4)),
     ])
@@ -153,6 +155,7 @@ async fn taking_over_from_nvidias_operator_restarts_no_operand_pod() {
     }
     for mut object in nvidia_objects() {
         object["metadata"]["ownerReferences"][0]["uid"] = json!(policy_uid);
+        tweak(&mut object);
         let kind = MANAGED_KINDS
             .iter()
             .find(|k| k.kind == object["kind"])
@@ -167,6 +170,12 @@ async fn taking_over_from_nvidias_operator_restarts_no_operand_pod() {
     cluster
         .until("NVIDIA's operand pods are ready", || daemonsets_ready(&client))
         .await;
+    cluster
+}
+
+#[tokio::test]
+async fn taking_over_from_nvidias_operator_restarts_no_operand_pod() {
+    let mut cluster = nvidia_converged(|_| {}).await;
     let before = pod_uids(&cluster.client).await;
     assert!(
         before.keys().any(|p| p.starts_with("nvidia-mig-manager")),
@@ -270,6 +279,82 @@ async fn taking_over_from_nvidias_operator_restarts_no_operand_pod() {
         digest.as_deref(),
         Some("NVIDIA-DRIVER-CONFIG-DIGEST"),
         "the live driver digest is kept: the driver installs the same configuration"
+    );
+    cluster.stop().await;
+}
+
+#[tokio::test]
+async fn a_field_only_nvidias_operator_set_goes_and_restarts_exactly_the_pods_diff_live_lists() {
+    // As if NVIDIA's operator had set a variable on the device plugin that this operator does not render.
+    let mut cluster = nvidia_converged(|object| {
+        if object["kind"] == "DaemonSet" && object["metadata"]["name"] == "nvidia-device-plugin-daemonset" {
+            object["spec"]["template"]["spec"]["containers"][0]["env"]
+                .as_array_mut()
+                .expect("env")
+                .push(json!({"name": "NVIDIA_ONLY", "value": "1"}));
+        }
+    })
+    .await;
+    let before = pod_uids(&cluster.client).await;
+    let report = predict(&cluster.client).await;
+    let listed: Vec<String> = report
+        .restarts()
+        .iter()
+        .map(|(_, _, pod)| (*pod).to_owned())
+        .collect();
+    let plugin_pods: Vec<String> = before
+        .keys()
+        .filter(|pod| pod.starts_with("nvidia-device-plugin-daemonset-"))
+        .cloned()
+        .collect();
+    assert_eq!(listed, plugin_pods, "{}", report.to_text());
+    assert_eq!(report.exit_status(), EXIT_PODS_RESTART);
+    assert!(
+        report
+            .to_text()
+            .contains("~ spec.template.spec.containers[nvidia-device-plugin].env"),
+        "{}",
+        report.to_text()
+    );
+
+    cluster.start_operator().await;
+    cluster.converged("cluster-policy").await;
+    let client = cluster.client.clone();
+    cluster
+        .until("the device plugin's pods are replaced", || {
+            let client = client.clone();
+            let plugin_pods = plugin_pods.clone();
+            async move {
+                let now = pod_uids(&client).await;
+                let left: Vec<_> = plugin_pods.iter().filter(|p| now.contains_key(*p)).collect();
+                if left.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("{left:?} still run"))
+                }
+            }
+        })
+        .await;
+    cluster.converged("cluster-policy").await;
+    let after = pod_uids(&cluster.client).await;
+    for (pod, uid) in before.iter().filter(|(pod, _)| !listed.contains(pod)) {
+        assert_eq!(after.get(pod), Some(uid), "{pod} was not listed and kept running");
+    }
+    let plugin = Api::<DaemonSet>::namespaced(cluster.client.clone(), NAMESPACE)
+        .get("nvidia-device-plugin-daemonset")
+        .await
+        .expect("the device plugin DaemonSet");
+    let env = serde_json::to_string(&plugin.spec.expect("spec").template).expect("serializes");
+    assert!(
+        !env.contains("NVIDIA_ONLY"),
+        "what only NVIDIA's operator set is gone"
+    );
+    let report = predict(&cluster.client).await;
+    assert_eq!(
+        report.exit_status(),
+        EXIT_NOTHING_RESTARTS,
+        "{}",
+        report.to_text()
     );
     cluster.stop().await;
 }
