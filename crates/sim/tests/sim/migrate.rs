@@ -297,11 +297,12 @@ async fn a_field_only_nvidias_operator_set_goes_and_restarts_exactly_the_pods_di
     .await;
     let before = pod_uids(&cluster.client).await;
     let report = predict(&cluster.client).await;
-    let listed: Vec<String> = report
+    let mut listed: Vec<String> = report
         .restarts()
         .iter()
         .map(|(_, _, pod)| (*pod).to_owned())
         .collect();
+    listed.sort();
     let plugin_pods: Vec<String> = before
         .keys()
         .filter(|pod| pod.starts_with("nvidia-device-plugin-daemonset-"))
