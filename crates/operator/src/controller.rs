@@ -635,7 +635,8 @@ async fn apply_rendered(
 /// [`gpuop_render::keep_live_driver_digest`]): adopting the driver DaemonSet of NVIDIA's operator, or of an
 /// earlier version of this one, must not restart the driver on every node for a different hash of the same
 /// configuration. The live DaemonSet comes from the cache; one the cache does not hold (not labelled as
-/// ours yet: NVIDIA's, when the policy's `daemonsets.labels` lack our managed-by label) is read once.
+/// ours yet: NVIDIA's, when the policy's `daemonsets.labels` lack our managed-by label; or not created yet)
+/// is read, which stops once the operator's apply has labelled or created it.
 async fn keep_live_driver_digests(context: &Context, rendered: &mut Rendered) -> Result<(), ReconcileError> {
     for manifest in rendered
         .objects
@@ -665,8 +666,9 @@ async fn keep_live_driver_digests(context: &Context, rendered: &mut Rendered) ->
         let Some(pod) = live.and_then(|ds| ds.spec).and_then(|spec| spec.template.spec) else {
             continue;
         };
+        // Every pass keeps it again (the rendered value stays ours), so this is no decision to log at info.
         if gpuop_render::keep_live_driver_digest(&mut manifest.object, &pod) {
-            info!(daemonset = %name, "kept the live DRIVER_CONFIG_DIGEST: the driver it installs is the one rendered");
+            tracing::debug!(daemonset = %name, "kept the live DRIVER_CONFIG_DIGEST: the driver it installs is the one rendered");
         }
     }
     Ok(())
