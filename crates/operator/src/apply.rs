@@ -13,7 +13,7 @@ use std::hash::Hasher;
 use gpuop_api::labels::{FIELD_MANAGER, MANAGED_BY, MANAGED_BY_VALUE, NVIDIA_DRIVER_NAME};
 use gpuop_api::upgrade::observe::is_driver;
 use gpuop_render::{Manifest, Rendered};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, OwnerReference};
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PropagationPolicy,
 };
@@ -349,6 +349,72 @@ pub fn plan(
     Ok(plan)
 }
 
+/// The merge patch that makes the fields NVIDIA's operator wrote ours, if it wrote any: its entries in
+/// `metadata.managedFields` (manager `gpu-operator`, operation `Update`, written by its Create and Update
+/// calls) are folded into our `Apply` entry, as client-go's `csaupgrade` does when kubectl moves an object
+/// from client-side to server-side apply. The patch carries the `resourceVersion` it was computed from, so
+/// a concurrent write makes it fail rather than lose ownership information.
+pub fn ownership_takeover(live: &DynamicObject) -> Option<Value> {
+    let entries = live.metadata.managed_fields.as_ref()?;
+    let foreign = |e: &&ManagedFieldsEntry| {
+        e.manager.as_deref() == Some(FIELD_MANAGER)
+            && e.operation.as_deref() == Some("Update")
+            && e.subresource.as_deref().unwrap_or_default().is_empty()
+    };
+    if !entries.iter().any(|e| foreign(&e)) {
+        return None;
+    }
+    let ours = |e: &ManagedFieldsEntry| {
+        e.manager.as_deref() == Some(FIELD_MANAGER) && e.operation.as_deref() == Some("Apply")
+    };
+    let mut fields = Value::Object(serde_json::Map::new());
+    let mut api_version = None;
+    let mut time = None;
+    for entry in entries.iter().filter(|e| ours(e) || foreign(e)) {
+        if let Some(set) = &entry.fields_v1 {
+            merge_field_sets(&mut fields, &set.0);
+        }
+        if ours(entry) || api_version.is_none() {
+            api_version.clone_from(&entry.api_version);
+            time.clone_from(&entry.time);
+        }
+    }
+    let mut kept: Vec<Value> = entries
+        .iter()
+        .filter(|e| !ours(e) && !foreign(e))
+        .map(|e| serde_json::to_value(e).unwrap_or_default())
+        .collect();
+    kept.push(serde_json::json!({
+        "manager": FIELD_MANAGER,
+        "operation": "Apply",
+        "apiVersion": api_version,
+        "time": time,
+        "fieldsType": "FieldsV1",
+        "fieldsV1": fields,
+    }));
+    Some(serde_json::json!({
+        "metadata": {
+            "resourceVersion": live.metadata.resource_version,
+            "managedFields": kept,
+        }
+    }))
+}
+
+/// The union of two `fieldsV1` sets (nested objects keyed by `f:`/`k:`/`v:`/`i:` path elements).
+fn merge_field_sets(into: &mut Value, from: &Value) {
+    let (Value::Object(into), Value::Object(from)) = (into, from) else {
+        return;
+    };
+    for (key, value) in from {
+        match into.get_mut(key) {
+            Some(existing) => merge_field_sets(existing, value),
+            None => {
+                into.insert(key.clone(), value.clone());
+            }
+        }
+    }
+}
+
 /// How far [`execute`] got: the first `applied` entries of the plan's applies and the first `deleted` of its
 /// deletions were carried out, in order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -378,18 +444,29 @@ pub async fn execute(
         } else {
             namespace
         };
-        if let Err(source) = managed
-            .api(client.clone(), namespace)
-            .patch(name, &params, &Patch::Apply(object))
-            .await
-        {
-            let error = ApplyError::Api {
-                verb: "apply",
-                kind,
-                name: name.clone(),
-                source,
-            };
-            return (done, Err(error));
+        let api = managed.api(client.clone(), namespace);
+        let refused = |verb, source| ApplyError::Api {
+            verb,
+            kind,
+            name: name.clone(),
+            source,
+        };
+        let live = match api.patch(name, &params, &Patch::Apply(object)).await {
+            Ok(live) => live,
+            Err(source) => return (done, Err(refused("apply", source))),
+        };
+        if let Some(takeover) = ownership_takeover(&live) {
+            // Fields NVIDIA's operator wrote stay its own under server-side apply, so a field it set that
+            // we do not render would stay forever. Make them ours, then apply again: what we do not render
+            // goes, what we render stays as it is (no change, no restart).
+            let plain = PatchParams::default();
+            if let Err(source) = api.patch(name, &plain, &Patch::Merge(&takeover)).await {
+                return (done, Err(refused("take over", source)));
+            }
+            if let Err(source) = api.patch(name, &params, &Patch::Apply(object)).await {
+                return (done, Err(refused("apply", source)));
+            }
+            info!(kind, name = %name, "adopted: the fields NVIDIA's operator wrote are ours now");
         }
         info!(kind, name = %name, "applied");
         done.applied += 1;
@@ -592,6 +669,70 @@ mod tests {
         let disabled = plan(&one(&empty), &live, NONE).unwrap();
         assert_eq!(disabled.delete, [key]);
         assert!(disabled.orphan.is_empty(), "a disabled driver goes with its pods");
+    }
+
+    fn entry(manager: &str, operation: &str, fields: &Value) -> Value {
+        json!({"manager": manager, "operation": operation, "apiVersion": "apps/v1",
+               "fieldsType": "FieldsV1", "fieldsV1": fields, "time": "2026-12-01T12:00:00Z"})
+    }
+
+    fn live_with(entries: &[Value]) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "ds", "resourceVersion": "7", "managedFields": entries}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn fields_nvidias_operator_wrote_become_ours_and_others_stay_theirs() {
+        let live = live_with(&[
+            entry(
+                "gpu-operator",
+                "Update",
+                &json!({"f:spec": {"f:template": {"f:x": {}}}}),
+            ),
+            entry(
+                "gpu-operator",
+                "Apply",
+                &json!({"f:spec": {"f:template": {"f:y": {}}}}),
+            ),
+            entry("kubectl-edit", "Update", &json!({"f:spec": {"f:z": {}}})),
+            json!({"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "apps/v1",
+                   "subresource": "status", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}),
+        ]);
+        let patch = ownership_takeover(&live).expect("NVIDIA's fields are there to take over");
+        assert_eq!(
+            patch["metadata"]["resourceVersion"], "7",
+            "a concurrent write makes it fail"
+        );
+        let entries = patch["metadata"]["managedFields"].as_array().unwrap();
+        let managers: Vec<_> = entries
+            .iter()
+            .map(|e| (e["manager"].as_str().unwrap(), e["operation"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            managers,
+            [
+                ("kubectl-edit", "Update"),
+                ("kube-controller-manager", "Update"),
+                ("gpu-operator", "Apply")
+            ]
+        );
+        assert_eq!(
+            entries[2]["fieldsV1"],
+            json!({"f:spec": {"f:template": {"f:x": {}, "f:y": {}}}})
+        );
+        assert_eq!(
+            entries[2]["time"], "2026-12-01T12:00:00Z",
+            "a time the API accepts"
+        );
+        let ours_only = live_with(&[entry("gpu-operator", "Apply", &json!({"f:spec": {}}))]);
+        assert_eq!(
+            ownership_takeover(&ours_only),
+            None,
+            "nothing to take over: no extra writes"
+        );
     }
 
     #[test]

@@ -55,15 +55,36 @@ pub enum Command {
         #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
         files: Vec<PathBuf>,
     },
-    /// Print the objects the operator would create for a ClusterPolicy, without a cluster.
+    /// Print the objects the operator would create for a ClusterPolicy, without a cluster; or, with
+    /// `--diff-live`, what taking over the cluster of the usual kubeconfig would change.
+    ///
+    /// `--diff-live` renders the live ClusterPolicy (and NVIDIADrivers) against the live cluster's facts,
+    /// compares with the live objects and prints per object: created, unchanged, metadata-only change, or
+    /// pod template change with the differing fields and the pods that will restart, by node. It only reads.
+    /// Exit status: 0 when no pod restarts, 1 when pods will restart, 2 on an error (including a change
+    /// the API server would refuse, such as a different DaemonSet selector).
     Render {
         /// The ClusterPolicy manifest; `-` reads standard input.
-        #[arg(short = 'f', long = "filename")]
-        file: PathBuf,
+        #[arg(
+            short = 'f',
+            long = "filename",
+            required_unless_present = "diff_live",
+            conflicts_with = "diff_live"
+        )]
+        file: Option<PathBuf>,
         /// Cluster facts (YAML: namespace, runtime, driverPools, serviceMonitorCrd, configMapKeys); by default
         /// namespace `gpu-operator`, containerd, one pool of Ubuntu 22.04 GPU nodes.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "diff_live")]
         facts: Option<PathBuf>,
+        /// Compare with the live cluster instead of printing YAML.
+        #[arg(long)]
+        diff_live: bool,
+        /// The namespace the operands run in (with `--diff-live`).
+        #[arg(long, env = "OPERATOR_NAMESPACE", default_value = "gpu-operator")]
+        namespace: String,
+        /// GPU nodes also matched by this label selector, as given to `run` (with `--diff-live`).
+        #[arg(long)]
+        gpu_node_selector: Option<gpuop_api::selector::LabelSelector>,
     },
 }
 
@@ -140,8 +161,14 @@ pub fn main() -> ExitCode {
         }) => with_client("crd", |client| apply_crds(client, timeout_seconds)),
         Command::Uninstall(args) => with_client("uninstall", |client| uninstall(client, args)),
         Command::Check { files } => check::run(&files, &check::image_defaults_from_env()),
-        Command::Render { file, facts } => match crate::render_command::render_files(
-            &file,
+        Command::Render {
+            diff_live: true,
+            namespace,
+            gpu_node_selector,
+            ..
+        } => diff_live(&namespace, gpu_node_selector),
+        Command::Render { file, facts, .. } => match crate::render_command::render_files(
+            file.as_deref().unwrap_or_else(|| std::path::Path::new("-")),
             facts.as_deref(),
             &check::image_defaults_from_env(),
         ) {
@@ -152,6 +179,46 @@ pub fn main() -> ExitCode {
             }
         },
         Command::Run(args) => run_operator(args),
+    }
+}
+
+fn diff_live(namespace: &str, selector: Option<gpuop_api::selector::LabelSelector>) -> ExitCode {
+    use crate::diff_live::EXIT_ERROR;
+    use crate::render_command::DiffLiveInput;
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("gpu-operator render --diff-live: cannot start: {error}");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let detection = selector.map_or(GpuDetection::Nfd, GpuDetection::NfdOrSelector);
+    let image_defaults = check::image_defaults_from_env();
+    let report = runtime.block_on(async {
+        let client = kube::Client::try_default()
+            .await
+            .map_err(|error| format!("cannot reach the cluster: {error}"))?;
+        let input = DiffLiveInput {
+            namespace,
+            detection: &detection,
+            image_defaults: &image_defaults,
+        };
+        crate::render_command::diff_live(&client, input)
+            .await
+            .map_err(|error| error.to_string())
+    });
+    match report {
+        Ok(report) => {
+            let status = report.exit_status();
+            match write_stdout("render", &report.to_text()) {
+                code if code == ExitCode::SUCCESS => ExitCode::from(status),
+                failed => failed,
+            }
+        }
+        Err(error) => {
+            eprintln!("gpu-operator render --diff-live: {error}");
+            ExitCode::from(EXIT_ERROR)
+        }
     }
 }
 

@@ -25,6 +25,7 @@ use gpuop_api::validate::{ImageDefaults, validate_with};
 use gpuop_api::{ClusterPolicy, FieldError, NVIDIADriver, Operand, ValidatedPolicy};
 use gpuop_render::NvidiaDriverFacts;
 use gpuop_render::{Rendered, render};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
@@ -170,6 +171,17 @@ pub enum ReconcileError {
     #[error("cannot write the status of ClusterPolicy {name:?}: {source}")]
     Status {
         /// The policy.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Reading a live object the rendering depends on failed.
+    #[error("cannot read {kind} {name:?}: {source}")]
+    ReadLive {
+        /// Its kind.
+        kind: &'static str,
+        /// Its name.
         name: String,
         /// The API error.
         #[source]
@@ -554,14 +566,24 @@ async fn apply_rendered(
         .iter()
         .map(|plan| apply::owner_reference(&*plan.driver))
         .collect();
+    let mut rendered = rendered.clone();
+    keep_live_driver_digests(context, &mut rendered).await?;
+    let mut driver_rendered = Vec::with_capacity(drivers.len());
+    for plan in drivers {
+        let mut objects = plan.rendered.clone();
+        keep_live_driver_digests(context, &mut objects).await?;
+        driver_rendered.push(objects);
+    }
     let mut owned = vec![Owned {
-        rendered,
+        rendered: &rendered,
         owner: &owner,
     }];
-    owned.extend(drivers.iter().zip(&driver_owners).map(|(plan, owner)| Owned {
-        rendered: &plan.rendered,
-        owner,
-    }));
+    owned.extend(
+        driver_rendered
+            .iter()
+            .zip(&driver_owners)
+            .map(|(rendered, owner)| Owned { rendered, owner }),
+    );
     let keep: BTreeSet<String> = drivers
         .iter()
         .filter(|plan| matches!(plan.outcome, DriverOutcome::Invalid(_) | DriverOutcome::Failed(_)))
@@ -607,6 +629,49 @@ async fn apply_rendered(
     }
     result?;
     Ok(awaiting_echo)
+}
+
+/// Keeps the `DRIVER_CONFIG_DIGEST` of live driver DaemonSets that install what was rendered (see
+/// [`gpuop_render::keep_live_driver_digest`]): adopting the driver DaemonSet of NVIDIA's operator, or of an
+/// earlier version of this one, must not restart the driver on every node for a different hash of the same
+/// configuration. The live DaemonSet comes from the cache; one the cache does not hold (not labelled as
+/// ours yet: NVIDIA's, when the policy's `daemonsets.labels` lack our managed-by label; or not created yet)
+/// is read, which stops once the operator's apply has labelled or created it.
+async fn keep_live_driver_digests(context: &Context, rendered: &mut Rendered) -> Result<(), ReconcileError> {
+    for manifest in rendered
+        .objects
+        .iter_mut()
+        .filter(|m| m.kind() == "DaemonSet" && m.operand == Some(Operand::Driver))
+    {
+        let namespace = manifest.object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or(context.namespace.as_str())
+            .to_owned();
+        let name = manifest.name().to_owned();
+        let cached = context
+            .caches
+            .daemonsets
+            .get(&kube::runtime::reflector::ObjectRef::new(&name).within(&namespace));
+        let live = match cached {
+            Some(ds) => Some((*ds).clone()),
+            None => Api::<DaemonSet>::namespaced(context.client.clone(), &namespace)
+                .get_opt(&name)
+                .await
+                .map_err(|source| ReconcileError::ReadLive {
+                    kind: "DaemonSet",
+                    name: name.clone(),
+                    source,
+                })?,
+        };
+        let Some(pod) = live.and_then(|ds| ds.spec).and_then(|spec| spec.template.spec) else {
+            continue;
+        };
+        // Every pass keeps it again (the rendered value stays ours), so this is no decision to log at info.
+        if gpuop_render::keep_live_driver_digest(&mut manifest.object, &pod) {
+            tracing::debug!(daemonset = %name, "kept the live DRIVER_CONFIG_DIGEST: the driver it installs is the one rendered");
+        }
+    }
+    Ok(())
 }
 
 fn applied_hash(object: &serde_json::Value) -> &str {
@@ -721,7 +786,7 @@ async fn transition_event(
 }
 
 /// The ConfigMaps a policy's driver (and vGPU manager) mount file by file.
-fn policy_config_maps(spec: &gpuop_api::ClusterPolicySpec) -> Vec<String> {
+pub(crate) fn policy_config_maps(spec: &gpuop_api::ClusterPolicySpec) -> Vec<String> {
     let driver = &spec.driver;
     let names = [
         driver
@@ -749,7 +814,16 @@ async fn config_map_keys(
     context: &Context,
     names: Vec<String>,
 ) -> Result<BTreeMap<String, Vec<String>>, ReconcileError> {
-    let api: Api<ConfigMap> = Api::namespaced(context.client.clone(), &context.namespace);
+    read_config_map_keys(&context.client, &context.namespace, names).await
+}
+
+/// Keys of the named ConfigMaps in `namespace`; a missing ConfigMap has no entry.
+pub(crate) async fn read_config_map_keys(
+    client: &Client,
+    namespace: &str,
+    names: Vec<String>,
+) -> Result<BTreeMap<String, Vec<String>>, ReconcileError> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let mut keys = BTreeMap::new();
     for name in names {
         if keys.contains_key(&name) {

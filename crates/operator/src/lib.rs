@@ -14,6 +14,7 @@ pub mod check;
 pub mod cli;
 pub mod controller;
 pub mod crd_install;
+pub mod diff_live;
 pub mod drivers;
 pub mod facts;
 pub mod labeler;

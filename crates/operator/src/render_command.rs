@@ -106,3 +106,215 @@ pub fn render_files(
     }
     Ok(out)
 }
+
+/// Why `render --diff-live` could not predict anything.
+#[derive(Debug, thiserror::Error)]
+pub enum DiffLiveError {
+    /// Reading from the cluster failed.
+    #[error("cannot read {what}: {source}")]
+    Read {
+        /// What was being read.
+        what: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// There is no ClusterPolicy to render.
+    #[error("there is no ClusterPolicy in the cluster")]
+    NoPolicy,
+    /// The live ClusterPolicy is invalid.
+    #[error("ClusterPolicy {name:?} is invalid:\n{problems}")]
+    Invalid {
+        /// The policy.
+        name: String,
+        /// One problem per line.
+        problems: String,
+    },
+    /// Rendering failed for the cluster's facts.
+    #[error("{0}")]
+    Render(#[from] gpuop_render::RenderError),
+    /// The renderer produced an object the operator cannot address.
+    #[error("{0}")]
+    Apply(#[from] crate::apply::ApplyError),
+    /// Reading a ConfigMap the policy names failed.
+    #[error("{0}")]
+    Reconcile(#[from] crate::controller::ReconcileError),
+}
+
+/// How `render --diff-live` reads the cluster.
+#[derive(Clone, Debug)]
+pub struct DiffLiveInput<'a> {
+    /// The operator namespace, where the operands run.
+    pub namespace: &'a str,
+    /// How GPU nodes are recognised (as the operator would be run).
+    pub detection: &'a gpuop_api::labels::GpuDetection,
+    /// Images from the environment.
+    pub image_defaults: &'a ImageDefaults,
+}
+
+/// Renders the live ClusterPolicy (and NVIDIADrivers) against the live cluster's facts, as the operator
+/// would, reads the live objects and the namespace's pods, and predicts what taking over changes
+/// ([`crate::diff_live::diff`]). Reads only.
+pub async fn diff_live(
+    client: &kube::Client,
+    input: DiffLiveInput<'_>,
+) -> Result<crate::diff_live::DiffReport, DiffLiveError> {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use gpuop_api::NVIDIADriver;
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use kube::api::{Api, ListParams};
+
+    use crate::apply::{self, MANAGED_KINDS, Owned};
+    use crate::diff_live::{LivePod, desired_objects, diff};
+    use crate::facts::{FactsInput, NodeFacts, cluster_facts};
+    use crate::labeler::LabelPolicy;
+
+    let read = |what: &str| {
+        let what = what.to_owned();
+        move |source| DiffLiveError::Read { what, source }
+    };
+    let list = ListParams::default();
+    let policies = Api::<ClusterPolicy>::all(client.clone())
+        .list(&list)
+        .await
+        .map_err(read("ClusterPolicies"))?;
+    let policy = ClusterPolicy::active(&policies.items).ok_or(DiffLiveError::NoPolicy)?;
+    let validated = validate_with(policy, input.image_defaults).map_err(|errors| DiffLiveError::Invalid {
+        name: policy.metadata.name.clone().unwrap_or_default(),
+        problems: errors
+            .iter()
+            .map(|e| format!("  {e}"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    })?;
+    let nodes: Vec<Arc<Node>> = Api::<Node>::all(client.clone())
+        .list(&list)
+        .await
+        .map_err(read("Nodes"))?
+        .items
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    let nvidia_drivers_on = validated.spec.driver.use_nvidia_driver_crd();
+    let drivers: Vec<Arc<NVIDIADriver>> = if nvidia_drivers_on {
+        Api::<NVIDIADriver>::all(client.clone())
+            .list(&list)
+            .await
+            .map_err(read("NVIDIADrivers"))?
+            .items
+            .into_iter()
+            .map(Arc::new)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut label_policy = LabelPolicy::from_policy(&validated);
+    if nvidia_drivers_on {
+        label_policy.nvidia_drivers = Some(drivers.iter().map(|d| (**d).clone()).collect());
+    }
+    let service_monitor_crd = crate::run::service_monitor_crd(client).await;
+    let (mut facts, _) = cluster_facts(
+        nodes.iter().map(|node| NodeFacts::of(node)),
+        FactsInput {
+            namespace: input.namespace,
+            precompiled: validated.spec.driver.use_precompiled(),
+            service_monitor_crd,
+            detection: input.detection,
+            labelling: &label_policy,
+        },
+    );
+    facts.config_map_keys = crate::controller::read_config_map_keys(
+        client,
+        input.namespace,
+        crate::controller::policy_config_maps(&validated.spec),
+    )
+    .await?;
+    let rendered = render(&validated, &facts)?;
+    let routing = if nvidia_drivers_on {
+        crate::drivers::routing(&drivers, &nodes, input.detection)
+    } else {
+        gpuop_api::DriverRouting::default()
+    };
+    let driver_config_maps = drivers
+        .iter()
+        .flat_map(|d| crate::drivers::config_maps(d))
+        .collect();
+    let driver_config_map_keys =
+        crate::controller::read_config_map_keys(client, input.namespace, driver_config_maps).await?;
+    let host_root = gpuop_render::NvidiaDriverFacts::host_root_of(Some(&validated.spec));
+    let plans = crate::drivers::plan(
+        &drivers,
+        &nodes,
+        &routing,
+        crate::drivers::DriversInput {
+            enabled: nvidia_drivers_on,
+            namespace: input.namespace,
+            detection: input.detection,
+            image_defaults: input.image_defaults,
+            host_root: &host_root,
+            runtime: facts.runtime,
+            config_map_keys: &driver_config_map_keys,
+            validation_timeout_seconds: gpuop_api::upgrade::DEFAULT_VALIDATION_TIMEOUT_SECONDS,
+        },
+    );
+    let owner = apply::owner_reference(policy);
+    let driver_owners: Vec<_> = plans.iter().map(|p| apply::owner_reference(&*p.driver)).collect();
+    let mut owned = vec![Owned {
+        rendered: &rendered,
+        owner: &owner,
+    }];
+    owned.extend(plans.iter().zip(&driver_owners).map(|(plan, owner)| Owned {
+        rendered: &plan.rendered,
+        owner,
+    }));
+
+    let mut live = BTreeMap::new();
+    for set in &owned {
+        for manifest in &set.rendered.objects {
+            let (kind, namespace, name) =
+                apply::key_of(manifest).ok_or_else(|| apply::ApplyError::UnknownKind {
+                    api_version: manifest.object["apiVersion"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    kind: manifest.kind().to_owned(),
+                    name: manifest.name().to_owned(),
+                })?;
+            let managed = MANAGED_KINDS
+                .iter()
+                .find(|k| k.kind == kind)
+                .expect("keys come from MANAGED_KINDS");
+            let found = managed
+                .api(client.clone(), &namespace)
+                .get_opt(&name)
+                .await
+                .map_err(read(&format!("{kind} {name:?}")))?;
+            if let Some(object) = found {
+                let value = serde_json::to_value(object).unwrap_or_default();
+                live.insert((kind.to_owned(), namespace, name), value);
+            }
+        }
+    }
+    let pods: Vec<LivePod> = Api::<Pod>::namespaced(client.clone(), input.namespace)
+        .list(&list)
+        .await
+        .map_err(read("Pods"))?
+        .items
+        .into_iter()
+        .map(|pod| LivePod {
+            name: pod.metadata.name.unwrap_or_default(),
+            node: pod.spec.and_then(|s| s.node_name).unwrap_or_default(),
+            owners: pod
+                .metadata
+                .owner_references
+                .into_iter()
+                .flatten()
+                .map(|o| o.uid)
+                .collect(),
+        })
+        .collect();
+    let desired = desired_objects(&owned, &live);
+    Ok(diff(&desired, &live, &pods))
+}

@@ -234,7 +234,7 @@ async fn serve(
 }
 
 /// Whether the Prometheus Operator's ServiceMonitor CRD is installed (checked once, at start).
-async fn service_monitor_crd(client: &Client) -> bool {
+pub(crate) async fn service_monitor_crd(client: &Client) -> bool {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     match api.get_opt("servicemonitors.monitoring.coreos.com").await {
         Ok(found) => found.is_some(),

@@ -230,3 +230,26 @@ mod check {
         assert_eq!(output.status.code(), Some(0), "{}", stdout(&output));
     }
 }
+
+mod diff_live {
+    use super::*;
+
+    #[test]
+    fn without_a_cluster_it_exits_2_and_says_why() {
+        let output = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+            .args(["render", "--diff-live"])
+            .env_clear()
+            .env("KUBECONFIG", "/nonexistent/kubeconfig")
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("cannot reach the cluster"), "{stderr}");
+    }
+
+    #[test]
+    fn a_policy_file_and_the_live_cluster_are_not_both_rendered() {
+        let output = gpu_operator(&["render", "--diff-live", "-f", "deploy/samples/clusterpolicy.yaml"]);
+        assert_eq!(output.status.code(), Some(2), "a usage error");
+    }
+}

@@ -104,10 +104,14 @@ pub(crate) fn daemonset(inputs: &Inputs<'_>, info: &OperandInfo, pod: OperandPod
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
 
-    let mut object_labels = user_labels;
-    object_labels.insert("app".to_owned(), pod.name.clone());
-    object_labels.extend(pod.selector.clone());
-    object_labels.extend(pod.labels.clone());
+    // The pod template carries the labels NVIDIA's operator gives it (its asset's, then the policy's
+    // `daemonsets.labels`), nothing of ours: a label added there restarts every pod of a cluster that
+    // migrates from NVIDIA's operator. Ours go on the object, where pruning and the caches select by them.
+    let mut pod_labels = user_labels;
+    pod_labels.insert("app".to_owned(), pod.name.clone());
+    pod_labels.extend(pod.selector.clone());
+    pod_labels.extend(pod.labels.clone());
+    let mut object_labels = pod_labels.clone();
     object_labels.insert(MANAGED_BY.to_owned(), MANAGED_BY_VALUE.to_owned());
     object_labels.insert(COMPONENT.to_owned(), info.component.to_owned());
 
@@ -143,7 +147,7 @@ pub(crate) fn daemonset(inputs: &Inputs<'_>, info: &OperandInfo, pod: OperandPod
     DaemonSet {
         metadata: ObjectMeta {
             name: Some(pod.name.clone()),
-            labels: Some(object_labels.clone()),
+            labels: Some(object_labels),
             annotations: daemonsets.annotations.clone().filter(|a| !a.is_empty()),
             ..ObjectMeta::default()
         },
@@ -154,7 +158,7 @@ pub(crate) fn daemonset(inputs: &Inputs<'_>, info: &OperandInfo, pod: OperandPod
             },
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(object_labels),
+                    labels: Some(pod_labels),
                     annotations: (!annotations.is_empty()).then_some(annotations),
                     ..ObjectMeta::default()
                 }),

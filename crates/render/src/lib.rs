@@ -29,6 +29,7 @@ use gpuop_api::{OPERANDS, Operand, ValidatedPolicy};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+mod adopt;
 mod daemonset;
 mod image;
 mod inputs;
@@ -39,6 +40,7 @@ mod operands;
 mod pod;
 mod rbac;
 
+pub use adopt::keep_live_driver_digest;
 pub use image::{os_tag, sanitized_kernel};
 pub use nvidia_driver::{NvidiaDriverFacts, render_nvidia_driver};
 

@@ -3,10 +3,10 @@
 //! rewrites (`rootFS`, `driverInstallDir`) that NVIDIA applies to every operand pod before its own
 //! settings.
 
-use gpuop_api::OperandInfo;
 use gpuop_api::catalogue::status_file;
 use gpuop_api::cluster_policy::{DEFAULT_DRIVER_INSTALL_DIR, DEFAULT_ROOT_FS, HostPathsSpec};
 use gpuop_api::labels::VALIDATIONS_DIR;
+use gpuop_api::{Operand, OperandInfo};
 use k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, HostPathVolumeSource,
     KeyToPath, ObjectFieldSelector, PodSpec, SELinuxOptions, SecurityContext, Volume, VolumeMount,
@@ -221,11 +221,71 @@ pub(crate) fn wait_container_name(file: &str) -> String {
     format!("{}-validation", file.trim_end_matches("-ready"))
 }
 
-/// One init container per status file the operand's catalogue entry waits for, in order: a shell loop in
+/// Name of the host-path volume of `/run/nvidia`, which some of NVIDIA's assets mount in their waiting init
+/// container instead of the status-file directory alone.
+pub(crate) const RUN_NVIDIA_VOLUME: &str = "run-nvidia";
+
+/// The host-path volume of `/run/nvidia`, as the asset of the operand that mounts it declares it (`kind` is
+/// its hostPath `type`: `Directory` in most, none in the DCGM exporter's).
+pub(crate) fn run_nvidia_volume(kind: Option<&str>) -> Volume {
+    host_path(RUN_NVIDIA_VOLUME, "/run/nvidia", kind)
+}
+
+/// How NVIDIA's asset of an operand spells its waiting init container: the echo text, and what it mounts.
+/// Matched word for word because the pod template is compared whole: a different text or mount restarts
+/// every pod of a cluster that migrates from NVIDIA's operator (docs/migrate.md).
+struct WaitStyle {
+    /// What the loop prints; `None` for operands whose NVIDIA asset has no such container to match.
+    echo: Option<&'static str>,
+    /// Mounts `/run/nvidia` (volume [`RUN_NVIDIA_VOLUME`]) rather than `/run/nvidia/validations`.
+    run_nvidia: bool,
+    /// The propagation of the mount.
+    propagation: Propagation,
+}
+
+fn wait_style(operand: Operand) -> WaitStyle {
+    const STACK: Option<&str> = Some("waiting for nvidia container stack to be setup");
+    let style = |echo, run_nvidia, propagation| WaitStyle {
+        echo,
+        run_nvidia,
+        propagation,
+    };
+    match operand {
+        Operand::DevicePlugin => style(STACK, false, Propagation::HostToContainer),
+        Operand::MpsControlDaemon | Operand::GpuFeatureDiscovery | Operand::Dcgm | Operand::DcgmExporter => {
+            style(STACK, true, Propagation::HostToContainer)
+        }
+        Operand::MigManager => style(
+            Some("waiting for nvidia container toolkit to be setup"),
+            false,
+            Propagation::HostToContainer,
+        ),
+        Operand::VgpuDeviceManager => style(
+            Some("waiting for NVIDIA vGPU Manager to be setup"),
+            false,
+            Propagation::Bidirectional,
+        ),
+        _ => style(None, false, Propagation::HostToContainer),
+    }
+}
+
+/// The status files an operand's pod waits on in init containers. The catalogue's chain is what the
+/// operand needs; NVIDIA's MIG manager asset waits only for the toolkit in an init container, its
+/// entrypoint script waits for `driver-ready` itself.
+fn init_waits(info: &OperandInfo) -> &'static [&'static str] {
+    if info.operand == Operand::MigManager {
+        &[status_file::TOOLKIT_READY]
+    } else {
+        info.waits_for
+    }
+}
+
+/// One init container per status file the operand waits on (see [`init_waits`]), in order: a shell loop in
 /// the validator image that polls `/run/nvidia/validations` (mounted with `HostToContainer` propagation,
-/// so files written by other pods show up) every five seconds.
+/// so files written by other pods show up) every five seconds, spelled as NVIDIA's asset spells it.
 pub(crate) fn status_file_waits(info: &OperandInfo, validator: &PulledImage) -> Vec<Container> {
-    info.waits_for
+    let style = wait_style(info.operand);
+    init_waits(info)
         .iter()
         .map(|file| {
             let test = std::iter::once(*file)
@@ -233,7 +293,15 @@ pub(crate) fn status_file_waits(info: &OperandInfo, validator: &PulledImage) -> 
                 .map(|f| format!("[ -f {VALIDATIONS_DIR}/{f} ]"))
                 .collect::<Vec<_>>()
                 .join(" || ");
-            let script = format!("until {test}; do echo waiting for {file} on this node; sleep 5; done");
+            let echo = style
+                .echo
+                .map_or_else(|| format!("waiting for {file} on this node"), str::to_owned);
+            let script = format!("until {test}; do echo {echo}; sleep 5; done");
+            let (volume, path) = if style.run_nvidia {
+                (RUN_NVIDIA_VOLUME, "/run/nvidia")
+            } else {
+                (VALIDATIONS_VOLUME, VALIDATIONS_DIR)
+            };
             let mut container = Container {
                 name: wait_container_name(file),
                 image: Some(validator.image.clone()),
@@ -241,12 +309,7 @@ pub(crate) fn status_file_waits(info: &OperandInfo, validator: &PulledImage) -> 
                 command: Some(vec!["sh".to_owned(), "-c".to_owned()]),
                 args: Some(vec![script]),
                 security_context: Some(privileged()),
-                volume_mounts: Some(vec![mount_with(
-                    VALIDATIONS_VOLUME,
-                    VALIDATIONS_DIR,
-                    false,
-                    Some(Propagation::HostToContainer),
-                )]),
+                volume_mounts: Some(vec![mount_with(volume, path, false, Some(style.propagation))]),
                 ..Container::default()
             };
             run_as_root(&mut container);

@@ -522,9 +522,17 @@ mod objects {
                     manifest.name()
                 );
                 if manifest.kind() == "DaemonSet" {
+                    // Our labels stay on the object: the pod template is labelled as NVIDIA labels it
+                    // (only the driver's pods carry a component), so adopting NVIDIA's DaemonSets
+                    // restarts no pod.
                     let pod_labels = &manifest.object["spec"]["template"]["metadata"]["labels"];
-                    assert_eq!(pod_labels[MANAGED_BY], MANAGED_BY_VALUE);
-                    assert_eq!(pod_labels[COMPONENT], expected);
+                    let driver = manifest.operand == Some(gpuop_api::Operand::Driver);
+                    assert_eq!(
+                        pod_labels[COMPONENT].as_str(),
+                        driver.then_some(expected),
+                        "{}",
+                        manifest.name()
+                    );
                 }
             }
         }
@@ -818,11 +826,22 @@ mod daemonsets {
                 "{}",
                 ds.name()
             );
-            assert_ne!(
+            // As in NVIDIA's operator, the policy's labels reach pod templates; only the driver's own
+            // component label, by which its pods are found, wins over them.
+            let expected = if ds.name().starts_with("nvidia-driver-daemonset") {
+                "nvidia-driver"
+            } else {
+                "other"
+            };
+            assert_eq!(
                 template["labels"]["app.kubernetes.io/component"],
-                "other",
+                expected,
                 "{}",
                 ds.name()
+            );
+            assert_ne!(
+                ds.object["metadata"]["labels"]["app.kubernetes.io/component"],
+                "other"
             );
             assert_eq!(ds.object["metadata"]["labels"]["team"], "ml");
             assert_eq!(ds.object["metadata"]["annotations"]["owner"], "ml-platform");
@@ -862,6 +881,10 @@ mod daemonsets {
             let ds = object(&rendered, "DaemonSet", info.daemonset);
             let inits = init_names(ds);
             for file in info.waits_for {
+                // NVIDIA's MIG manager waits for the driver in its entrypoint script, not an init container.
+                if info.operand == gpuop_api::Operand::MigManager && *file == "driver-ready" {
+                    continue;
+                }
                 let name = format!("{}-validation", file.trim_end_matches("-ready"));
                 assert!(
                     inits.contains(&name.as_str()),
@@ -873,7 +896,8 @@ mod daemonsets {
                     .as_array()
                     .unwrap()
                     .iter()
-                    .find(|m| m["mountPath"] == VALIDATIONS_DIR)
+                    // NVIDIA's assets mount the directory, or `/run/nvidia` above it.
+                    .find(|m| m["mountPath"] == VALIDATIONS_DIR || m["mountPath"] == "/run/nvidia")
                     .unwrap_or_else(|| panic!("{} {name} does not mount {VALIDATIONS_DIR}", info.id));
                 assert!(
                     ["HostToContainer", "Bidirectional"]
@@ -887,7 +911,7 @@ mod daemonsets {
                     .iter()
                     .find(|v| v["name"] == mount["name"])
                     .unwrap();
-                assert_eq!(volume["hostPath"]["path"], VALIDATIONS_DIR);
+                assert_eq!(volume["hostPath"]["path"], mount["mountPath"]);
                 assert_eq!(
                     wait["image"], "nvcr.io/nvidia/gpu-operator:v26.7.0",
                     "{}",

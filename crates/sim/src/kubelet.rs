@@ -156,12 +156,14 @@ pub fn operand_of(pod: &Pod) -> Option<Operand> {
     {
         return Some(info.operand);
     }
-    labels.get("app").and_then(|app| {
-        OPERANDS
-            .iter()
-            .find(|info| app == info.daemonset || app.starts_with(&format!("{}-", info.daemonset)))
-            .map(|i| i.operand)
-    })
+    // Operand pods carry NVIDIA's `app` label: the DaemonSet's name, or for drivers per OS or kernel the
+    // name with a suffix. The longest matching name wins (`nvidia-dcgm-exporter` is not `nvidia-dcgm`).
+    let app = labels.get("app")?;
+    OPERANDS
+        .iter()
+        .filter(|info| app == info.daemonset || app.starts_with(&format!("{}-", info.daemonset)))
+        .max_by_key(|info| info.daemonset.len())
+        .map(|info| info.operand)
 }
 
 /// The status file a validator component writes when it passes.
@@ -557,6 +559,19 @@ mod tests {
             }),
             status: None,
         }
+    }
+
+    #[test]
+    fn pods_labelled_as_nvidia_labels_them_are_told_apart_by_their_app_label() {
+        // NVIDIA's operand pods carry no component label (but the driver's): `app` decides.
+        let operand = |app: &str| operand_of(&pod(app, Vec::new()));
+        assert_eq!(operand("nvidia-dcgm-exporter"), Some(Operand::DcgmExporter));
+        assert_eq!(operand("nvidia-dcgm"), Some(Operand::Dcgm));
+        assert_eq!(
+            operand("nvidia-driver-daemonset-ubuntu22.04"),
+            Some(Operand::Driver)
+        );
+        assert_eq!(operand("kube-proxy"), None);
     }
 
     fn at(seconds: i64) -> Timestamp {

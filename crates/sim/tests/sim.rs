@@ -5,6 +5,7 @@
 //! - `tools`: the pinned Helm from `target/tools/` (`scripts/tools.rs`, shared with the operator's tests);
 //! - `rbac`: `gpu-sim serve --authorization rbac` driven by kubectl with admin and service-account tokens;
 //! - `scenarios`: the simulator's actors on the fake API server, driven by hand-written objects and faults;
+//! - `migrate`: taking over a cluster NVIDIA's operator converged, without restarting its operand pods;
 //! - `operator`: the operator converging simulated clusters (controller-level tests of issue 5);
 //! - `workloads`: GPU workloads, their disruption budgets and evictions, and scenario actions on objects;
 //! - `upgrade`: the operator upgrading drivers node by node under running workloads, and NVIDIADriver pools.
@@ -15,6 +16,8 @@ mod cluster;
 mod helm;
 #[path = "sim/kubectl.rs"]
 mod kubectl;
+#[path = "sim/migrate.rs"]
+mod migrate;
 #[path = "sim/operator.rs"]
 mod operator;
 #[path = "sim/rbac.rs"]

@@ -28,7 +28,7 @@ use crate::operands::metrics::metrics_service;
 use crate::operands::{add_validator_pull_secrets, container};
 use crate::pod::{
     apply_host_paths, config_map_volume, env, field_env, file_mount, host_path, mount_with, privileged,
-    set_env, status_file_waits, validations_volume,
+    run_nvidia_volume, set_env, status_file_waits,
 };
 use crate::rbac::{access, push_exporter_read_pods};
 
@@ -88,6 +88,9 @@ pub(crate) fn render_host_engine(
         ports: Some(vec![ContainerPort {
             name: Some("dcgm".to_owned()),
             container_port: HOST_ENGINE_PORT,
+            // The API server\'s default, written out: server-side apply keys container ports by port
+            // and protocol, and an applied port without one is another list item than the stored port.
+            protocol: Some("TCP".to_owned()),
             ..ContainerPort::default()
         }]),
         liveness_probe: Some(tcp_probe()),
@@ -98,7 +101,7 @@ pub(crate) fn render_host_engine(
         service_account_name: Some(access(info.operand).account.to_owned()),
         init_containers: Some(status_file_waits(info, &validator)),
         containers: vec![engine],
-        volumes: Some(vec![validations_volume()]),
+        volumes: Some(vec![run_nvidia_volume(Some("Directory"))]),
         ..PodSpec::default()
     };
     apply_host_paths(&mut spec, &inputs.host_paths);
@@ -203,6 +206,9 @@ pub(crate) fn render_exporter(
         ports: Some(vec![ContainerPort {
             name: Some("metrics".to_owned()),
             container_port: EXPORTER_PORT,
+            // The API server\'s default, written out: server-side apply keys container ports by port
+            // and protocol, and an applied port without one is another list item than the stored port.
+            protocol: Some("TCP".to_owned()),
             ..ContainerPort::default()
         }]),
         liveness_probe: Some(health(Some(5))),
@@ -230,7 +236,7 @@ pub(crate) fn render_exporter(
                 ),
                 None,
             ),
-            validations_volume(),
+            run_nvidia_volume(None),
         ]),
         ..PodSpec::default()
     };

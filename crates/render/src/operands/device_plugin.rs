@@ -17,7 +17,7 @@
 use gpuop_api::OperandInfo;
 use gpuop_api::cluster_policy::DEFAULT_MPS_ROOT;
 use gpuop_api::labels::DEVICE_PLUGIN_CONFIG;
-use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec, ResourceRequirements};
 
 use crate::RenderError;
 use crate::daemonset::OperandPod;
@@ -26,8 +26,8 @@ use crate::manifest::{Objects, Owner};
 use crate::operands::{add_validator_pull_secrets, config_map, container};
 use crate::pod::{
     DRIVER_INSTALL_DIR_VOLUME, HOST_ROOT_VOLUME, Propagation, VALIDATIONS_VOLUME, apply_host_paths,
-    config_map_volume, empty_dir, env, field_env, host_path, mount, mount_with, privileged, set_env,
-    status_file_waits, validations_volume,
+    config_map_volume, empty_dir, env, field_env, host_path, mount, mount_with, privileged,
+    run_nvidia_volume, set_env, status_file_waits, validations_volume,
 };
 use crate::rbac::access;
 
@@ -259,6 +259,15 @@ pub(crate) fn config_manager(
         .push(config_manager_container(image, false, process, default, name));
 }
 
+/// `NODE_NAME` as NVIDIA's MPS asset spells it, with the field's API version (the server's default).
+fn node_name_v1() -> EnvVar {
+    let mut var = field_env("NODE_NAME", "spec.nodeName");
+    if let Some(field) = var.value_from.as_mut().and_then(|from| from.field_ref.as_mut()) {
+        field.api_version = Some("v1".to_owned());
+    }
+    var
+}
+
 /// The MPS control daemon DaemonSet, on nodes feature discovery marks `nvidia.com/mps.capable=true`: it
 /// starts one MPS daemon per shared resource under the MPS root, which the device plugin hands to pods.
 pub(crate) fn mps_control_daemon(inputs: &Inputs<'_>, info: &OperandInfo) -> Result<OperandPod, RenderError> {
@@ -282,7 +291,7 @@ pub(crate) fn mps_control_daemon(inputs: &Inputs<'_>, info: &OperandInfo) -> Res
     let daemon = Container {
         command: Some(vec!["mps-control-daemon".to_owned()]),
         env: Some(vec![
-            field_env("NODE_NAME", "spec.nodeName"),
+            node_name_v1(),
             env("NVIDIA_VISIBLE_DEVICES", "all"),
             env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
         ]),
@@ -297,7 +306,7 @@ pub(crate) fn mps_control_daemon(inputs: &Inputs<'_>, info: &OperandInfo) -> Res
         init_containers: Some(init),
         containers: vec![daemon],
         volumes: Some(vec![
-            validations_volume(),
+            run_nvidia_volume(Some("Directory")),
             host_path("mps-root", DEFAULT_MPS_ROOT, Some("DirectoryOrCreate")),
             host_path("mps-shm", &format!("{DEFAULT_MPS_ROOT}/shm"), None),
         ]),

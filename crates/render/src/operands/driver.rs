@@ -480,7 +480,12 @@ pub(crate) fn driver_pod(
 
     let mut operand_pod = OperandPod::named(&target.name, pod);
     operand_pod.selector = labels(&[("app", &target.app)]);
-    operand_pod.labels = labels(&[(PRECOMPILED_LABEL, if precompiled { "true" } else { "false" })]);
+    // NVIDIA's asset labels driver pods with their component too (its readiness and the upgrade
+    // controller find driver pods by it).
+    operand_pod.labels = labels(&[
+        (PRECOMPILED_LABEL, if precompiled { "true" } else { "false" }),
+        (COMPONENT, gpuop_api::Operand::Driver.info().component),
+    ]);
     operand_pod.annotations = labels(&[("kubectl.kubernetes.io/default-container", DRIVER_CONTAINER)]);
     operand_pod.node_selector = target.node_selector.clone();
     operand_pod.rollout = Rollout::OnDelete;
@@ -665,8 +670,10 @@ fn module_container(
         image: with_os_suffix(&image.image, os_tag),
         pull_policy: image.pull_policy,
     };
+    // NVIDIA's asset text, double space included: a different text restarts the driver pods of a cluster
+    // that migrates from NVIDIA's operator.
     let script = format!(
-        "until [ -d /run/nvidia/driver/usr/src ] && lsmod | grep -q nvidia; do echo waiting for the NVIDIA driver to be installed; sleep 10; done; exec {installer} install"
+        "until [ -d /run/nvidia/driver/usr/src ] && lsmod | grep nvidia; do echo  Waiting for nvidia-driver to be installed...; sleep 10; done; exec {installer} install"
     );
     Container {
         command: Some(vec!["bash".to_owned(), "-xc".to_owned()]),

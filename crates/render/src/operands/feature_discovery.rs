@@ -14,8 +14,8 @@ use crate::inputs::{Inputs, PulledImage, add_pull_secrets, apply_env, apply_host
 use crate::operands::device_plugin::config_manager;
 use crate::operands::{add_validator_pull_secrets, container};
 use crate::pod::{
-    apply_host_paths, env, field_env, host_path, mount, mount_with, privileged, status_file_waits,
-    validations_volume,
+    apply_host_paths, env, field_env, host_path, mount, mount_with, privileged, run_nvidia_volume,
+    status_file_waits,
 };
 use crate::rbac::access;
 
@@ -52,7 +52,7 @@ pub(crate) fn render(inputs: &Inputs<'_>, info: &OperandInfo) -> Result<OperandP
         volumes: Some(vec![
             host_path("output-dir", FEATURES_DIR, None),
             host_path("host-sys", "/sys", None),
-            validations_volume(),
+            run_nvidia_volume(Some("Directory")),
         ]),
         ..PodSpec::default()
     };

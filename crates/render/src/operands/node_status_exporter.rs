@@ -52,6 +52,9 @@ pub(crate) fn render(
         ports: Some(vec![ContainerPort {
             name: Some(PORT_NAME.to_owned()),
             container_port: PORT,
+            // The API server\'s default, written out: server-side apply keys container ports by port
+            // and protocol, and an applied port without one is another list item than the stored port.
+            protocol: Some("TCP".to_owned()),
             ..ContainerPort::default()
         }]),
         security_context: Some(privileged()),

@@ -140,7 +140,7 @@ fn sleeper(image: &PulledImage, name: &str, cleanup: &str) -> Container {
     Container {
         command: Some(vec!["sh".to_owned(), "-c".to_owned()]),
         args: Some(vec![
-            "echo all validations passed; while true; do sleep 86400; done".to_owned(),
+            "echo all validations are successful; while true; do sleep 86400; done".to_owned(),
         ]),
         security_context: Some(privileged()),
         lifecycle: Some(Lifecycle {

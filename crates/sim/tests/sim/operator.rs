@@ -35,7 +35,7 @@ use serde_json::json;
 /// Generous: a failure guard on a loaded two-core machine, not a performance assertion.
 const PATIENCE: Duration = Duration::from_secs(90);
 
-fn pool(name: &str, count: u32, model: Option<GpuModel>) -> NodePool {
+pub(crate) fn pool(name: &str, count: u32, model: Option<GpuModel>) -> NodePool {
     let mut pool = ClusterSpec::demo().node_pools.remove(0);
     pool.name = name.into();
     pool.count = count;
@@ -44,10 +44,10 @@ fn pool(name: &str, count: u32, model: Option<GpuModel>) -> NodePool {
 }
 
 /// A fake API server, a simulated cluster on it, and the operator.
-struct Cluster {
-    server: FakeServer,
-    client: Client,
-    simulation: Simulation,
+pub(crate) struct Cluster {
+    pub(crate) server: FakeServer,
+    pub(crate) client: Client,
+    pub(crate) simulation: Simulation,
     operator: Option<Running>,
 }
 
@@ -58,7 +58,7 @@ impl Cluster {
         cluster
     }
 
-    async fn without_operator(pools: Vec<NodePool>) -> Self {
+    pub(crate) async fn without_operator(pools: Vec<NodePool>) -> Self {
         let server = FakeServer::new();
         let client = server.client_as(gpuop_sim::USER_AGENT);
         install(&client).await.expect("CRDs and namespace install");
@@ -102,7 +102,7 @@ impl Cluster {
         lease.spec?.holder_identity
     }
 
-    async fn start_operator(&mut self) {
+    pub(crate) async fn start_operator(&mut self) {
         let config = Config::in_process(NAMESPACE);
         self.operator = Some(
             run::start(self.server.client_as(gpuop_operator::USER_AGENT), config)
@@ -117,12 +117,12 @@ impl Cluster {
         }
     }
 
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         self.stop_operator().await;
         self.simulation.stop().await;
     }
 
-    async fn apply(&self, yaml: &str) {
+    pub(crate) async fn apply(&self, yaml: &str) {
         apply_policy(&self.client, yaml).await.expect("policy applies");
     }
 
@@ -211,7 +211,7 @@ impl Cluster {
     }
 
     /// Waits until the check passes; panics with its last answer after [`PATIENCE`].
-    async fn until<F, Fut>(&self, what: &str, mut check: F)
+    pub(crate) async fn until<F, Fut>(&self, what: &str, mut check: F)
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<(), String>>,
@@ -229,7 +229,7 @@ impl Cluster {
     }
 
     /// Waits until the policy is Ready and every operand that should run is ready on every node.
-    async fn converged(&self, policy: &str) {
+    pub(crate) async fn converged(&self, policy: &str) {
         let client = self.client.clone();
         let policy = policy.to_owned();
         self.until("the cluster converges", || {
