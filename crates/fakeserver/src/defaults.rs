@@ -67,6 +67,17 @@ pub(crate) fn apply(info: &ResourceInfo, object: &mut Value) {
                 template(spec);
             }
         }
+        ("batch", "Job") => {
+            if let Some(spec) = object_at(object, "spec") {
+                set(spec, "parallelism", json!(1));
+                set(spec, "completions", json!(1));
+                set(spec, "backoffLimit", json!(6));
+                set(spec, "completionMode", json!("NonIndexed"));
+                set(spec, "suspend", json!(false));
+                set(spec, "podReplacementPolicy", json!("TerminatingOrFailed"));
+                template(spec);
+            }
+        }
         ("apps", "ReplicaSet") => {
             if let Some(spec) = object_at(object, "spec") {
                 set(spec, "replicas", json!(1));
@@ -273,6 +284,7 @@ pub(crate) fn initial_status(info: &ResourceInfo, object: &mut Value) {
         })),
         ("apps", "Deployment") => Some(json!({})),
         ("apps", "ReplicaSet") => Some(json!({"replicas": 0})),
+        ("batch", "Job") => Some(json!({})),
         ("", "Service") => Some(json!({"loadBalancer": {}})),
         ("policy", "PodDisruptionBudget") => Some(
             json!({"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0}),

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use crate::accounting::{RequestKey, RequestLog, Verb, client_label};
 use crate::authz::rbac::{Attributes, UserInfo};
 use crate::authz::request_info::request_info;
-use crate::authz::{Authz, Escalation, RBAC_GROUP};
+use crate::authz::{Authz, CreateOnApply, Escalation, RBAC_GROUP};
 use crate::discovery;
 use crate::encode::{self, Projection};
 use crate::error::{ApiError, success_status};
@@ -466,7 +466,26 @@ impl ResourceRequest<'_> {
             force,
             keep_identity: false,
             escalation: self.escalation(),
+            create_on_apply: if apply { self.create_on_apply() } else { None },
         })
+    }
+
+    /// For a server-side apply (rbac mode): the `create` authorization the API server also demands when
+    /// the apply creates the object (its patch handler's create validation).
+    fn create_on_apply(&self) -> Option<Arc<CreateOnApply>> {
+        let user = self.user?;
+        if user.is_master() {
+            return None;
+        }
+        let info = self.info();
+        let mut attrs =
+            Attributes::resource("create", &info.group, &info.plural, self.namespace(), self.name());
+        attrs.api_version.clone_from(&info.version);
+        Some(Arc::new(CreateOnApply {
+            authz: self.shared.authz.clone(),
+            user: user.clone(),
+            attrs,
+        }))
     }
 
     /// The privilege-escalation check for a write of a Role or binding by someone outside

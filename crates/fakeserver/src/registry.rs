@@ -282,6 +282,7 @@ const BUILTINS: &[Builtin] = &[
         .generation()
         .short(&["rs"]),
     builtin("apps", "v1", "ControllerRevision", "controllerrevisions", true),
+    builtin("batch", "v1", "Job", "jobs", true).status().generation(),
     builtin("events.k8s.io", "v1", "Event", "events", true)
         .short(&["ev"])
         .fields(NEW_EVENT_FIELDS),

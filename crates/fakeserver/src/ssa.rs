@@ -183,6 +183,33 @@ pub(crate) struct Conflict {
     pub(crate) path: Path,
 }
 
+/// Whether two field values are the same as the API server compares them: numbers by value, so `1` and
+/// `1.0` (a YAML file's float against a typed client's integer) are one value, as Go's decoding makes them.
+fn same_values(a: Option<&Value>, b: Option<&Value>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => same_value(a, b),
+        (a, b) => a == b,
+    }
+}
+
+fn same_value(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64()) {
+            (Some(x), Some(y)) => x == y,
+            _ => x.as_f64() == y.as_f64(),
+        },
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_value(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(key, x)| y.get(key).is_some_and(|y| same_value(x, y)))
+        }
+        _ => a == b,
+    }
+}
+
 /// Applies `config` onto `live` (the stored object, or a skeleton when creating); returns the new object with
 /// its managed fields, or the conflicts.
 pub(crate) fn apply(live: &Value, config: &Value, applier: &Applier<'_>) -> Result<Value, Vec<Conflict>> {
@@ -197,7 +224,7 @@ pub(crate) fn apply(live: &Value, config: &Value, applier: &Applier<'_>) -> Resu
         for path in applied.iter().filter(|p| entry.fields.contains(p)) {
             let wanted = fieldset::lookup(&config, path);
             let leaf = wanted.is_some_and(is_leaf) && !applied.has_descendants(path);
-            if leaf && fieldset::lookup(live, path) != wanted {
+            if leaf && !same_values(fieldset::lookup(live, path), wanted) {
                 conflicts.push(Conflict {
                     manager: entry.manager.clone(),
                     api_version: entry.api_version.clone(),
@@ -363,7 +390,7 @@ pub(crate) fn record_update(old: Option<&Value>, new: &mut Value, updater: &Upda
         let before = fieldset::lookup(&old_scoped, path);
         let differs = match now {
             Some(Value::Object(map)) if !map.is_empty() => before.is_none(),
-            _ => before != now,
+            _ => !same_values(before, now),
         };
         if differs {
             changed.insert(path.clone());
@@ -466,6 +493,16 @@ mod tests {
             None,
             "an emptied label map goes too"
         );
+    }
+
+    #[test]
+    fn numbers_are_compared_by_value() {
+        assert!(same_value(
+            &json!({"minimum": [1, 0.5]}),
+            &json!({"minimum": [1.0, 0.5]})
+        ));
+        assert!(!same_value(&json!({"minimum": 1}), &json!({"minimum": 1.5})));
+        assert!(!same_value(&json!([1]), &json!(["1"])));
     }
 
     #[test]

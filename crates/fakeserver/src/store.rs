@@ -20,8 +20,8 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-use crate::authz::Escalation;
 use crate::authz::rbac::{RbacIndex, RbacKind};
+use crate::authz::{CreateOnApply, Escalation};
 use crate::clock::{Clock, format_time};
 use crate::error::{ApiError, GroupKind};
 use crate::gc::Work;
@@ -186,6 +186,9 @@ pub(crate) struct WriteOptions {
     pub(crate) keep_identity: bool,
     /// In rbac mode, for writes of Roles and bindings: the privilege-escalation check.
     pub(crate) escalation: Option<Arc<Escalation>>,
+    /// In rbac mode, for a server-side apply: the requester's `create` authorization, which the server
+    /// also demands when the apply creates the object.
+    pub(crate) create_on_apply: Option<Arc<CreateOnApply>>,
 }
 
 /// The outcome of a successful write.

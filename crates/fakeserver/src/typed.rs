@@ -7,7 +7,7 @@
 //! configuration against the schema before merging and refuses what it does not declare, whatever
 //! `fieldValidation` says.
 
-use k8s_openapi::api::{apps, coordination, core, events, node, policy, rbac, scheduling};
+use k8s_openapi::api::{apps, batch, coordination, core, events, node, policy, rbac, scheduling};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
@@ -73,6 +73,7 @@ pub(crate) fn normalize(info: &ResourceInfo, object: &Value) -> Result<Normalize
             ("apps", "DaemonSet") => roundtrip::<apps::v1::DaemonSet>(info, object)?,
             ("apps", "Deployment") => roundtrip::<apps::v1::Deployment>(info, object)?,
             ("apps", "ReplicaSet") => roundtrip::<apps::v1::ReplicaSet>(info, object)?,
+            ("batch", "Job") => roundtrip::<batch::v1::Job>(info, object)?,
             ("apps", "ControllerRevision") => roundtrip::<apps::v1::ControllerRevision>(info, object)?,
             ("events.k8s.io", "Event") => roundtrip::<events::v1::Event>(info, object)?,
             ("rbac.authorization.k8s.io", "Role") => roundtrip::<rbac::v1::Role>(info, object)?,

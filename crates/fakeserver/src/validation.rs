@@ -473,6 +473,21 @@ pub(crate) fn builtin(info: &ResourceInfo, object: &Value, old: Option<&Value>) 
             }
         }
         ("apps", "DaemonSet" | "Deployment") => workload(object, old, &mut causes),
+        ("batch", "Job") => {
+            let template = object.pointer("/spec/template/spec");
+            pod_spec(template, "spec.template.spec", &mut causes);
+            let restart = template
+                .and_then(|spec| spec.get("restartPolicy"))
+                .cloned()
+                .unwrap_or(Value::Null);
+            if !matches!(restart.as_str(), Some("OnFailure" | "Never")) {
+                causes.push(unsupported(
+                    "spec.template.spec.restartPolicy",
+                    &restart,
+                    &["OnFailure", "Never"],
+                ));
+            }
+        }
         ("", "ConfigMap" | "Secret") => {
             for section in ["data", "binaryData", "stringData"] {
                 for key in object

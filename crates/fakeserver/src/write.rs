@@ -817,6 +817,9 @@ impl State {
                 if opts.status {
                     return Err(not_found(info, name));
                 }
+                if let Some(create) = &opts.create_on_apply {
+                    create.check()?;
+                }
                 let mut skeleton =
                     json!({"apiVersion": api_version, "kind": info.kind, "metadata": {"name": name}});
                 if info.namespaced {

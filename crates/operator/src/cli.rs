@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::check;
 use crate::lease::Timing;
 use crate::run::{self, DEFAULT_LEASE_NAME, LeaderElection};
+use gpuop_api::ImageDefaults;
 use gpuop_api::labels::GpuDetection;
 
 /// The GPU operator: makes nodes with NVIDIA GPUs usable by Kubernetes workloads, and keeps them so.
@@ -271,7 +272,8 @@ where
     })
 }
 
-async fn apply_crds(client: kube::Client, timeout_seconds: u64) -> ExitCode {
+/// `gpu-operator crd --apply` with `client`: prints one line per CRD; exit status 0 or 1.
+pub async fn apply_crds(client: kube::Client, timeout_seconds: u64) -> ExitCode {
     let (done, result) =
         crate::crd_install::apply_all(&client, std::time::Duration::from_secs(timeout_seconds)).await;
     for (name, outcome) in done {
@@ -286,7 +288,8 @@ async fn apply_crds(client: kube::Client, timeout_seconds: u64) -> ExitCode {
     }
 }
 
-async fn uninstall(client: kube::Client, args: UninstallArgs) -> ExitCode {
+/// `gpu-operator uninstall` with `client`: prints what it removed and what is left; exit status 0, 1 or 2.
+pub async fn uninstall(client: kube::Client, args: UninstallArgs) -> ExitCode {
     let options = crate::uninstall::Options {
         namespace: args.namespace,
         timeout: std::time::Duration::from_secs(args.timeout_seconds),
@@ -326,19 +329,7 @@ fn run_operator(args: RunArgs) -> ExitCode {
         let identity = std::env::var("POD_NAME")
             .or_else(|_| std::env::var("HOSTNAME"))
             .unwrap_or_else(|_| format!("gpu-operator-{}", std::process::id()));
-        let config = run::Config {
-            namespace: args.namespace,
-            detection: args.gpu_node_selector.map_or(GpuDetection::Nfd, GpuDetection::NfdOrSelector),
-            image_defaults: check::image_defaults_from_env(),
-            leader_election: args.leader_elect.then(|| LeaderElection {
-                lease_name: args.lease_name,
-                identity,
-                timing: Timing::default(),
-            }),
-            metrics_address: Some(args.metrics_bind_address),
-            health_address: Some(args.health_probe_bind_address),
-            upgrade_validation_timeout_seconds: args.upgrade_validation_timeout_seconds,
-        };
+        let config = run_config(args, identity, check::image_defaults_from_env());
         let running = match run::start(client, config).await {
             Ok(running) => running,
             Err(error) => {
@@ -351,6 +342,26 @@ fn run_operator(args: RunArgs) -> ExitCode {
         running.stop().await;
         ExitCode::SUCCESS
     })
+}
+
+/// The operator's configuration from `gpu-operator run`'s arguments; `identity` names this replica in
+/// the leader-election Lease, `image_defaults` are the images its environment names (`VALIDATOR_IMAGE`, ...).
+pub fn run_config(args: RunArgs, identity: String, image_defaults: ImageDefaults) -> run::Config {
+    run::Config {
+        namespace: args.namespace,
+        detection: args
+            .gpu_node_selector
+            .map_or(GpuDetection::Nfd, GpuDetection::NfdOrSelector),
+        image_defaults,
+        leader_election: args.leader_elect.then(|| LeaderElection {
+            lease_name: args.lease_name,
+            identity,
+            timing: Timing::default(),
+        }),
+        metrics_address: Some(args.metrics_bind_address),
+        health_address: Some(args.health_probe_bind_address),
+        upgrade_validation_timeout_seconds: args.upgrade_validation_timeout_seconds,
+    }
 }
 
 /// A client from the kubeconfig or the in-cluster config that names itself in `User-Agent`, so that API

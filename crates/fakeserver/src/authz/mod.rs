@@ -234,7 +234,7 @@ impl Authz {
             rbac::authorize(&index, user, attrs)
         };
         if decision.allowed {
-            lock(&self.log).allowed(user, &decision.matched);
+            lock(&self.log).allowed(user, attrs, &decision.matched);
             return Ok(());
         }
         let error = forbidden(attrs, &user.name, &decision.reason);
@@ -509,6 +509,24 @@ pub(crate) fn forbidden(attrs: &Attributes, user: &str, reason: &str) -> ApiErro
         resource,
         name: attrs.name.clone(),
         message,
+    }
+}
+
+/// The `create` authorization a server-side apply by a user outside `system:masters` must also pass when it
+/// creates the object.
+#[derive(Debug)]
+pub(crate) struct CreateOnApply {
+    pub(crate) authz: Arc<Authz>,
+    pub(crate) user: UserInfo,
+    /// The apply request's attributes, with verb `create`.
+    pub(crate) attrs: Attributes,
+}
+
+impl CreateOnApply {
+    /// Whether the requester may create the object its apply is about to create; records the decision like
+    /// any other.
+    pub(crate) fn check(&self) -> Result<(), ApiError> {
+        self.authz.authorize(&self.user, &self.attrs)
     }
 }
 

@@ -2,7 +2,7 @@
 //! its bindings grant with how many allowed requests it allowed. Read in-process with
 //! [`crate::FakeServer::authorization_report`] or as JSON from `GET /fake/authorization`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -98,6 +98,10 @@ pub struct GrantedRule {
     /// How many of the user's allowed requests this rule allowed (every matching rule counts, not only the
     /// first).
     pub used: u64,
+    /// The permissions those requests exercised, each as `verb group/resource` (`list /nodes`,
+    /// `create /pods/eviction`, `get nonResourceURL /version`), so a test can tell which of a rule's verbs
+    /// and resources were never needed.
+    pub used_as: BTreeSet<String>,
     /// Whether the role is part of the server's bootstrap policy (`system:discovery`, ...), granted to every
     /// authenticated user rather than by a chart.
     pub bootstrap: bool,
@@ -108,7 +112,7 @@ struct UserLog {
     groups: Vec<String>,
     allowed: u64,
     denied: u64,
-    used: HashMap<RuleId, u64>,
+    used: HashMap<RuleId, (u64, BTreeSet<String>)>,
 }
 
 /// The live record behind the report.
@@ -134,14 +138,19 @@ impl ReportLog {
         }
     }
 
-    pub(crate) fn allowed(&mut self, user: &UserInfo, matched: &[RuleId]) {
+    pub(crate) fn allowed(&mut self, user: &UserInfo, attrs: &Attributes, matched: &[RuleId]) {
         if user.is_master() {
             return;
         }
+        let permission = permission(attrs);
         let log = self.user(user);
         log.allowed += 1;
         for rule in matched {
-            *log.used.entry(rule.clone()).or_default() += 1;
+            let (count, uses) = log.used.entry(rule.clone()).or_default();
+            *count += 1;
+            if !uses.contains(&permission) {
+                uses.insert(permission.clone());
+            }
         }
     }
 
@@ -182,7 +191,12 @@ impl ReportLog {
                     .granted(&user)
                     .into_iter()
                     .map(|(id, granted)| GrantedRule {
-                        used: log.used.get(&id).copied().unwrap_or(0),
+                        used: log.used.get(&id).map_or(0, |(count, _)| *count),
+                        used_as: log
+                            .used
+                            .get(&id)
+                            .map(|(_, uses)| uses.clone())
+                            .unwrap_or_default(),
                         role: id.role,
                         index: id.index,
                         rule: granted.rule,
@@ -205,5 +219,20 @@ impl ReportLog {
             denied_dropped: self.dropped,
             users,
         }
+    }
+}
+
+/// A request's permission as [`GrantedRule::used_as`] spells it.
+fn permission(attrs: &Attributes) -> String {
+    if !attrs.resource_request {
+        return format!("{} nonResourceURL {}", attrs.verb, attrs.path);
+    }
+    if attrs.subresource.is_empty() {
+        format!("{} {}/{}", attrs.verb, attrs.api_group, attrs.resource)
+    } else {
+        format!(
+            "{} {}/{}/{}",
+            attrs.verb, attrs.api_group, attrs.resource, attrs.subresource
+        )
     }
 }

@@ -44,7 +44,7 @@ fn copy_tree(from: &Path, to: &Path) {
 }
 
 /// Runs helm against the cluster, with its cache and configuration kept in the cluster's folder.
-async fn run_helm(cluster: &Cluster, args: &[&str]) -> Output {
+pub(crate) async fn run_helm(cluster: &Cluster, args: &[&str]) -> Output {
     let home = cluster.dir().join("helm-home");
     tokio::process::Command::new(helm())
         .args(args)
@@ -58,7 +58,7 @@ async fn run_helm(cluster: &Cluster, args: &[&str]) -> Output {
         .expect("helm runs")
 }
 
-async fn helm_ok(cluster: &Cluster, args: &[&str]) -> String {
+pub(crate) async fn helm_ok(cluster: &Cluster, args: &[&str]) -> String {
     let output = run_helm(cluster, args).await;
     assert!(
         output.status.success(),
@@ -69,7 +69,7 @@ async fn helm_ok(cluster: &Cluster, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-async fn client(cluster: &Cluster) -> Client {
+pub(crate) async fn client(cluster: &Cluster) -> Client {
     let kubeconfig = Kubeconfig::read_from(cluster.kubeconfig()).expect("kubeconfig");
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await

@@ -1,0 +1,680 @@
+//! The repository's chart end to end on an enforcing API server: `helm install` into
+//! `gpu-sim up --authorization rbac`, the operator running as the chart's ServiceAccount until the demo
+//! cluster converges, `helm upgrade` with an outdated CRD (the pre-upgrade hook brings it up to date), and
+//! `helm uninstall` (the pre-delete hook) leaving no operand object and no operator label behind.
+//!
+//! `gpu-sim` runs no Deployment or Job controller and no container, so [`Kubelet`] stands in for them: it
+//! runs what the chart's pods would run, the `gpu-operator` command line of their containers, in-process,
+//! each with a token minted for its pod's ServiceAccount, exactly as a pod's projected token would be. Any
+//! request the chart's RBAC does not allow is refused by the server, so the test fails on it; and every
+//! permission the chart grants that no request used must be justified in the chart, next to its rule.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use clap::Parser;
+use gpuop_api::ImageDefaults;
+use gpuop_operator::cli::{self, Cli, Command, CrdArgs};
+use gpuop_operator::run::{self, Running};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Container, ServiceAccount};
+use kube::Client;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::{Cluster, PATIENCE};
+use crate::helm::{client, helm_ok, run_helm};
+
+const NAMESPACE: &str = "gpu-operator";
+const RELEASE: &str = "gpu-operator";
+const OPERATOR: &str = "system:serviceaccount:gpu-operator:gpu-operator";
+const CRD_HOOK: &str = "system:serviceaccount:gpu-operator:gpu-operator-upgrade-crd";
+const UNINSTALL_HOOK: &str = "system:serviceaccount:gpu-operator:gpu-operator-uninstall";
+
+fn chart() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/gpu-operator")
+}
+
+/// What [`Kubelet`] saw and did.
+#[derive(Default)]
+struct Log {
+    /// Each hook Job run: its name and whether its command succeeded.
+    jobs: Vec<(String, bool)>,
+    /// The server's authorization report (`/fake/authorization`) right after each Job's command ran, while
+    /// the hook's ServiceAccount and RBAC still exist (Helm deletes them once the Job succeeds).
+    reports: Vec<Value>,
+    /// The operator's health endpoint while it runs.
+    health: Option<std::net::SocketAddr>,
+}
+
+/// Runs the chart's workloads in-process as their ServiceAccounts: the operator while its Deployment
+/// exists, and each hook Job's command once, reporting its outcome in the Job's status as the Job
+/// controller would.
+struct Kubelet {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    log: Arc<Mutex<Log>>,
+}
+
+impl Kubelet {
+    fn start(admin: Client, kubeconfig: PathBuf) -> Self {
+        let stop = CancellationToken::new();
+        let log = Arc::new(Mutex::new(Log::default()));
+        let task = tokio::spawn(kubelet(admin, kubeconfig, log.clone(), stop.clone()));
+        Self { stop, task, log }
+    }
+
+    fn log<T>(&self, read: impl FnOnce(&Log) -> T) -> T {
+        read(&self.log.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.expect("the kubelet task ends");
+    }
+}
+
+async fn kubelet(admin: Client, kubeconfig: PathBuf, log: Arc<Mutex<Log>>, stop: CancellationToken) {
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NAMESPACE);
+    let jobs: Api<Job> = Api::namespaced(admin.clone(), NAMESPACE);
+    let mut operator: Option<Running> = None;
+    let mut ran: BTreeSet<String> = BTreeSet::new();
+    loop {
+        let deployment = deployments.get_opt(RELEASE).await.ok().flatten();
+        match (deployment, &operator) {
+            (Some(deployment), None) => {
+                let running = start_operator(&admin, &kubeconfig, &deployment).await;
+                log.lock().unwrap_or_else(PoisonError::into_inner).health = running.bound.get(1).copied();
+                operator = Some(running);
+            }
+            (None, Some(_)) => {
+                if let Some(running) = operator.take() {
+                    running.stop().await;
+                }
+                log.lock().unwrap_or_else(PoisonError::into_inner).health = None;
+            }
+            _ => {}
+        }
+        for job in jobs
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            let uid = job.metadata.uid.clone().unwrap_or_default();
+            let finished = job
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| !c.is_empty());
+            if finished || !ran.insert(uid) {
+                continue;
+            }
+            let name = job.metadata.name.clone().unwrap_or_default();
+            let succeeded = run_job(&admin, &kubeconfig, &job).await;
+            let report = authorization_report(&admin).await;
+            {
+                let mut log = log.lock().unwrap_or_else(PoisonError::into_inner);
+                log.jobs.push((name.clone(), succeeded));
+                log.reports.push(report);
+            }
+            finish_job(&jobs, &name, succeeded).await;
+        }
+        tokio::select! {
+            () = stop.cancelled() => break,
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+    if let Some(running) = operator {
+        running.stop().await;
+    }
+}
+
+/// The container of a pod template with its ServiceAccount.
+fn container_of(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> (String, Container) {
+    let spec = spec.expect("a pod template with a spec");
+    let account = spec
+        .service_account_name
+        .clone()
+        .expect("the chart names the pod's ServiceAccount");
+    let container = spec.containers.first().cloned().expect("a container");
+    (account, container)
+}
+
+/// The `gpu-operator` command line of a container (the image's entrypoint is the binary).
+fn command_line(container: &Container) -> Cli {
+    let args = std::iter::once("gpu-operator".to_owned()).chain(container.args.clone().unwrap_or_default());
+    Cli::try_parse_from(args)
+        .unwrap_or_else(|error| panic!("the chart's {} arguments: {error}", container.name))
+}
+
+async fn start_operator(admin: &Client, kubeconfig: &Path, deployment: &Deployment) -> Running {
+    let template = deployment.spec.as_ref().map(|s| &s.template);
+    let (account, container) = container_of(template.and_then(|t| t.spec.as_ref()));
+    let Command::Run(args) = command_line(&container).command else {
+        panic!("the chart's Deployment runs `gpu-operator run`");
+    };
+    let images = ImageDefaults::from_pairs(
+        container
+            .env
+            .iter()
+            .flatten()
+            .filter_map(|var| var.value.clone().map(|value| (var.name.clone(), value))),
+    );
+    let mut config = cli::run_config(args, "gpu-operator-0".to_owned(), images);
+    // The pod's own ports; in-process, ports the system picks on loopback stand in for them.
+    let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    config.metrics_address = config.metrics_address.map(|_| loopback);
+    config.health_address = config.health_address.map(|_| loopback);
+    let client = client_as(admin, kubeconfig, &account).await;
+    run::start(client, config)
+        .await
+        .expect("the operator starts as its ServiceAccount")
+}
+
+async fn run_job(admin: &Client, kubeconfig: &Path, job: &Job) -> bool {
+    let template = job.spec.as_ref().map(|s| &s.template);
+    let (account, container) = container_of(template.and_then(|t| t.spec.as_ref()));
+    let client = client_as(admin, kubeconfig, &account).await;
+    let exit = match command_line(&container).command {
+        Command::Crd(CrdArgs {
+            apply: true,
+            timeout_seconds,
+        }) => cli::apply_crds(client, timeout_seconds).await,
+        Command::Uninstall(args) => cli::uninstall(client, args).await,
+        other => panic!("the chart runs {other:?} in a hook Job"),
+    };
+    exit == ExitCode::SUCCESS
+}
+
+/// Marks a Job finished as the Job controller would, which is what Helm waits for.
+async fn finish_job(jobs: &Api<Job>, name: &str, succeeded: bool) {
+    let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let status = if succeeded {
+        json!({"status": {
+            "startTime": now, "completionTime": now, "succeeded": 1,
+            "conditions": [
+                {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": now},
+                {"type": "Complete", "status": "True", "lastTransitionTime": now},
+            ],
+        }})
+    } else {
+        json!({"status": {
+            "startTime": now, "failed": 1,
+            "conditions": [
+                {"type": "FailureTarget", "status": "True", "lastTransitionTime": now},
+                {"type": "Failed", "status": "True", "lastTransitionTime": now},
+            ],
+        }})
+    };
+    jobs.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap_or_else(|error| panic!("Job {name} status: {error}"));
+}
+
+/// A client holding a fresh token of the ServiceAccount, minted through its `token` subresource.
+async fn client_as(admin: &Client, kubeconfig: &Path, account: &str) -> Client {
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: Vec::new(),
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let minted = Api::<ServiceAccount>::namespaced(admin.clone(), NAMESPACE)
+        .create_token_request(account, &PostParams::default(), &request)
+        .await
+        .unwrap_or_else(|error| panic!("a token for ServiceAccount {account}: {error}"));
+    let token = minted
+        .status
+        .map(|s| s.token)
+        .expect("the TokenRequest's status carries the token");
+    let mut config = Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    for user in &mut config.auth_infos {
+        if let Some(auth) = user.auth_info.as_mut() {
+            auth.token = Some(token.clone().into());
+        }
+    }
+    let mut config = kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(gpuop_operator::USER_AGENT),
+    ));
+    Client::try_from(config).expect("client")
+}
+
+async fn authorization_report(admin: &Client) -> Value {
+    let request = http::Request::get("/fake/authorization")
+        .body(Vec::new())
+        .expect("request");
+    admin.request(request).await.expect("the authorization report")
+}
+
+/// One rule of a Role or ClusterRole as the chart renders it, with the comment lines above it.
+#[derive(Debug)]
+struct ChartRule {
+    comment: String,
+}
+
+/// The rules of every Role and ClusterRole in rendered manifests, keyed by (kind, namespace, name), each
+/// with the comment written above it in the template.
+fn chart_rules(manifests: &str, namespace: &str) -> BTreeMap<(String, String, String), Vec<ChartRule>> {
+    let mut roles = BTreeMap::new();
+    for document in manifests.split("\n---") {
+        let top = |key: &str| {
+            document.lines().find_map(|line| {
+                line.strip_prefix(key)
+                    .map(|v| v.trim().trim_matches('"').to_owned())
+            })
+        };
+        let Some(kind) = top("kind:").filter(|k| k == "Role" || k == "ClusterRole") else {
+            continue;
+        };
+        let name = top("  name:").unwrap_or_default();
+        let role_namespace = match kind.as_str() {
+            "Role" => top("  namespace:").unwrap_or_else(|| namespace.to_owned()),
+            _ => String::new(),
+        };
+        let mut rules = Vec::new();
+        let mut comment = Vec::new();
+        let mut in_rules = false;
+        for line in document.lines() {
+            if line == "rules:" {
+                in_rules = true;
+            } else if in_rules && line.trim_start().starts_with('#') {
+                comment.push(line.trim_start().trim_start_matches('#').trim().to_owned());
+            } else if in_rules && line.starts_with("  - ") {
+                rules.push(ChartRule {
+                    comment: comment.join(" "),
+                });
+                comment.clear();
+            } else if in_rules && !line.starts_with(' ') && !line.is_empty() {
+                in_rules = false;
+            }
+        }
+        roles.insert((kind, role_namespace, name), rules);
+    }
+    roles
+}
+
+/// The permissions a rule grants that none of the user's requests used, as `verb group/resource`.
+fn unused_permissions(granted: &Value) -> Vec<String> {
+    let strings = |key: &str| -> Vec<String> {
+        granted["rule"][key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect()
+    };
+    let used: BTreeSet<String> = granted["usedAs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    let mut unused = Vec::new();
+    for verb in strings("verbs") {
+        for group in strings("apiGroups") {
+            for resource in strings("resources") {
+                let permission = format!("{verb} {group}/{resource}");
+                if !used.contains(&permission) {
+                    unused.push(permission);
+                }
+            }
+        }
+        for url in strings("nonResourceURLs") {
+            let permission = format!("{verb} nonResourceURL {url}");
+            if !used.contains(&permission) {
+                unused.push(permission);
+            }
+        }
+    }
+    unused
+}
+
+/// The verdict on one user's grants: every unused permission must be justified by the comment above its
+/// rule in the chart, which says it is granted only so the operator may grant it to operands (RBAC
+/// escalation prevention) or names the verb and why this run does not need it. Returns the unjustified
+/// ones, and prints every unused one.
+fn unjustified(
+    report: &Value,
+    user: &str,
+    rules: &BTreeMap<(String, String, String), Vec<ChartRule>>,
+) -> Vec<String> {
+    let granted = report["users"][user]["rules"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !granted.is_empty(),
+        "{user} made requests under rules the chart grants: {report:#}"
+    );
+    let mut problems = Vec::new();
+    for rule in granted.iter().filter(|r| r["bootstrap"] != true) {
+        let unused = unused_permissions(rule);
+        if unused.is_empty() {
+            continue;
+        }
+        let role = &rule["role"];
+        let key = (
+            role["kind"].as_str().unwrap_or_default().to_owned(),
+            role["namespace"].as_str().unwrap_or_default().to_owned(),
+            role["name"].as_str().unwrap_or_default().to_owned(),
+        );
+        let index = rule["index"]
+            .as_u64()
+            .and_then(|i| usize::try_from(i).ok())
+            .unwrap_or(usize::MAX);
+        let comment = rules
+            .get(&key)
+            .and_then(|r| r.get(index))
+            .map(|r| r.comment.to_lowercase())
+            .unwrap_or_default();
+        eprintln!(
+            "{user}: {} {}[{index}] unused: {unused:?}; the chart says: {comment}",
+            key.0, key.2
+        );
+        let all_unused = rule["used"].as_u64() == Some(0);
+        let justified = comment.contains("granted to operands") || comment.contains("not exercised");
+        let names_verbs = unused.iter().all(|permission| {
+            let verb = permission.split(' ').next().unwrap_or_default();
+            comment
+                .split(|c: char| !c.is_ascii_alphanumeric())
+                .any(|word| word == verb)
+        });
+        if !justified || !(all_unused || names_verbs) {
+            problems.push(format!(
+                "{} {} rule {index}: {unused:?} unused, comment: {comment:?}",
+                key.0, key.2
+            ));
+        }
+    }
+    problems
+}
+
+fn denials(report: &Value) -> Vec<String> {
+    report["denied"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|denial| denial["message"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// Runs `check` every 100 ms until it succeeds, failing with what it saw last after `patience`.
+async fn until<T, F, Fut>(what: &str, patience: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(seen) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: still not so after {patience:?}; last seen: {seen}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn policy_state(admin: &Client) -> Result<String, String> {
+    let policies = Api::<kube::api::DynamicObject>::all_with(
+        admin.clone(),
+        &kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy"),
+            "clusterpolicies",
+        ),
+    );
+    let policy = policies.get("cluster-policy").await.map_err(|e| e.to_string())?;
+    Ok(policy.data["status"]["state"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned())
+}
+
+/// One GET of `path` on a plain HTTP endpoint; the status line.
+async fn http_status(address: std::net::SocketAddr, path: &'static str) -> Result<String, String> {
+    tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(address).map_err(|e| e.to_string())?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+            .map_err(|e| e.to_string())?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).map_err(|e| e.to_string())?;
+        Ok(answer.lines().next().unwrap_or_default().to_owned())
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+#[tokio::test]
+async fn the_chart_installs_converges_upgrades_and_uninstalls_as_its_own_service_accounts() {
+    crate::tools::helm();
+    let cluster = Cluster::up_rbac(&[]);
+    let admin = client(&cluster).await;
+    let chart = chart();
+    let chart = chart.to_str().expect("utf-8 path");
+    // A person's own label on a GPU node, which nothing may take away.
+    let gpu_node = until(
+        "the demo cluster's GPU nodes are registered",
+        PATIENCE,
+        || async {
+            let listed = cluster.ok(&[
+                "get",
+                "nodes",
+                "-l",
+                "feature.node.kubernetes.io/pci-10de.present=true",
+                "-o",
+                "name",
+            ]);
+            listed.lines().next().map(str::to_owned).ok_or(listed)
+        },
+    )
+    .await;
+    cluster.ok(&["label", &gpu_node, "team=ml"]);
+
+    let kubelet = Kubelet::start(admin.clone(), cluster.kubeconfig());
+    let installed = helm_ok(
+        &cluster,
+        &[
+            "install",
+            RELEASE,
+            chart,
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+        ],
+    )
+    .await;
+    assert!(installed.contains("STATUS: deployed"), "{installed}");
+    until("the chart's ClusterPolicy is ready", PATIENCE * 3, || async {
+        policy_state(&admin)
+            .await
+            .and_then(|state| (state == "ready").then_some(()).ok_or(state))
+    })
+    .await;
+    let health = kubelet
+        .log(|log| log.health)
+        .expect("the operator serves its health endpoint");
+    for path in ["/healthz", "/readyz"] {
+        let status = http_status(health, path)
+            .await
+            .expect("the health endpoint answers");
+        assert!(status.contains(" 200"), "{path}: {status}");
+    }
+
+    // An older CRD, as a previous release left it: the pre-upgrade hook must bring it up to date.
+    cluster.ok(&[
+        "patch",
+        "crd",
+        "clusterpolicies.nvidia.com",
+        "--type=json",
+        "-p=[{\"op\":\"remove\",\"path\":\"/spec/versions/0/additionalPrinterColumns/0\"}]",
+    ]);
+    let upgraded = helm_ok(
+        &cluster,
+        &[
+            "upgrade",
+            RELEASE,
+            chart,
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+            "--set",
+            "dcgmExporter.enabled=false",
+        ],
+    )
+    .await;
+    assert!(upgraded.contains("STATUS: deployed"), "{upgraded}");
+    let columns = cluster.ok(&[
+        "get",
+        "crd",
+        "clusterpolicies.nvidia.com",
+        "-o",
+        "jsonpath={.spec.versions[0].additionalPrinterColumns[*].name}",
+    ]);
+    assert_eq!(
+        columns.trim(),
+        "Status Age",
+        "the hook applied the CRD this version ships"
+    );
+    until(
+        "the DCGM exporter is pruned and the policy ready again",
+        PATIENCE * 3,
+        || async {
+            let exporters = cluster.ok(&["get", "daemonsets", "-n", NAMESPACE, "-o", "name"]);
+            if exporters.contains("nvidia-dcgm-exporter") {
+                return Err(exporters);
+            }
+            policy_state(&admin)
+                .await
+                .and_then(|state| (state == "ready").then_some(()).ok_or(state))
+        },
+    )
+    .await;
+
+    let uninstalled = helm_ok(&cluster, &["uninstall", RELEASE, "--namespace", NAMESPACE]).await;
+    assert!(uninstalled.contains("uninstalled"), "{uninstalled}");
+    until("the operator stops with its Deployment", PATIENCE, || async {
+        kubelet
+            .log(|log| log.health)
+            .map_or(Ok(()), |h| Err(h.to_string()))
+    })
+    .await;
+    let (jobs, reports) = kubelet.log(|log| (log.jobs.clone(), log.reports.clone()));
+    kubelet.stop().await;
+    assert_eq!(
+        jobs,
+        [
+            ("gpu-operator-upgrade-crd".to_owned(), true),
+            ("gpu-operator-uninstall".to_owned(), true)
+        ],
+        "each hook ran once and succeeded"
+    );
+
+    // Nothing the operator made is left, and the person's label is.
+    let managed = "app.kubernetes.io/managed-by=gpu-operator";
+    for kinds in [
+        "daemonsets,serviceaccounts,configmaps,services,roles,rolebindings",
+        "clusterroles,clusterrolebindings,runtimeclasses",
+    ] {
+        let left = cluster.ok(&["get", kinds, "-A", "-l", managed, "-o", "name"]);
+        assert_eq!(left.trim(), "", "operand objects left after uninstall");
+    }
+    assert_eq!(cluster.ok(&["get", "clusterpolicies", "-o", "name"]).trim(), "");
+    let demo = gpuop_sim::cluster_spec::ClusterSpec::demo();
+    let nodes: Value =
+        serde_json::from_str(&cluster.ok(&["get", "nodes", "-o", "json"])).expect("nodes as JSON");
+    for node in nodes["items"].as_array().into_iter().flatten() {
+        let name = node["metadata"]["name"].as_str().unwrap_or_default();
+        let labels = node["metadata"]["labels"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        let annotations = node["metadata"]["annotations"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        // The operator's switches and upgrade state are gone; what the demo's person set is still there.
+        let operator_kind = |key: &str| {
+            key.starts_with("nvidia.com/gpu.deploy.") || key.starts_with("nvidia.com/gpu-driver-upgrade")
+        };
+        let left: BTreeMap<&String, &Value> = labels.iter().filter(|(key, _)| operator_kind(key)).collect();
+        let persons: BTreeMap<String, Value> = demo
+            .nodes()
+            .find(|(node, _)| node == name)
+            .map(|(_, pool)| {
+                pool.labels
+                    .iter()
+                    .filter(|(k, _)| operator_kind(k))
+                    .map(|(k, v)| (k.clone(), json!(v)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let persons: BTreeMap<&String, &Value> = persons.iter().collect();
+        assert_eq!(
+            left, persons,
+            "{name}: labels of the operator's kind after uninstall"
+        );
+        assert!(
+            !annotations.contains_key("nvidia.com/gpu-operator.owned-labels"),
+            "{name} keeps the operator's annotation"
+        );
+    }
+    let team = cluster.ok(&["get", &gpu_node, "-o", "jsonpath={.metadata.labels.team}"]);
+    assert_eq!(team.trim(), "ml", "a person's label survives uninstall");
+
+    // The chart's RBAC is exactly what was used: no request refused, every unused grant justified.
+    let [after_upgrade, after_uninstall] = reports.as_slice() else {
+        panic!("one report per hook, got {}", reports.len());
+    };
+    for report in [after_upgrade, after_uninstall] {
+        assert_eq!(
+            denials(report),
+            Vec::<String>::new(),
+            "requests the chart's RBAC refused"
+        );
+    }
+    let manifests = run_helm(
+        &cluster,
+        &[
+            "template",
+            RELEASE,
+            chart,
+            "--namespace",
+            NAMESPACE,
+            "--set",
+            "dcgmExporter.enabled=false",
+        ],
+    )
+    .await;
+    assert!(
+        manifests.status.success(),
+        "{}",
+        String::from_utf8_lossy(&manifests.stderr)
+    );
+    let rules = chart_rules(&String::from_utf8_lossy(&manifests.stdout), NAMESPACE);
+    let mut problems = unjustified(after_upgrade, CRD_HOOK, &rules);
+    problems.extend(unjustified(after_uninstall, OPERATOR, &rules));
+    problems.extend(unjustified(after_uninstall, UNINSTALL_HOOK, &rules));
+    assert!(
+        problems.is_empty(),
+        "permissions the chart grants that nothing used, unjustified:\n{}",
+        problems.join("\n")
+    );
+}
