@@ -43,6 +43,7 @@ use crate::facts::{FactsInput, NodeFacts, cluster_facts};
 use crate::labeler::{LabelPolicy, NodePatch, desired_labels};
 use crate::lease::Leadership;
 use crate::metrics::{Metrics, ReconciliationStatus};
+use crate::pod_security;
 use crate::readiness::{Observed, observe};
 use crate::status::{
     OperandObservation, Outcome, bounded_note, driver_status, only_counts_differ, policy_status, transition,
@@ -87,6 +88,8 @@ pub struct Context {
     pub upgrade_pools: Pools,
     /// Seconds the validator has to pass on an upgraded node.
     pub upgrade_validation_timeout_seconds: u64,
+    /// The namespace's Pod Security labels as last applied.
+    pub pod_security: pod_security::Applied,
     recent: Mutex<Recent>,
 }
 
@@ -141,6 +144,7 @@ impl Context {
             labelling,
             upgrade_pools,
             upgrade_validation_timeout_seconds,
+            pod_security: pod_security::Applied::default(),
             recent: Mutex::default(),
         }
     }
@@ -163,6 +167,15 @@ pub enum ReconcileError {
     DriverStatus {
         /// The NVIDIADriver.
         name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Labelling the operator's namespace for Pod Security (`spec.psa`) failed.
+    #[error("cannot set the pod security labels of namespace {namespace:?}: {source}")]
+    PodSecurity {
+        /// The namespace.
+        namespace: String,
         /// The API error.
         #[source]
         source: kube::Error,
@@ -256,6 +269,9 @@ pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
         context
             .upgrade_pools
             .send_if_modified(|current| replace(current, Some(Upgrades::NoPolicy)));
+        if leader {
+            label_namespace(context, false).await?;
+        }
         context
             .metrics
             .reconciled(ReconciliationStatus::PolicyUnavailable, now_seconds());
@@ -276,6 +292,21 @@ pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
     Ok(next_for_ignored.map_or(next, |wait| wait.min(next)))
 }
 
+/// Makes the namespace's Pod Security labels what the policy's `psa.enabled` says.
+async fn label_namespace(context: &Context, enabled: bool) -> Result<(), ReconcileError> {
+    pod_security::ensure(
+        &context.client,
+        &context.namespace,
+        enabled,
+        &context.pod_security,
+    )
+    .await
+    .map_err(|source| ReconcileError::PodSecurity {
+        namespace: context.namespace.clone(),
+        source,
+    })
+}
+
 /// Validates, renders, applies and judges the active policy; returns how long to wait for a change.
 async fn reconcile_active(
     context: &Context,
@@ -293,6 +324,9 @@ async fn reconcile_active(
             return Ok(next);
         }
     };
+    if leader {
+        label_namespace(context, validated.spec.psa_enabled()).await?;
+    }
     let nvidia_drivers_on = validated.spec.driver.use_nvidia_driver_crd();
     let drivers = context.caches.drivers.state();
     let nodes: Vec<Arc<Node>> = context.caches.nodes.state();

@@ -118,14 +118,15 @@ pub fn check_upgrade(live: &CustomResourceDefinition, ours: &CustomResourceDefin
     Ok(())
 }
 
-/// Exactly the permissions [`apply_all`] uses (cluster-wide; `get`, `list`, `watch` and `patch` may be
-/// limited to the CRDs' names): server-side apply creates through `patch`. Discovery needs no grant.
+/// Exactly the permissions [`apply_all`] uses (cluster-wide, all limited to the CRDs' names): server-side
+/// apply writes through `patch`, and the API server also demands `create` when that patch creates the
+/// CRD. Discovery needs no grant.
 pub fn permissions() -> crate::uninstall::Permission {
     crate::uninstall::Permission {
         group: "apiextensions.k8s.io",
         resource: "customresourcedefinitions",
         namespaced: false,
-        verbs: &["get", "list", "watch", "patch"],
+        verbs: &["get", "list", "watch", "patch", "create"],
     }
 }
 

@@ -2,10 +2,12 @@
 //!
 //! Pure decisions: [`labeler`] (node labels), [`facts`] (cluster facts for rendering), [`readiness`] (which
 //! nodes should run and do run each operand), [`status`] (the policy status), [`apply::plan`] (what to
-//! write and prune); the upgrade decision itself is `gpuop_api::upgrade::decide`. Thin I/O around them: [`caches`] (reflectors), [`controller`] (the policy reconciler and
-//! the node labeller), [`upgrade`] (the driver upgrade controller), [`lease`] (leader election), [`run`] (process wiring, metrics and health endpoints).
-//! Commands that install and remove the operator's footprint: [`crd_install`] (`crd --apply`) and
-//! [`uninstall`].
+//! write and prune), [`diff_live`] (what taking over a cluster would change); the upgrade decision itself
+//! is `gpuop_api::upgrade::decide`. Thin I/O around them: [`caches`] (reflectors), [`controller`] (the
+//! policy reconciler and the node labeller), [`pod_security`] (the namespace's Pod Security labels),
+//! [`upgrade`] (the driver upgrade controller), [`lease`] (leader election), [`run`] (process wiring,
+//! metrics and health endpoints). Commands that install and remove the operator's footprint:
+//! [`crd_install`] (`crd --apply`) and [`uninstall`].
 //! The `gpu-operator` binary is a thin wrapper around [`cli`].
 
 pub mod apply;
@@ -20,6 +22,7 @@ pub mod facts;
 pub mod labeler;
 pub mod lease;
 pub mod metrics;
+pub mod pod_security;
 pub mod readiness;
 pub mod render_command;
 pub mod run;

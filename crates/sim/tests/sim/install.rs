@@ -446,6 +446,21 @@ async fn policy_state(admin: &Client) -> Result<String, String> {
         .to_owned())
 }
 
+/// The namespace's Pod Security labels (enforce, audit, warn), space-separated.
+fn pod_security_levels(cluster: &Cluster) -> String {
+    let label = |mode: &str| format!("{{.metadata.labels.pod-security\\.kubernetes\\.io/{mode}}}");
+    let template = format!(
+        "jsonpath={} {} {}",
+        label("enforce"),
+        label("audit"),
+        label("warn")
+    );
+    cluster
+        .ok(&["get", "namespace", NAMESPACE, "-o", &template])
+        .trim()
+        .to_owned()
+}
+
 /// One GET of `path` on a plain HTTP endpoint; the status line.
 async fn http_status(address: std::net::SocketAddr, path: &'static str) -> Result<String, String> {
     tokio::task::spawn_blocking(move || {
@@ -537,6 +552,8 @@ async fn the_chart_installs_converges_upgrades_and_uninstalls_as_its_own_service
             "--reuse-values",
             "--set",
             "dcgmExporter.enabled=false",
+            "--set",
+            "psa.enabled=true",
         ],
     )
     .await;
@@ -554,12 +571,16 @@ async fn the_chart_installs_converges_upgrades_and_uninstalls_as_its_own_service
         "the hook applied the CRD this version ships"
     );
     until(
-        "the DCGM exporter is pruned and the policy ready again",
+        "the DCGM exporter is pruned, the namespace labelled privileged, the policy ready again",
         PATIENCE * 3,
         || async {
             let exporters = cluster.ok(&["get", "daemonsets", "-n", NAMESPACE, "-o", "name"]);
             if exporters.contains("nvidia-dcgm-exporter") {
                 return Err(exporters);
+            }
+            let levels = pod_security_levels(&cluster);
+            if levels != "privileged privileged privileged" {
+                return Err(format!("pod security labels {levels:?}"));
             }
             policy_state(&admin)
                 .await
@@ -636,6 +657,11 @@ async fn the_chart_installs_converges_upgrades_and_uninstalls_as_its_own_service
             "{name} keeps the operator's annotation"
         );
     }
+    assert_eq!(
+        pod_security_levels(&cluster),
+        "",
+        "the operator's pod security labels go with the policy"
+    );
     let team = cluster.ok(&["get", &gpu_node, "-o", "jsonpath={.metadata.labels.team}"]);
     assert_eq!(team.trim(), "ml", "a person's label survives uninstall");
 
