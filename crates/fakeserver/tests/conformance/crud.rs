@@ -211,6 +211,43 @@ async fn objects_read_back_with_the_servers_defaults() {
     assert_eq!((refused.code, refused.reason.as_str()), (403, "Forbidden"));
 }
 
+/// Jobs (Helm's hooks) are served with the Job defaults, and a pod template that would restart forever is
+/// refused as the real server refuses it.
+#[tokio::test]
+async fn jobs_are_defaulted_and_need_a_restart_policy_that_ends() {
+    let server = server();
+    let jobs: Api<kube::api::DynamicObject> = Api::default_namespaced_with(
+        server.client(),
+        &kube::api::ApiResource::erase::<k8s_openapi::api::batch::v1::Job>(&()),
+    );
+    let job = |name: &str, restart: &str| -> kube::api::DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+            "spec": {"template": {"spec": {"restartPolicy": restart,
+                "containers": [{"name": "c", "image": "ghcr.io/gpuop/gpu-operator:0.1.0"}]}}},
+        }))
+        .expect("job")
+    };
+    let created = jobs
+        .create(&PostParams::default(), &job("hook", "Never"))
+        .await
+        .expect("created");
+    assert_eq!(created.data["spec"]["backoffLimit"], 6);
+    assert_eq!(created.data["spec"]["completions"], 1);
+    let refused = failure(
+        jobs.create(&PostParams::default(), &job("forever", "Always"))
+            .await,
+    );
+    assert!(refused.is_invalid());
+    assert!(
+        refused
+            .message
+            .contains("spec.template.spec.restartPolicy: Unsupported value: \"Always\""),
+        "{}",
+        refused.message
+    );
+}
+
 #[tokio::test]
 async fn invalid_objects_are_refused_with_every_field_named() {
     let server = server();

@@ -245,10 +245,55 @@ async fn bindings_grant_through_kube_clients_and_the_report_tells_used_from_unus
             ("gpu-operator".to_owned(), 1, 0)
         ]
     );
+    let configmaps = user
+        .rules
+        .iter()
+        .find(|r| r.role.name == "configmaps")
+        .expect("granted");
+    assert_eq!(
+        configmaps.used_as.iter().collect::<Vec<_>>(),
+        ["create /configmaps"],
+        "which of the rule's verbs were used"
+    );
     let unused = report.unused_rules(SA_USER);
     assert_eq!(unused.len(), 1);
     assert_eq!(unused[0].rule.resources, ["nodes/status"]);
     assert_eq!(unused[0].bindings, ["ClusterRoleBinding/gpu-operator"]);
+}
+
+/// A server-side apply that creates the object needs `create` as well as `patch`, as the real API server's
+/// patch handler demands; one that changes an existing object needs `patch` only.
+#[tokio::test]
+async fn a_server_side_apply_that_creates_is_authorized_as_create_too() {
+    let server = rbac_server(&ManualClock::default());
+    for object in [
+        cluster_role(
+            "patch-only",
+            json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["patch"]}]),
+        ),
+        binding_to_sa("RoleBinding", Some(NS), "patch-only", "ClusterRole", "patch-only"),
+    ] {
+        server.insert(object).expect("fixture");
+    }
+    let client = server
+        .client_for_service_account(NS, "gpu-operator")
+        .expect("service account exists");
+    let configmaps: Api<ConfigMap> = Api::namespaced(client, NS);
+    let apply = PatchParams::apply("gpu-operator");
+    let refused = failure(configmaps.patch("a", &apply, &Patch::Apply(configmap("a"))).await);
+    assert_eq!(refused.code, 403);
+    assert!(
+        refused.message.contains("cannot create resource \"configmaps\""),
+        "{}",
+        refused.message
+    );
+    server
+        .insert(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "b", "namespace": NS}}))
+        .expect("fixture");
+    configmaps
+        .patch("b", &apply, &Patch::Apply(configmap("b")))
+        .await
+        .expect("an apply to an existing object is a patch");
 }
 
 #[tokio::test]
