@@ -6,7 +6,9 @@
 //! prediction follows what [`crate::apply::execute`] does: server-side apply, then the fields NVIDIA's
 //! operator wrote taken over, so the live object ends up as the rendered one plus the API server's
 //! defaults. A field of the live pod template that is neither rendered nor a server default will be
-//! removed, and counts as a change.
+//! removed, and counts as a change. The defaults come from the API server itself (a dry-run create of each
+//! rendered DaemonSet), so the comparison holds on every Kubernetes version without this binary knowing
+//! them.
 //!
 //! Only a pod template change restarts pods (a RollingUpdate DaemonSet replaces them now; an OnDelete one,
 //! the driver, when its upgrade controller gets to each node). A different selector is refused by the API
@@ -15,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 /// What applying one object would do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -189,8 +191,9 @@ pub fn desired_objects(
     desired
 }
 
-/// Compares what would be applied (`desired`, each with its kind, namespace and name) with the live
-/// objects (by the same key) and the pods of the namespace.
+/// Compares what would be applied (`desired`, each with its kind, namespace and name; a DaemonSet's spec as
+/// the API server would store it, with its defaults: see [`crate::render_command::diff_live`]) with the
+/// live objects (by the same key) and the pods of the namespace.
 pub fn diff(
     desired: &[((String, String, String), Value)],
     live: &BTreeMap<(String, String, String), Value>,
@@ -257,8 +260,7 @@ fn change_of(kind: &str, desired: &Value, live: &Value, pods: &[LivePod]) -> Cha
             ),
         };
     }
-    let mut spec = desired["spec"].clone();
-    default_daemonset_spec(&mut spec);
+    let spec = &desired["spec"];
     let mut template_paths = Vec::new();
     compare(
         "spec.template",
@@ -333,139 +335,6 @@ fn compare(path: &str, desired: &Value, live: &Value, exact: bool, out: &mut Vec
     }
 }
 
-fn set(map: &mut Map<String, Value>, key: &str, value: Value) {
-    map.entry(key.to_owned()).or_insert(value);
-}
-
-/// The defaults the API server fills into a DaemonSet's spec (Kubernetes 1.33), so that a rendered spec
-/// compares equal to the live one it would produce.
-fn default_daemonset_spec(spec: &mut Value) {
-    let Some(spec) = spec.as_object_mut() else {
-        return;
-    };
-    set(spec, "revisionHistoryLimit", json!(10));
-    let strategy = spec.entry("updateStrategy").or_insert_with(|| json!({}));
-    if let Some(strategy) = strategy.as_object_mut() {
-        set(strategy, "type", json!("RollingUpdate"));
-        if strategy["type"] == "RollingUpdate" {
-            let rolling = strategy.entry("rollingUpdate").or_insert_with(|| json!({}));
-            if let Some(rolling) = rolling.as_object_mut() {
-                set(rolling, "maxUnavailable", json!(1));
-                set(rolling, "maxSurge", json!(0));
-            }
-        }
-    }
-    if let Some(pod) = spec
-        .get_mut("template")
-        .and_then(|t| t.get_mut("spec"))
-        .and_then(Value::as_object_mut)
-    {
-        default_pod_spec(pod);
-    }
-}
-
-fn default_pod_spec(pod: &mut Map<String, Value>) {
-    set(pod, "restartPolicy", json!("Always"));
-    set(pod, "terminationGracePeriodSeconds", json!(30));
-    set(pod, "dnsPolicy", json!("ClusterFirst"));
-    set(pod, "securityContext", json!({}));
-    set(pod, "schedulerName", json!("default-scheduler"));
-    set(pod, "enableServiceLinks", json!(true));
-    if let Some(account) = pod.get("serviceAccountName").cloned() {
-        set(pod, "serviceAccount", account);
-    }
-    for list in ["initContainers", "containers"] {
-        for container in pod
-            .get_mut(list)
-            .and_then(Value::as_array_mut)
-            .into_iter()
-            .flatten()
-        {
-            if let Some(container) = container.as_object_mut() {
-                default_container(container);
-            }
-        }
-    }
-    for volume in pod
-        .get_mut("volumes")
-        .and_then(Value::as_array_mut)
-        .into_iter()
-        .flatten()
-    {
-        let Some(volume) = volume.as_object_mut() else {
-            continue;
-        };
-        for source in ["configMap", "secret", "projected", "downwardAPI"] {
-            if let Some(source) = volume.get_mut(source).and_then(Value::as_object_mut) {
-                set(source, "defaultMode", json!(420));
-            }
-        }
-        if let Some(host_path) = volume.get_mut("hostPath").and_then(Value::as_object_mut) {
-            set(host_path, "type", json!(""));
-        }
-    }
-}
-
-fn default_container(container: &mut Map<String, Value>) {
-    set(container, "terminationMessagePath", json!("/dev/termination-log"));
-    set(container, "terminationMessagePolicy", json!("File"));
-    set(container, "resources", json!({}));
-    let image = container.get("image").and_then(Value::as_str).unwrap_or_default();
-    let latest = {
-        let last = image.rsplit('/').next().unwrap_or(image);
-        !last.contains('@') && matches!(last.split_once(':'), None | Some((_, "latest")))
-    };
-    set(
-        container,
-        "imagePullPolicy",
-        json!(if latest { "Always" } else { "IfNotPresent" }),
-    );
-    for port in container
-        .get_mut("ports")
-        .and_then(Value::as_array_mut)
-        .into_iter()
-        .flatten()
-    {
-        if let Some(port) = port.as_object_mut() {
-            set(port, "protocol", json!("TCP"));
-        }
-    }
-    for var in container
-        .get_mut("env")
-        .and_then(Value::as_array_mut)
-        .into_iter()
-        .flatten()
-    {
-        if let Some(field) = var
-            .pointer_mut("/valueFrom/fieldRef")
-            .and_then(Value::as_object_mut)
-        {
-            set(field, "apiVersion", json!("v1"));
-        }
-    }
-    for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
-        if let Some(probe) = container.get_mut(probe).and_then(Value::as_object_mut) {
-            set(probe, "timeoutSeconds", json!(1));
-            set(probe, "periodSeconds", json!(10));
-            set(probe, "successThreshold", json!(1));
-            set(probe, "failureThreshold", json!(3));
-            if let Some(get) = probe.get_mut("httpGet").and_then(Value::as_object_mut) {
-                set(get, "scheme", json!("HTTP"));
-            }
-        }
-    }
-}
-
-/// The live form of a rendered DaemonSet: what the API server stores when it is created as rendered. Tests
-/// use it to stand for a cluster where nothing differs.
-pub fn as_stored(desired: &Value, uid: &str) -> Value {
-    let mut live = desired.clone();
-    default_daemonset_spec(&mut live["spec"]);
-    live["metadata"]["uid"] = json!(uid);
-    live["metadata"]["annotations"]["deprecated.daemonset.template.generation"] = json!("1");
-    live
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -492,6 +361,14 @@ mod tests {
         })
     }
 
+    /// The live form of a DaemonSet created as `desired` is, with the fields the server adds.
+    fn stored(desired: &Value, uid: &str) -> Value {
+        let mut live = desired.clone();
+        live["metadata"]["uid"] = json!(uid);
+        live["metadata"]["annotations"]["deprecated.daemonset.template.generation"] = json!("1");
+        live
+    }
+
     fn pods() -> Vec<LivePod> {
         vec![
             LivePod {
@@ -513,9 +390,9 @@ mod tests {
     }
 
     #[test]
-    fn the_same_template_with_server_defaults_restarts_nothing() {
+    fn the_same_template_restarts_nothing() {
         let desired = daemonset("hello");
-        let live = BTreeMap::from([(key("DaemonSet", "plugin"), as_stored(&desired, "ds-uid"))]);
+        let live = BTreeMap::from([(key("DaemonSet", "plugin"), stored(&desired, "ds-uid"))]);
         let report = diff(&[(key("DaemonSet", "plugin"), desired)], &live, &pods());
         assert_eq!(report.objects[0].change, Change::Unchanged);
         assert_eq!(report.exit_status(), EXIT_NOTHING_RESTARTS);
@@ -523,7 +400,7 @@ mod tests {
 
     #[test]
     fn a_template_change_lists_the_daemonsets_pods_by_node_and_the_fields() {
-        let live_object = as_stored(&daemonset("hello"), "ds-uid");
+        let live_object = stored(&daemonset("hello"), "ds-uid");
         let mut desired = daemonset("bye");
         desired["metadata"]["labels"]["app.kubernetes.io/component"] = json!("device-plugin");
         let live = BTreeMap::from([(key("DaemonSet", "plugin"), live_object)]);
@@ -550,7 +427,7 @@ mod tests {
     #[test]
     fn a_field_only_the_live_template_has_will_be_removed_and_restarts() {
         let desired = daemonset("hello");
-        let mut live_object = as_stored(&desired, "ds-uid");
+        let mut live_object = stored(&desired, "ds-uid");
         live_object["spec"]["template"]["spec"]["containers"][0]["env"]
             .as_array_mut()
             .unwrap()
@@ -566,7 +443,7 @@ mod tests {
     #[test]
     fn metadata_changes_restart_nothing_and_a_new_selector_is_refused() {
         let desired = daemonset("hello");
-        let mut live_object = as_stored(&desired, "ds-uid");
+        let mut live_object = stored(&desired, "ds-uid");
         live_object["metadata"]["annotations"]["openshift.io/scc"] = json!("hostmount-anyuid");
         let live = BTreeMap::from([(key("DaemonSet", "plugin"), live_object.clone())]);
         let report = diff(&[(key("DaemonSet", "plugin"), desired.clone())], &live, &pods());

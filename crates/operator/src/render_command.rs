@@ -315,6 +315,40 @@ pub async fn diff_live(
                 .collect(),
         })
         .collect();
-    let desired = desired_objects(&owned, &live);
+    let mut desired = desired_objects(&owned, &live);
+    for ((kind, namespace, name), object) in &mut desired {
+        if kind.as_str() == "DaemonSet" && live.contains_key(&(kind.clone(), namespace.clone(), name.clone()))
+        {
+            object["spec"] = stored_spec(client, namespace, name, object)
+                .await
+                .map_err(read(&format!("DaemonSet {name:?} (a dry-run create)")))?;
+        }
+    }
     Ok(diff(&desired, &live, &pods))
+}
+
+/// The spec of a DaemonSet as the API server would store it when created as `object` is: a dry-run create
+/// under a generated name, so the server's own defaults (whatever its version) fill it in and nothing is
+/// written.
+async fn stored_spec(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    object: &serde_json::Value,
+) -> Result<serde_json::Value, kube::Error> {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use kube::api::{Api, PostParams};
+
+    let mut probe: DaemonSet = serde_json::from_value(object.clone()).map_err(kube::Error::SerdeError)?;
+    probe.metadata.name = None;
+    probe.metadata.generate_name = Some(format!("{name}-"));
+    probe.metadata.resource_version = None;
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let stored = Api::<DaemonSet>::namespaced(client.clone(), namespace)
+        .create(&dry_run, &probe)
+        .await?;
+    Ok(serde_json::to_value(stored.spec).unwrap_or_default())
 }
