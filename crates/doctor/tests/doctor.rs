@@ -907,6 +907,39 @@ mod explain {
     }
 
     #[test]
+    fn a_cpu_node_is_not_where_a_gpu_pod_may_go() {
+        let mut snapshot = ClusterBuilder::new()
+            .with_node(Node::gpu("a100-01"))
+            .with_node(Node::cpu("cpu-01"))
+            .build();
+        snapshot.pods.push(
+            PodFacts::workload("team-a", "big")
+                .requesting(RESOURCE_GPU, 6)
+                .running_on("a100-01"),
+        );
+        snapshot.pods.push(
+            PodFacts::workload("team-a", "late")
+                .requesting(RESOURCE_GPU, 4)
+                .unschedulable("0/2 nodes are available: 1 Insufficient nvidia.com/gpu."),
+        );
+        let explanation = explain(&snapshot, "team-a", "late").unwrap();
+        assert_eq!(explanation.verdict.link, Some(Link::Scheduling));
+        assert!(
+            explanation
+                .verdict
+                .sentence
+                .starts_with("No node the pod may go to has enough free GPUs: a100-01 (has 2 of 8"),
+            "{}",
+            explanation.verdict.sentence
+        );
+        assert!(
+            !explanation.verdict.sentence.contains("cpu-01"),
+            "{}",
+            explanation.verdict.sentence
+        );
+    }
+
+    #[test]
     fn a_pod_asking_for_mig_devices_under_the_single_strategy_is_told_why() {
         let mut snapshot = cluster();
         snapshot.pods.push(
