@@ -1250,6 +1250,77 @@ mod cli {
     }
 
     #[test]
+    fn a_user_error_is_one_line_whatever_rust_backtrace_says() {
+        let output = Command::new(env!("CARGO_BIN_EXE_kubectl-gpu"))
+            .args(["doctor", "--snapshot", "/nonexistent/snap.json"])
+            .env("RUST_BACKTRACE", "1")
+            .env("RUST_LIB_BACKTRACE", "1")
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2));
+        assert_eq!(
+            stderr(&output),
+            "error: cannot read /nonexistent/snap.json: No such file or directory (os error 2)\n"
+        );
+        let garbage = tempfile::tempdir().unwrap();
+        let path = garbage.path().join("garbage.json");
+        std::fs::write(&path, "<html>not a snapshot</html>\n").unwrap();
+        let output = kubectl_gpu(&["doctor", "--snapshot", path.to_str().unwrap()]);
+        assert_eq!(output.status.code(), Some(2));
+        assert_eq!(
+            stderr(&output),
+            format!(
+                "error: {}: not valid JSON: expected value at line 1 column 1\n",
+                path.display()
+            )
+        );
+    }
+
+    #[test]
+    fn kubectl_output_formats_yaml_and_wide() {
+        let dir = tempfile::tempdir().unwrap();
+        let broken = write(dir.path(), "broken.json", &faulty());
+        let broken = broken.to_str().unwrap();
+        let json = kubectl_gpu(&["doctor", "--snapshot", broken, "-o", "json"]);
+        let yaml = kubectl_gpu(&["doctor", "--snapshot", broken, "-o", "yaml"]);
+        assert_eq!(yaml.status.code(), Some(1), "{}", stderr(&yaml));
+        let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+        let yaml: serde_json::Value = serde_saphyr::from_str(&stdout(&yaml)).unwrap();
+        assert_eq!(yaml, json, "-o yaml is the JSON schema as YAML");
+
+        let wide = kubectl_gpu(&["doctor", "--snapshot", broken, "-o", "wide"]);
+        assert_eq!(wide.status.code(), Some(1));
+        let text = stdout(&wide);
+        let header: Vec<&str> = text.lines().next().unwrap().split_whitespace().collect();
+        assert_eq!(header[header.len() - 3..], ["WORKLOAD", "RESOURCES", "FINDINGS"]);
+        let row: Vec<&str> = text
+            .lines()
+            .find(|l| l.starts_with("a100-02"))
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert_eq!(row[row.len() - 3..], ["container", "nvidia.com/gpu=8/8", "7"]);
+        let cpu: Vec<&str> = text
+            .lines()
+            .find(|l| l.starts_with("cpu-01"))
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert_eq!(cpu[cpu.len() - 3..], ["-", "-", "0"]);
+    }
+
+    #[test]
+    fn errors_into_a_pipe_carry_no_colour() {
+        let output = Command::new(env!("CARGO_BIN_EXE_kubectl-gpu"))
+            .args(["doctor", "--no-such-flag"])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2));
+        assert!(stderr(&output).contains("--no-such-flag"), "{}", stderr(&output));
+        assert!(!stderr(&output).contains('\x1b'), "{}", stderr(&output));
+    }
+
+    #[test]
     fn explain_pod_on_a_snapshot() {
         let dir = tempfile::tempdir().unwrap();
         let mut snapshot = cluster();
@@ -1688,6 +1759,167 @@ mod live {
         );
     }
 
+    /// Waits for the child to exit, at most `limit`; kills it and fails when it does not.
+    fn exits_within(child: &mut std::process::Child, limit: std::time::Duration) -> std::process::ExitStatus {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if start.elapsed() > limit {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("still running after {limit:?}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    #[test]
+    fn a_server_that_never_answers_ends_every_live_command_within_the_request_timeout() {
+        // Accepts connections and holds them, never answering.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in listener.incoming() {
+                held.push(stream);
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: mute\n  cluster: {{server: 'http://127.0.0.1:{port}'}}\n\
+                 users:\n- name: mute\n  user: {{}}\ncontexts:\n- name: mute\n  context: {{cluster: mute, user: mute}}\n\
+                 current-context: mute\n"
+            ),
+        )
+        .unwrap();
+        let kubeconfig = kubeconfig.to_str().unwrap();
+        let saved = dir.path().join("saved.json");
+        for command in [
+            vec!["doctor"],
+            vec!["explain", "pod", "team-a/train-0"],
+            vec!["upgrade-plan"],
+            vec!["snapshot", "-o", saved.to_str().unwrap()],
+        ] {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_kubectl-gpu"))
+                .args(&command)
+                .args(["--kubeconfig", kubeconfig, "--request-timeout", "1s"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let status = exits_within(&mut child, std::time::Duration::from_secs(15));
+            let mut message = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut message).unwrap();
+            assert_eq!(status.code(), Some(2), "{command:?}: {message}");
+            assert_eq!(
+                message,
+                format!(
+                    "error: cannot list nodes: the server http://127.0.0.1:{port} did not answer within 1s \
+                     (--request-timeout)\n"
+                ),
+                "{command:?}"
+            );
+        }
+        let refused = kubectl_gpu(&["doctor", "--kubeconfig", kubeconfig, "--request-timeout", "soon"]);
+        assert_eq!(refused.status.code(), Some(2));
+        assert!(
+            String::from_utf8_lossy(&refused.stderr).contains("invalid timeout \"soon\""),
+            "{}",
+            String::from_utf8_lossy(&refused.stderr)
+        );
+    }
+
+    #[test]
+    fn a_pod_that_does_not_exist_is_not_found_on_the_server_not_in_a_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = serve(&cluster_with_workload(), dir.path());
+        let missing = kubectl_gpu(&[
+            "explain",
+            "pod",
+            "nope",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ]);
+        assert_eq!(missing.status.code(), Some(2));
+        assert_eq!(
+            String::from_utf8_lossy(&missing.stderr),
+            "error: pods \"nope\" not found in namespace \"team-a\"\n"
+        );
+    }
+
+    #[test]
+    fn kubeconfig_comes_from_the_environment_as_kubectl_reads_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = serve(&cluster_with_workload(), dir.path());
+        let output = Command::new(env!("CARGO_BIN_EXE_kubectl-gpu"))
+            .args(["doctor", "-o", "json"])
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(report["summary"]["nodes"], 4);
+    }
+
+    #[test]
+    fn a_closed_standard_output_ends_the_command_quietly() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = serve(&cluster_with_workload(), dir.path());
+        let kubeconfig = kubeconfig.to_str().unwrap();
+        for command in [
+            vec!["snapshot", "-o", "-"],
+            vec!["doctor"],
+            vec!["doctor", "--watch", "--interval", "1"],
+            vec!["doctor", "--watch", "--interval", "1", "-o", "json"],
+        ] {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_kubectl-gpu"))
+                .args(&command)
+                .args(["--kubeconfig", kubeconfig])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            // The reader goes away before the command has read the cluster, as `| head` does after a line.
+            drop(child.stdout.take());
+            let status = exits_within(&mut child, std::time::Duration::from_secs(15));
+            let mut message = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut message).unwrap();
+            assert_eq!((status.code(), message.as_str()), (Some(0), ""), "{command:?}");
+        }
+    }
+
+    #[test]
+    fn watch_into_a_pipe_writes_no_escape_sequence() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = serve(&cluster_with_workload(), dir.path());
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kubectl-gpu"))
+            .args(["doctor", "--watch", "--interval", "1", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines: Vec<String> = BufReader::new(child.stdout.take().unwrap())
+            .lines()
+            .take(4)
+            .map(Result::unwrap)
+            .collect();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(lines[0].ends_with("(every 1s, Ctrl-C to stop)"), "{lines:?}");
+        assert!(lines[2].starts_with("NODE "), "{lines:?}");
+        assert!(lines.iter().all(|l| !l.contains('\x1b')), "{lines:?}");
+    }
+
     #[test]
     fn watch_redraws_until_stopped() {
         let dir = tempfile::tempdir().unwrap();
@@ -1822,6 +2054,7 @@ timeline:
         let live = Live::connect(&Connection {
             kubeconfig: Some(kubeconfig),
             context: None,
+            request_timeout: Some(Duration::from_secs(30)),
         })
         .await
         .expect("the doctor connects");
