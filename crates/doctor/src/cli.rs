@@ -12,9 +12,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::analysis::analyze;
+use crate::completion::{self, Shell};
 use crate::explain::explain;
 use crate::live::{Connection, DEFAULT_REQUEST_TIMEOUT, Live, Reads, RequestTimeout};
 use crate::load::load_paths;
@@ -163,12 +164,38 @@ pub enum Command {
         #[arg(long)]
         keep: bool,
     },
+    /// Print a shell completion script.
+    ///
+    /// bash, zsh, fish and powershell complete `kubectl-gpu ...` typed as a command:
+    /// `source <(kubectl gpu completion bash)`. kubectl (1.26 and later) completes `kubectl gpu ...` by
+    /// running `kubectl_complete-gpu` from the PATH: `kubectl gpu completion kubectl-plugin` prints that
+    /// script; save it as an executable `kubectl_complete-gpu` next to `kubectl-gpu`.
+    Completion {
+        /// The shell, or `kubectl-plugin`.
+        #[arg(value_enum)]
+        shell: Shell,
+    },
 }
 
 /// Parses the command line and runs the subcommand.
 pub fn main() -> ExitCode {
+    // kubectl's plugin completion (`kubectl_complete-gpu`): the words are completed, not parsed.
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    if args.first().is_some_and(|a| a == completion::COMPLETE) {
+        return finish(
+            print(&completion::complete(Cli::command(), &args[1..])).map(|()| ExitCode::SUCCESS),
+        );
+    }
     let cli = Cli::parse();
-    match run(cli.command) {
+    finish(run(cli.command))
+}
+
+/// The exit status of a command, and its error said once.
+fn finish(outcome: anyhow::Result<ExitCode>) -> ExitCode {
+    match outcome {
         Ok(code) => code,
         // The reader went away (`| head`): nothing to say, and no one to say it to.
         Err(error) if stdout_closed(&error) => ExitCode::SUCCESS,
@@ -322,6 +349,10 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 None => bench::run(nodes, runs, &dir.unwrap_or_else(std::env::temp_dir), keep)?.to_string(),
             };
             print(&text)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Completion { shell } => {
+            print(&completion::script(shell, Cli::command()))?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -11,6 +11,7 @@
 pub mod analysis;
 pub mod bench;
 pub mod cli;
+pub mod completion;
 mod contract;
 pub mod explain;
 pub mod fixture;

@@ -1398,6 +1398,49 @@ mod cli {
         );
     }
 
+    #[test]
+    fn kubectl_completes_the_plugin_through_kubectl_complete_gpu() {
+        let script = kubectl_gpu(&["completion", "kubectl-plugin"]);
+        assert_eq!(script.status.code(), Some(0));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubectl_complete-gpu");
+        std::fs::write(&path, &script.stdout).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let bin_dir = Path::new(env!("CARGO_BIN_EXE_kubectl-gpu")).parent().unwrap();
+        let search = format!(
+            "{}:{}:{}",
+            dir.path().display(),
+            bin_dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        // As kubectl runs it: the words after `kubectl gpu`, then the word being completed.
+        let output = Command::new(&path)
+            .args(["doctor", "-o", ""])
+            .env("PATH", &search)
+            .output()
+            .unwrap();
+        let text = stdout(&output);
+        let names: Vec<&str> = text.lines().map(|l| l.split('\t').next().unwrap()).collect();
+        assert_eq!(names, ["table", "json", "yaml", "wide", ":4"], "{}", stderr(&output));
+
+        let Ok(kubectl) = which("kubectl") else {
+            eprintln!("SKIPPED the kubectl half: kubectl is not on PATH");
+            return;
+        };
+        let output = Command::new(kubectl)
+            .args(["__complete", "gpu", "upg"])
+            .env("PATH", &search)
+            .env("KUBECONFIG", dir.path().join("none"))
+            .output()
+            .unwrap();
+        assert!(
+            stdout(&output).starts_with("upgrade-plan\t"),
+            "{}{}",
+            stdout(&output),
+            stderr(&output)
+        );
+    }
+
     fn which(program: &str) -> Result<PathBuf, ()> {
         std::env::var_os("PATH")
             .into_iter()
