@@ -2430,3 +2430,113 @@ NVIDIADriver/h100 (driver DaemonSets gpu-operator/nvidia-gpu-driver-ubuntu22.04-
         );
     }
 }
+
+mod krew {
+    //! The krew manifest: rendered by `deploy/krew/render.sh` from release archives, it parses as a krew
+    //! `Plugin` named `gpu` whose every platform installs `kubectl-gpu`, with the archives' real sha256.
+
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    fn render_script() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/krew/render.sh")
+    }
+
+    fn archives(dir: &Path, version: &str, platforms: &[(&str, &str)]) {
+        for (os, arch) in platforms {
+            // Each archive differs, so that a checksum given to the wrong platform shows.
+            std::fs::write(dir.join("kubectl-gpu"), format!("#!/bin/sh\necho {os}/{arch}\n")).unwrap();
+            let status = Command::new("tar")
+                .arg("-czf")
+                .arg(dir.join(format!("kubectl-gpu_{version}_{os}_{arch}.tar.gz")))
+                .args(["-C", dir.to_str().unwrap(), "kubectl-gpu"])
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
+    }
+
+    fn sha256(path: &Path) -> String {
+        let output = Command::new("sha256sum").arg(path).output().unwrap();
+        String::from_utf8_lossy(&output.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_owned()
+    }
+
+    const ALL: [(&str, &str); 4] = [
+        ("linux", "amd64"),
+        ("linux", "arm64"),
+        ("darwin", "amd64"),
+        ("darwin", "arm64"),
+    ];
+
+    #[test]
+    fn the_manifest_rendered_from_the_archives_installs_kubectl_gpu_everywhere() {
+        let dir = tempfile::tempdir().unwrap();
+        archives(dir.path(), "v1.2.3", &ALL);
+        let output = Command::new("bash")
+            .arg(render_script())
+            .args(["v1.2.3", "https://releases.example/v1.2.3/"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let text = String::from_utf8(output.stdout).unwrap();
+        assert!(!text.contains('@'), "nothing left unrendered: {text}");
+        let manifest: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+        assert_eq!(
+            manifest["apiVersion"],
+            "krew.googlecontainertools.github.com/v1alpha2"
+        );
+        assert_eq!(manifest["kind"], "Plugin");
+        assert_eq!(manifest["metadata"]["name"], "gpu");
+        assert_eq!(manifest["spec"]["version"], "v1.2.3");
+        assert!(manifest["spec"]["shortDescription"].as_str().is_some_and(|s| !s.is_empty()));
+        assert!(manifest["spec"]["description"].as_str().is_some_and(|s| s.len() > 100));
+        let platforms = manifest["spec"]["platforms"].as_array().unwrap();
+        assert_eq!(platforms.len(), 4);
+        for ((os, arch), platform) in ALL.iter().zip(platforms) {
+            let name = format!("kubectl-gpu_v1.2.3_{os}_{arch}.tar.gz");
+            assert_eq!(platform["selector"]["matchLabels"]["os"], *os);
+            assert_eq!(platform["selector"]["matchLabels"]["arch"], *arch);
+            assert_eq!(
+                platform["uri"],
+                format!("https://releases.example/v1.2.3/{name}")
+            );
+            assert_eq!(platform["sha256"], sha256(&dir.path().join(&name)));
+            assert_eq!(platform["bin"], "kubectl-gpu");
+            assert_eq!(platform["files"][0]["from"], "kubectl-gpu");
+        }
+    }
+
+    #[test]
+    fn no_manifest_without_every_archive() {
+        let dir = tempfile::tempdir().unwrap();
+        archives(dir.path(), "v1.2.3", &ALL[..3]);
+        let output = Command::new("bash")
+            .arg(render_script())
+            .args(["v1.2.3", "https://releases.example/v1.2.3"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(1));
+        assert!(output.stdout.is_empty(), "no half manifest");
+        let message = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            message.contains("kubectl-gpu_v1.2.3_darwin_arm64.tar.gz does not exist"),
+            "{message}"
+        );
+        let output = Command::new("bash")
+            .arg(render_script())
+            .args(["1.2.3", "https://releases.example", "."])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "krew wants a leading v");
+    }
+}
