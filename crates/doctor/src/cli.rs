@@ -185,9 +185,7 @@ pub fn main() -> ExitCode {
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     if args.first().is_some_and(|a| a == completion::COMPLETE) {
-        return finish(
-            print(&completion::complete(Cli::command(), &args[1..])).map(|()| ExitCode::SUCCESS),
-        );
+        return finish(print(&completion::complete(Cli::command(), &args[1..])).map(|()| ExitCode::SUCCESS));
     }
     let cli = Cli::parse();
     finish(run(cli.command))

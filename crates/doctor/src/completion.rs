@@ -157,7 +157,12 @@ fn takes_value(arg: &clap::Arg) -> bool {
 }
 
 fn first_line(help: &clap::builder::StyledStr) -> String {
-    help.to_string().lines().next().unwrap_or_default().trim_end_matches('.').to_owned()
+    help.to_string()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim_end_matches('.')
+        .to_owned()
 }
 
 #[cfg(test)]
@@ -183,12 +188,26 @@ mod tests {
         let (names, directive) = candidates(&[""]);
         assert_eq!(
             names,
-            ["doctor", "explain", "upgrade-plan", "snapshot", "completion", "help"]
+            [
+                "doctor",
+                "explain",
+                "upgrade-plan",
+                "snapshot",
+                "completion",
+                "help"
+            ]
         );
         assert_eq!(directive, ":4");
         assert_eq!(candidates(&["up"]).0, ["upgrade-plan"]);
         let (flags, _) = candidates(&["doctor", "--"]);
-        for flag in ["--snapshot", "--kubeconfig", "--context", "--request-timeout", "--output", "--node"] {
+        for flag in [
+            "--snapshot",
+            "--kubeconfig",
+            "--context",
+            "--request-timeout",
+            "--output",
+            "--node",
+        ] {
             assert!(flags.contains(&flag.to_owned()), "{flag}: {flags:?}");
         }
         assert_eq!(

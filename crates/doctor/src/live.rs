@@ -96,7 +96,7 @@ struct Shown(Duration);
 impl fmt::Display for Shown {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let millis = self.0.as_millis();
-        if millis % 1000 != 0 {
+        if !millis.is_multiple_of(1000) {
             return write!(f, "{millis}ms");
         }
         let seconds = millis / 1000;

@@ -630,10 +630,7 @@ mod tests {
              Kubernetes object or list"
         );
         let error = load("kind: Node\n---\n42\n").unwrap_err().to_string();
-        assert!(
-            error.contains("document 2 at line 3 column 1 is 42,"),
-            "{error}"
-        );
+        assert!(error.contains("document 2 at line 3 column 1 is 42,"), "{error}");
         let error = load("kind: Node\nmetadata: {name: [a\n").unwrap_err().to_string();
         assert!(
             error.starts_with("test: not valid YAML:") && error.contains("line"),

@@ -1321,6 +1321,38 @@ mod cli {
     }
 
     #[test]
+    fn no_colour_on_a_terminal_with_no_color_set() {
+        // util-linux `script` gives the command a terminal.
+        let Ok(script) = which("script") else {
+            eprintln!("SKIPPED no_colour_on_a_terminal_with_no_color_set: script is not on PATH");
+            return;
+        };
+        let on_terminal = |no_color: bool| {
+            let mut command = Command::new(&script);
+            command.args([
+                "-qec",
+                &format!("{} doctor --no-such-flag", env!("CARGO_BIN_EXE_kubectl-gpu")),
+                "/dev/null",
+            ]);
+            if no_color {
+                command.env("NO_COLOR", "1");
+            } else {
+                command.env_remove("NO_COLOR");
+            }
+            let output = command.output().unwrap();
+            String::from_utf8_lossy(&output.stdout).into_owned()
+        };
+        let coloured = on_terminal(false);
+        assert!(
+            coloured.contains("--no-such-flag") && coloured.contains('\x1b'),
+            "a terminal gets colour, so this test can see it: {coloured:?}"
+        );
+        let plain = on_terminal(true);
+        assert!(plain.contains("--no-such-flag"), "{plain:?}");
+        assert!(!plain.contains('\x1b'), "{plain:?}");
+    }
+
+    #[test]
     fn explain_pod_on_a_snapshot() {
         let dir = tempfile::tempdir().unwrap();
         let mut snapshot = cluster();
@@ -1421,7 +1453,12 @@ mod cli {
             .unwrap();
         let text = stdout(&output);
         let names: Vec<&str> = text.lines().map(|l| l.split('\t').next().unwrap()).collect();
-        assert_eq!(names, ["table", "json", "yaml", "wide", ":4"], "{}", stderr(&output));
+        assert_eq!(
+            names,
+            ["table", "json", "yaml", "wide", ":4"],
+            "{}",
+            stderr(&output)
+        );
 
         let Ok(kubectl) = which("kubectl") else {
             eprintln!("SKIPPED the kubectl half: kubectl is not on PATH");
@@ -2497,18 +2534,23 @@ mod krew {
         assert_eq!(manifest["kind"], "Plugin");
         assert_eq!(manifest["metadata"]["name"], "gpu");
         assert_eq!(manifest["spec"]["version"], "v1.2.3");
-        assert!(manifest["spec"]["shortDescription"].as_str().is_some_and(|s| !s.is_empty()));
-        assert!(manifest["spec"]["description"].as_str().is_some_and(|s| s.len() > 100));
+        assert!(
+            manifest["spec"]["shortDescription"]
+                .as_str()
+                .is_some_and(|s| !s.is_empty())
+        );
+        assert!(
+            manifest["spec"]["description"]
+                .as_str()
+                .is_some_and(|s| s.len() > 100)
+        );
         let platforms = manifest["spec"]["platforms"].as_array().unwrap();
         assert_eq!(platforms.len(), 4);
         for ((os, arch), platform) in ALL.iter().zip(platforms) {
             let name = format!("kubectl-gpu_v1.2.3_{os}_{arch}.tar.gz");
             assert_eq!(platform["selector"]["matchLabels"]["os"], *os);
             assert_eq!(platform["selector"]["matchLabels"]["arch"], *arch);
-            assert_eq!(
-                platform["uri"],
-                format!("https://releases.example/v1.2.3/{name}")
-            );
+            assert_eq!(platform["uri"], format!("https://releases.example/v1.2.3/{name}"));
             assert_eq!(platform["sha256"], sha256(&dir.path().join(&name)));
             assert_eq!(platform["bin"], "kubectl-gpu");
             assert_eq!(platform["files"][0]["from"], "kubectl-gpu");
