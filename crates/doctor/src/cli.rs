@@ -450,10 +450,10 @@ async fn watch_doctor(
                         Output::Table | Output::Wide => render(&report, output, node.is_some())?,
                     }
                 }
-                Err(error) => format!("kubectl gpu: {}\n", explain_error(&error)),
+                Err(error) => format!("error: {}\n", explain_error(&error)),
             },
             // A failed round is shown and retried; the watch goes on.
-            Err(error) => format!("kubectl gpu: error: {}\n", explain_error(&error.into())),
+            Err(error) => format!("error: {}\n", explain_error(&error.into())),
         };
         if matches!(output, Output::Table | Output::Wide) {
             // On a terminal, clear the screen and redraw from the top; into a pipe or file, no escape
