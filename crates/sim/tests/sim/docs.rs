@@ -241,6 +241,22 @@ fn rewrite(command: &str, work: &Path) -> Result<String, &'static str> {
     Ok(command.replace("/tmp/", &format!("{}/tmp/", work.display())))
 }
 
+/// The command without a trailing `# comment` (a `#` after a blank, outside quotes), trimmed at the end.
+fn without_comment(command: &str) -> &str {
+    let mut quote = None;
+    let mut previous = ' ';
+    for (at, character) in command.char_indices() {
+        match (quote, character) {
+            (None, '\'' | '"') => quote = Some(character),
+            (Some(open), _) if character == open => quote = None,
+            (None, '#') if previous.is_whitespace() => return command[..at].trim_end(),
+            _ => {}
+        }
+        previous = character;
+    }
+    command.trim_end()
+}
+
 const RUNS_UNTIL_STOPPED: &str = "runs until stopped";
 
 /// Why a command cannot run unmarked: it would run forever or change a real machine or cluster.
@@ -250,7 +266,7 @@ fn needs_marker(command: &str) -> Option<&'static str> {
     if has(["gpu-sim", "up"]) || has(["gpu-sim", "serve"]) || has(["gpu-operator", "run"]) {
         return Some(RUNS_UNTIL_STOPPED);
     }
-    if command.trim_end().ends_with('&') || words.contains(&"-w") || words.contains(&"--watch") {
+    if without_comment(command).ends_with('&') || words.contains(&"-w") || words.contains(&"--watch") {
         return Some(RUNS_UNTIL_STOPPED);
     }
     if ["helm", "docker", "apt-get", "rustup"]
@@ -549,7 +565,7 @@ fn run_document(root: &Path, document: &Path, summary: &mut Summary) {
                 ));
                 break;
             }
-            let script = format!("{exports}{}", command.trim_end().trim_end_matches('&'));
+            let script = format!("{exports}{}", without_comment(&command).trim_end_matches('&'));
             if command.trim_start().starts_with("export ") {
                 exports.push_str(&command);
                 exports.push('\n');
@@ -711,4 +727,9 @@ fn commands_become_the_debug_binaries_and_servers_need_a_marker() {
     assert!(needs_marker("kubectl get nodes -w").is_some());
     assert!(needs_marker("helm install x y").is_some());
     assert!(needs_marker("gpu-operator check -f policy.yaml").is_none());
+    assert!(needs_marker("kubectl-gpu snapshot &   # in the background").is_some());
+    assert_eq!(
+        without_comment("a 'b # c' \"#d\" e#f # g"),
+        "a 'b # c' \"#d\" e#f"
+    );
 }
