@@ -2,7 +2,7 @@
 //! about every ClusterPolicy and NVIDIADriver in them.
 
 use std::fmt::Write as _;
-use std::io::Read;
+use std::io::{Read, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -32,22 +32,21 @@ pub fn run(files: &[PathBuf], defaults: &ImageDefaults) -> ExitCode {
         }
     }
     let (text, verdict) = render(&reports);
+    // Say what was found in the readable files, but not that nothing was found.
+    let text = if unreadable && verdict == Verdict::NothingChecked {
+        ""
+    } else {
+        text.as_str()
+    };
+    // `print!` would panic (with a stack trace under RUST_BACKTRACE) when stdout is closed, as by `| head`.
+    if let Err(error) = std::io::stdout().lock().write_all(text.as_bytes()) {
+        eprintln!("gpu-operator check: cannot write: {error}");
+        return ExitCode::from(2);
+    }
     match verdict {
-        _ if unreadable => {
-            // Say what was found in the readable files, but not that nothing was found.
-            if verdict != Verdict::NothingChecked {
-                print!("{text}");
-            }
-            ExitCode::from(2)
-        }
-        Verdict::AllValid => {
-            print!("{text}");
-            ExitCode::SUCCESS
-        }
-        Verdict::Problems | Verdict::NothingChecked => {
-            print!("{text}");
-            ExitCode::from(1)
-        }
+        _ if unreadable => ExitCode::from(2),
+        Verdict::AllValid => ExitCode::SUCCESS,
+        Verdict::Problems | Verdict::NothingChecked => ExitCode::from(1),
     }
 }
 

@@ -233,16 +233,29 @@ fn write_stdout(command: &str, text: &str) -> ExitCode {
     }
 }
 
-/// Sets up logging as `RUST_LOG` says (default `info`).
+/// Sets up logging as `RUST_LOG` says (default `info`), in colour only on a terminal without `NO_COLOR`.
 pub fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let colour = log_colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Plain => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Whether log lines may carry ANSI colour codes: only for a person at a terminal, and never when
+/// `NO_COLOR` is set to anything but the empty string (<https://no-color.org>). Escape codes in a file,
+/// `kubectl logs` or a log collector are noise.
+pub fn log_colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
 }
 
 /// Runs a command that talks to the cluster of the usual kubeconfig, logging to stderr.
@@ -392,4 +405,21 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = interrupt.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn logs_are_coloured_only_on_a_terminal_without_no_color() {
+        assert!(log_colour(true, None));
+        assert!(!log_colour(false, None), "a pipe or file gets no escape codes");
+        assert!(!log_colour(true, Some(OsStr::new("1"))));
+        assert!(
+            log_colour(true, Some(OsStr::new(""))),
+            "an empty NO_COLOR does not count (no-color.org)"
+        );
+    }
 }

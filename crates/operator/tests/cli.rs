@@ -110,6 +110,77 @@ mod hooks {
         );
     }
 
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    /// The status line of `GET path`, once something answers on `port`.
+    fn http_status(port: u16, path: &str) -> Option<String> {
+        use std::io::{Read as _, Write as _};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        response.lines().next().map(str::to_owned)
+    }
+
+    /// `run` against a cluster that never answers, stopped with SIGTERM: it never claims to be ready, and
+    /// its logs, written to a pipe, carry no colour codes.
+    #[test]
+    fn run_stopped_before_the_caches_synced_never_says_ready_nor_colours_a_pipe() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'http://127.0.0.1:1'}\n\
+             users:\n- name: u\n  user: {token: t}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\n\
+             current-context: x\n",
+        )
+        .unwrap();
+        let health = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+            .args([
+                "run",
+                "--namespace",
+                "gpu-operator",
+                "--metrics-bind-address",
+                "127.0.0.1:0",
+            ])
+            .arg("--health-probe-bind-address")
+            .arg(format!("127.0.0.1:{health}"))
+            .env_clear()
+            .env("KUBECONFIG", &kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let readyz = loop {
+            if let Some(status) = http_status(health, "/readyz") {
+                break status;
+            }
+            assert!(std::time::Instant::now() < deadline, "/readyz never answered");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        assert!(readyz.contains(" 503 "), "{readyz}");
+        let stopped = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(stopped.success());
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{stderr}");
+        assert!(stderr.contains("shutting down"), "{stderr}");
+        assert!(!stderr.contains("ready"), "it never synced, yet says:\n{stderr}");
+        assert!(!stderr.contains('\u{1b}'), "colour codes in a pipe:\n{stderr}");
+    }
+
     #[test]
     fn the_timeout_needs_apply_and_uninstall_needs_a_namespace() {
         assert_eq!(
@@ -206,6 +277,34 @@ mod check {
         let output = gpu_operator(&["check", "-f", file.to_str().unwrap()]);
         assert_eq!(output.status.code(), Some(1));
         assert!(stdout(&output).ends_with("no ClusterPolicy or NVIDIADriver found\n"));
+    }
+
+    /// A reader that stops early (`| head`) ends the output; that is no crash, and has no stack trace even
+    /// under RUST_BACKTRACE=1.
+    #[test]
+    fn a_closed_stdout_is_one_line_not_a_stack_trace() {
+        let sample = repo_root().join("deploy/samples/clusterpolicy.yaml");
+        let sample = sample.to_str().unwrap();
+        // The reader is gone before the first write: reports are printed only after every file is checked.
+        let files = vec![sample; 3];
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+            .arg("check")
+            .arg("-f")
+            .args(&files)
+            .env_clear()
+            .env("RUST_BACKTRACE", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert_eq!(
+            stderr.trim_end(),
+            "gpu-operator check: cannot write: Broken pipe (os error 32)"
+        );
     }
 
     #[test]
