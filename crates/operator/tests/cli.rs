@@ -330,6 +330,89 @@ mod check {
     }
 }
 
+mod render {
+    use super::*;
+
+    /// The facts file example in docs/render.md, the YAML block after its `facts-example` marker.
+    fn documented_facts() -> String {
+        let doc = std::fs::read_to_string(repo_root().join("docs/render.md")).unwrap();
+        let after = doc
+            .split("<!-- facts-example")
+            .nth(1)
+            .expect("docs/render.md has the facts example");
+        let block = after.split("```yaml\n").nth(1).unwrap();
+        block.split("```").next().unwrap().to_owned()
+    }
+
+    #[test]
+    fn the_documented_facts_file_renders() {
+        let dir = tempfile::tempdir().unwrap();
+        let facts = dir.path().join("facts.yaml");
+        std::fs::write(&facts, documented_facts()).unwrap();
+        let output = gpu_operator(&[
+            "render",
+            "-f",
+            "deploy/samples/clusterpolicy.yaml",
+            "--facts",
+            facts.to_str().unwrap(),
+        ]);
+        let text = stdout(&output);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        // Two OS pools, CRI-O, the ServiceMonitor CRD: each fact shows in what is rendered.
+        assert!(text.contains("name: nvidia-driver-daemonset-rhel9"), "{text}");
+        assert!(
+            text.contains("name: nvidia-driver-daemonset-ubuntu22.04"),
+            "{text}"
+        );
+        assert!(text.contains("value: crio"), "{text}");
+        assert!(text.contains("kind: ServiceMonitor"), "{text}");
+    }
+
+    #[test]
+    fn an_unknown_facts_key_is_named_with_its_place_and_the_accepted_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let facts = dir.path().join("facts.yaml");
+        std::fs::write(
+            &facts,
+            documented_facts().replace("runtime: crio", "runtme: crio"),
+        )
+        .unwrap();
+        let output = gpu_operator(&[
+            "render",
+            "-f",
+            "deploy/samples/clusterpolicy.yaml",
+            "--facts",
+            facts.to_str().unwrap(),
+        ]);
+        assert_eq!(output.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(
+                "line 2 column 1: unknown field `runtme`, expected one of namespace, runtime, driverPools, serviceMonitorCrd, configMapKeys"
+            ),
+            "{stderr}"
+        );
+        std::fs::write(&facts, documented_facts().replace("kernel:", "kernl:")).unwrap();
+        let output = gpu_operator(&[
+            "render",
+            "-f",
+            "deploy/samples/clusterpolicy.yaml",
+            "--facts",
+            facts.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("unknown field `kernl`, expected one of osId, osVersion, kernel"),
+            "{stderr}"
+        );
+    }
+}
+
 mod diff_live {
     use super::*;
 
