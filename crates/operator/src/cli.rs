@@ -52,9 +52,13 @@ pub enum Command {
     /// from the same environment variables the operator reads (DRIVER_IMAGE, DEVICE_PLUGIN_IMAGE, ...).
     /// Exit status: 0 when every object is valid, 1 when any has a problem, 2 when a file cannot be read.
     Check {
-        /// Manifest files (YAML, one or more documents each); `-` reads standard input.
+        /// Manifest files (YAML, one or more documents each); `-` reads standard input; a folder stands
+        /// for its `.yaml`, `.yml` and `.json` files, in name order, as with `kubectl apply -f`.
         #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
         files: Vec<PathBuf>,
+        /// Also read the files of the folders' subfolders, at any depth.
+        #[arg(short = 'R', long)]
+        recursive: bool,
     },
     /// Print the objects the operator would create for a ClusterPolicy, without a cluster; or, with
     /// `--diff-live`, what taking over the cluster of the usual kubeconfig would change.
@@ -161,7 +165,9 @@ pub fn main() -> ExitCode {
             timeout_seconds,
         }) => with_client("crd", |client| apply_crds(client, timeout_seconds)),
         Command::Uninstall(args) => with_client("uninstall", |client| uninstall(client, args)),
-        Command::Check { files } => check::run(&files, &check::image_defaults_from_env()),
+        Command::Check { files, recursive } => {
+            check::run(&files, recursive, &check::image_defaults_from_env())
+        }
         Command::Render {
             diff_live: true,
             namespace,

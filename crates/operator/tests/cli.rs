@@ -279,6 +279,48 @@ mod check {
         assert!(stdout(&output).ends_with("no ClusterPolicy or NVIDIADriver found\n"));
     }
 
+    #[test]
+    fn a_folder_is_read_like_kubectl_apply_reads_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let sample = std::fs::read_to_string(repo_root().join("deploy/samples/clusterpolicy.yaml")).unwrap();
+        std::fs::write(dir.path().join("policy.yaml"), &sample).unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "not a manifest").unwrap();
+        std::fs::create_dir(dir.path().join("drivers")).unwrap();
+        std::fs::copy(
+            repo_root().join("deploy/samples/nvidiadrivers.yaml"),
+            dir.path().join("drivers/nvidiadrivers.yml"),
+        )
+        .unwrap();
+        let folder = dir.path().to_str().unwrap();
+        let output = gpu_operator(&["check", "-f", folder]);
+        let text = stdout(&output);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{text}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            text.starts_with(&format!(
+                "{folder}/policy.yaml: document 1 (line 1) ClusterPolicy"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("1 checked: 1 valid, 0 invalid (0 errors, 0 warnings)\n"),
+            "{text}"
+        );
+        let output = gpu_operator(&["check", "-R", "-f", folder]);
+        let text = stdout(&output);
+        assert_eq!(output.status.code(), Some(0), "{text}");
+        assert!(
+            text.contains(&format!(
+                "{folder}/drivers/nvidiadrivers.yml: document 1 (line 1) NVIDIADriver"
+            )),
+            "{text}"
+        );
+    }
+
     /// A reader that stops early (`| head`) ends the output; that is no crash, and has no stack trace even
     /// under RUST_BACKTRACE=1.
     #[test]
