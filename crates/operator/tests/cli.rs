@@ -279,6 +279,38 @@ mod check {
         assert!(stdout(&output).ends_with("no ClusterPolicy or NVIDIADriver found\n"));
     }
 
+    /// Issue 12: a wrong type, an operator rule and a warning in one file are all reported, and a YAML
+    /// syntax error says where it is in the file.
+    #[test]
+    fn a_wrong_type_does_not_hide_the_other_problems() {
+        let dir = tempfile::tempdir().unwrap();
+        let sample = std::fs::read_to_string(repo_root().join("deploy/samples/clusterpolicy.yaml")).unwrap();
+        let broken = sample
+            .replacen("version: \"595.91.07\"", "version: 595", 1)
+            .replacen(
+                "    version: v0.20.0\n    imagePullPolicy: IfNotPresent\n",
+                "    version: v0.20.0\n    imagePullPolicy: Sometimes\n    config: {default: any}\n",
+                1,
+            );
+        assert_ne!(broken, sample);
+        let file = dir.path().join("policy.yaml");
+        std::fs::write(&file, format!("{broken}---\nkind: ClusterPolicy\nspec: [\n")).unwrap();
+        let output = gpu_operator(&["check", "-f", file.to_str().unwrap()]);
+        let text = stdout(&output);
+        assert_eq!(output.status.code(), Some(1), "{text}");
+        let name = file.display();
+        let syntax_line = broken.lines().count() + 3;
+        for line in [
+            format!("{name}: document 1 (line 1) ClusterPolicy \"cluster-policy\": invalid"),
+            "  error: spec.driver.version: 595 is an integer, expected a string".to_owned(),
+            "  error: spec.devicePlugin.config.name: required when spec.devicePlugin.config.default is set: the default names a key of that ConfigMap".to_owned(),
+            r#"  warning: spec.devicePlugin.imagePullPolicy: "Sometimes" is not Always, Never or IfNotPresent; it is treated as IfNotPresent"#.to_owned(),
+            format!("  error: not valid YAML: line {syntax_line} column 7: unclosed bracket '['"),
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+    }
+
     #[test]
     fn a_folder_is_read_like_kubectl_apply_reads_it() {
         let dir = tempfile::tempdir().unwrap();
