@@ -219,7 +219,7 @@ mod tests {
         );
         // A file is itself whatever its name, and so is standard input.
         let notes = root.join("notes.txt");
-        assert_eq!(manifest_files(&notes, false).0, [notes.clone()]);
+        assert_eq!(manifest_files(&notes, false).0, [notes]);
         assert_eq!(manifest_files(Path::new("-"), true).0, [PathBuf::from("-")]);
     }
 }
