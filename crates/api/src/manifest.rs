@@ -78,7 +78,10 @@ pub fn check_manifests(text: &str, defaults: &ImageDefaults) -> Vec<ObjectReport
         };
         match serde_saphyr::from_str::<Value>(document) {
             Err(error) => reports.push(ObjectReport {
-                errors: vec![Finding::Syntax(format!("not valid YAML: {error}"))],
+                errors: vec![Finding::Syntax(format!(
+                    "not valid YAML: {}",
+                    yaml_problem(&error, line)
+                ))],
                 ..ObjectReport::new(location)
             }),
             Ok(Value::Object(map)) if map.get("kind").and_then(Value::as_str) == Some("List") => {
@@ -169,8 +172,10 @@ fn check_object(value: Value, location: Location, defaults: &ImageDefaults) -> O
     let schema = openapi_schema(&crd);
     let schema_errors = crate::schema::validate(&schema, &value);
     let rule_errors = crate::schema::check_rules(&schema, &value, None);
-    // Wrong types can keep the object from parsing; the schema errors already say why, so the operator's own
-    // rules are then skipped rather than reported as a parse failure.
+    // Wrong types keep the object from parsing. The schema errors already say what they are; the operator's
+    // own rules then judge the rest of the object, read without the wrongly typed values, so that every
+    // problem is reported at once rather than one per attempt. A rule that complains about a removed value
+    // names the same path and is folded into the type error below.
     let parse_failure = |error: serde_json::Error, kind: &str| {
         if schema_errors.is_empty() {
             vec![FieldError::invalid(
@@ -183,14 +188,14 @@ fn check_object(value: Value, location: Location, defaults: &ImageDefaults) -> O
         }
     };
     let semantic = match report.kind.as_deref() {
-        Some("ClusterPolicy") => match serde_json::from_value::<ClusterPolicy>(value) {
+        Some("ClusterPolicy") => match parse_without_wrong_types::<ClusterPolicy>(value, &schema) {
             Ok(policy) => {
                 report.warnings = warnings(&policy);
                 validate_with(&policy, defaults).err().unwrap_or_default()
             }
             Err(error) => parse_failure(error, "a ClusterPolicy"),
         },
-        _ => match serde_json::from_value::<NVIDIADriver>(value) {
+        _ => match parse_without_wrong_types::<NVIDIADriver>(value, &schema) {
             Ok(driver) => validate_driver(&driver).err().unwrap_or_default(),
             Err(error) => parse_failure(error, "an NVIDIADriver"),
         },
@@ -205,6 +210,42 @@ fn check_object(value: Value, location: Location, defaults: &ImageDefaults) -> O
         }
     }
     report
+}
+
+/// A YAML error on one line, its line counted in the whole file (the parser counts within the document
+/// that starts on `first_line`), without the parser's source excerpt, which would break the report's
+/// one-problem-per-line layout.
+fn yaml_problem(error: &serde_saphyr::Error, first_line: usize) -> String {
+    let message = error.without_snippet().to_string();
+    match error.location() {
+        Some(at) if at.line() > 0 => {
+            let (line, column) = (at.line(), at.column());
+            let message = message.replacen(&format!(" at line {line}, column {column}"), "", 1);
+            let line = usize::try_from(line).unwrap_or(usize::MAX);
+            format!(
+                "line {} column {column}: {message}",
+                line.saturating_add(first_line - 1)
+            )
+        }
+        _ => message,
+    }
+}
+
+/// Reads `value` as `T`; when that fails, reads it again without the values whose type the schema does not
+/// allow. The first error is returned when neither works.
+fn parse_without_wrong_types<T: serde::de::DeserializeOwned>(
+    mut value: Value,
+    schema: &Value,
+) -> Result<T, serde_json::Error> {
+    match T::deserialize(&value) {
+        Ok(parsed) => Ok(parsed),
+        Err(error) => {
+            if crate::schema::remove_wrong_types(schema, &mut value) == 0 {
+                return Err(error);
+            }
+            serde_json::from_value(value).map_err(|_| error)
+        }
+    }
 }
 
 /// Splits a YAML stream into documents with the 1-based line each starts on; blank documents are dropped.
@@ -348,6 +389,30 @@ spec:
     }
 
     #[test]
+    fn a_wrong_type_does_not_hide_the_operators_findings() {
+        let text = MINIMAL.replace("version: '595.91.07'", "version: 595").replace(
+            "devicePlugin: {image: registry.example/dp:1}",
+            "devicePlugin: {image: registry.example/dp:1, imagePullPolicy: Sometimes, config: {default: any}}",
+        );
+        let reports = check_manifests(&text, &ImageDefaults::default());
+        let errors: Vec<String> = reports[0].errors.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            errors,
+            [
+                "spec.driver.version: 595 is an integer, expected a string",
+                "spec.devicePlugin.config.name: required when spec.devicePlugin.config.default is set: the default names a key of that ConfigMap",
+            ]
+        );
+        let warnings: Vec<String> = reports[0].warnings.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            warnings,
+            [
+                r#"spec.devicePlugin.imagePullPolicy: "Sometimes" is not Always, Never or IfNotPresent; it is treated as IfNotPresent"#
+            ]
+        );
+    }
+
+    #[test]
     fn enabled_components_without_an_image_are_named() {
         let text = MINIMAL.replace("  gfd: {image: registry.example/gfd:1}\n", "  gfd: {}\n");
         let found = messages(&text);
@@ -369,8 +434,10 @@ spec:
     #[test]
     fn syntax_errors_wrong_api_versions_and_missing_names() {
         let found = messages("kind: ClusterPolicy\napiVersion: nvidia.com/v2\nspec: [\n");
-        assert_eq!(found.len(), 1);
-        assert!(found[0].starts_with("not valid YAML"), "{found:?}");
+        assert_eq!(found, ["not valid YAML: line 3 column 7: unclosed bracket '['"]);
+        // Lines count in the file, not in the document.
+        let found = messages("# a comment\n---\nkind: ClusterPolicy\napiVersion: nvidia.com/v2\nspec: [\n");
+        assert_eq!(found, ["not valid YAML: line 5 column 7: unclosed bracket '['"]);
         let found = messages(
             &MINIMAL
                 .replace("nvidia.com/v1", "nvidia.com/v2")

@@ -68,6 +68,58 @@ pub fn apply_defaults(schema: &Value, object: &mut Value) {
     }
 }
 
+/// Removes every value whose JSON type the schema does not allow (a number where a string is expected,
+/// ...), recursively, so that the rest of an object can still be read into its Rust type and judged by
+/// the operator's own rules. Returns how many values were removed. The API server would refuse such an
+/// object outright; [`validate`] reports each removed value as a wrong type.
+pub fn remove_wrong_types(schema: &Value, object: &mut Value) -> usize {
+    let wrong = |schema: &Value, value: &Value| {
+        !value.is_null()
+            && if flag(schema, "x-kubernetes-int-or-string") {
+                !(value.is_string() || is_integer(value))
+            } else {
+                schema
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .is_some_and(|expected| !type_matches(expected, value))
+            }
+    };
+    let mut removed = 0;
+    match object {
+        Value::Object(map) => {
+            let properties = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            map.retain(|key, value| {
+                let Some(property) = properties.and_then(|p| p.get(key)).or(additional) else {
+                    return true;
+                };
+                if wrong(property, value) {
+                    removed += 1;
+                    false
+                } else {
+                    removed += remove_wrong_types(property, value);
+                    true
+                }
+            });
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                items.retain_mut(|value| {
+                    if wrong(item_schema, value) {
+                        removed += 1;
+                        false
+                    } else {
+                        removed += remove_wrong_types(item_schema, value);
+                        true
+                    }
+                });
+            }
+        }
+        _ => {}
+    }
+    removed
+}
+
 /// Evaluates the schema's CEL rules (`x-kubernetes-validations`) on an object, as the API server does after
 /// defaulting; `old` is the stored object on an update (rules using `oldSelf` need it and are skipped
 /// without it). A rule that fails or errors while evaluating refuses the object, as on the API server. A

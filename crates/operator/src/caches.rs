@@ -159,27 +159,36 @@ impl Caches {
         (caches, node_events)
     }
 
-    /// Waits until every cache has listed once. Any number of tasks may wait.
-    pub async fn ready(&self) {
+    /// Waits until every cache has listed once, and says whether they did: `false` when the caches were
+    /// stopped first (shutdown before the API server ever answered), so that nothing acts, or claims to be
+    /// ready, on stores that never listed. Any number of tasks may wait.
+    pub async fn ready(&self) -> bool {
         let mut synced = self.synced.clone();
-        let _ = synced.wait_for(|synced| *synced).await;
+        synced.wait_for(|synced| *synced).await.is_ok()
     }
 
     /// Signals `synced` once every store has listed. kube's `Store::wait_until_ready` wakes only the last
     /// of several concurrent waiters, so exactly one task waits on the stores and the rest on the signal.
     fn signal_when_synced(&self, synced: watch::Sender<bool>) {
         let stores = self.clone();
+        // A store whose reflector stopped before listing (shutdown) answers with an error: then `synced` is
+        // dropped unset, which tells every waiter the caches never synced.
         tokio::spawn(async move {
-            let _ = stores.policies.wait_until_ready().await;
-            let _ = stores.drivers.wait_until_ready().await;
-            let _ = stores.nodes.wait_until_ready().await;
-            let _ = stores.daemonsets.wait_until_ready().await;
-            let _ = stores.pods.wait_until_ready().await;
-            let _ = stores.revisions.wait_until_ready().await;
-            for store in stores.managed.values() {
-                let _ = store.wait_until_ready().await;
+            let listed = async {
+                stores.policies.wait_until_ready().await?;
+                stores.drivers.wait_until_ready().await?;
+                stores.nodes.wait_until_ready().await?;
+                stores.daemonsets.wait_until_ready().await?;
+                stores.pods.wait_until_ready().await?;
+                stores.revisions.wait_until_ready().await?;
+                for store in stores.managed.values() {
+                    store.wait_until_ready().await?;
+                }
+                Ok::<(), kube::runtime::reflector::store::WriterDropped>(())
+            };
+            if listed.await.is_ok() {
+                synced.send_replace(true);
             }
-            synced.send_replace(true);
         });
     }
 }
@@ -323,6 +332,26 @@ mod tests {
             },
         }))
         .unwrap()
+    }
+
+    #[tokio::test]
+    async fn caches_stopped_before_they_listed_are_not_ready() {
+        // Port 1 on loopback: nothing listens, so no list ever succeeds.
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let client = Client::try_from(config).unwrap();
+        let shutdown = CancellationToken::new();
+        let (caches, _nodes) = Caches::start(
+            &client,
+            "gpu-operator",
+            false,
+            &Arc::new(Changes::default()),
+            &shutdown,
+        );
+        shutdown.cancel();
+        let ready = tokio::time::timeout(std::time::Duration::from_secs(10), caches.ready())
+            .await
+            .expect("a stop ends the wait");
+        assert!(!ready, "no cache ever listed, so they must not count as synced");
     }
 
     #[test]

@@ -52,9 +52,13 @@ pub enum Command {
     /// from the same environment variables the operator reads (DRIVER_IMAGE, DEVICE_PLUGIN_IMAGE, ...).
     /// Exit status: 0 when every object is valid, 1 when any has a problem, 2 when a file cannot be read.
     Check {
-        /// Manifest files (YAML, one or more documents each); `-` reads standard input.
+        /// Manifest files (YAML, one or more documents each); `-` reads standard input; a folder stands
+        /// for its `.yaml`, `.yml` and `.json` files, in name order, as with `kubectl apply -f`.
         #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
         files: Vec<PathBuf>,
+        /// Also read the files of the folders' subfolders, at any depth.
+        #[arg(short = 'R', long)]
+        recursive: bool,
     },
     /// Print the objects the operator would create for a ClusterPolicy, without a cluster; or, with
     /// `--diff-live`, what taking over the cluster of the usual kubeconfig would change.
@@ -161,7 +165,9 @@ pub fn main() -> ExitCode {
             timeout_seconds,
         }) => with_client("crd", |client| apply_crds(client, timeout_seconds)),
         Command::Uninstall(args) => with_client("uninstall", |client| uninstall(client, args)),
-        Command::Check { files } => check::run(&files, &check::image_defaults_from_env()),
+        Command::Check { files, recursive } => {
+            check::run(&files, recursive, &check::image_defaults_from_env())
+        }
         Command::Render {
             diff_live: true,
             namespace,
@@ -233,16 +239,29 @@ fn write_stdout(command: &str, text: &str) -> ExitCode {
     }
 }
 
-/// Sets up logging as `RUST_LOG` says (default `info`).
+/// Sets up logging as `RUST_LOG` says (default `info`), in colour only on a terminal without `NO_COLOR`.
 pub fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let colour = log_colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Plain => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Whether log lines may carry ANSI colour codes: only for a person at a terminal, and never when
+/// `NO_COLOR` is set to anything but the empty string (<https://no-color.org>). Escape codes in a file,
+/// `kubectl logs` or a log collector are noise.
+pub fn log_colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
 }
 
 /// Runs a command that talks to the cluster of the usual kubeconfig, logging to stderr.
@@ -392,4 +411,21 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = interrupt.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn logs_are_coloured_only_on_a_terminal_without_no_color() {
+        assert!(log_colour(true, None));
+        assert!(!log_colour(false, None), "a pipe or file gets no escape codes");
+        assert!(!log_colour(true, Some(OsStr::new("1"))));
+        assert!(
+            log_colour(true, Some(OsStr::new(""))),
+            "an empty NO_COLOR does not count (no-color.org)"
+        );
+    }
 }

@@ -213,7 +213,9 @@ pub enum ReconcileError {
 
 /// Runs the policy reconciler until `shutdown`.
 pub async fn run_policies(context: Arc<Context>, shutdown: CancellationToken) {
-    context.caches.ready().await;
+    if !context.caches.ready().await {
+        return;
+    }
     let mut leadership = context.leadership.clone();
     let mut failures = 0u32;
     let mut wait = Duration::ZERO;
@@ -885,7 +887,9 @@ pub async fn run_labeller(
     mut node_events: mpsc::UnboundedReceiver<String>,
     shutdown: CancellationToken,
 ) {
-    context.caches.ready().await;
+    if !context.caches.ready().await {
+        return;
+    }
     let mut labelling = context.labelling.subscribe();
     let mut leadership = context.leadership.clone();
     let (retry_sender, mut retries) = mpsc::unbounded_channel::<String>();

@@ -171,9 +171,10 @@ pub async fn start(client: Client, config: Config) -> Result<Running, StartError
         let context = context.clone();
         let ready = ready.clone();
         tasks.push(tokio::spawn(async move {
-            context.caches.ready().await;
-            ready.store(true, Ordering::Relaxed);
-            info!("caches synced; operator ready");
+            if context.caches.ready().await {
+                ready.store(true, Ordering::Relaxed);
+                info!("caches synced; operator ready");
+            }
         }));
     }
     tasks.push(tokio::spawn(run_policies(context.clone(), shutdown.clone())));

@@ -81,15 +81,17 @@ pub fn policy_status(
                 Some(statuses),
             )
         }
+        // `Ready` says why too (NVIDIA leaves it at reason `Error` with no message): it is the condition
+        // people and `kubectl wait` read first.
         Outcome::Invalid(_) => (
             State::NotReady,
-            (false, reason::ERROR, String::new()),
+            (false, reason::RECONCILE_FAILED, failure(outcome)),
             (true, reason::RECONCILE_FAILED, failure(outcome)),
             None,
         ),
         Outcome::Failed(_) => (
             State::NotReady,
-            (false, reason::ERROR, String::new()),
+            (false, reason::RECONCILE_FAILED, failure(outcome)),
             (true, reason::RECONCILE_FAILED, failure(outcome)),
             previous.and_then(|p| p.operands.clone()),
         ),
@@ -653,7 +655,12 @@ mod tests {
             "{}",
             error.message
         );
-        assert_eq!(ready_condition(&status).reason, "Error");
+        let ready = ready_condition(&status);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "ReconcileFailed")
+        );
+        assert_eq!(ready.message, error.message, "Ready names every wrong field too");
     }
 
     #[test]

@@ -92,7 +92,9 @@ struct Memory {
 
 /// Runs the upgrade controller until `shutdown`.
 pub async fn run_upgrades(context: Arc<Context>, shutdown: CancellationToken) {
-    context.caches.ready().await;
+    if !context.caches.ready().await {
+        return;
+    }
     let mut pools = context.upgrade_pools.subscribe();
     let mut leadership = context.leadership.clone();
     let mut memory = Memory::default();

@@ -110,6 +110,77 @@ mod hooks {
         );
     }
 
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    /// The status line of `GET path`, once something answers on `port`.
+    fn http_status(port: u16, path: &str) -> Option<String> {
+        use std::io::{Read as _, Write as _};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        response.lines().next().map(str::to_owned)
+    }
+
+    /// `run` against a cluster that never answers, stopped with SIGTERM: it never claims to be ready, and
+    /// its logs, written to a pipe, carry no colour codes.
+    #[test]
+    fn run_stopped_before_the_caches_synced_never_says_ready_nor_colours_a_pipe() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'http://127.0.0.1:1'}\n\
+             users:\n- name: u\n  user: {token: t}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\n\
+             current-context: x\n",
+        )
+        .unwrap();
+        let health = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+            .args([
+                "run",
+                "--namespace",
+                "gpu-operator",
+                "--metrics-bind-address",
+                "127.0.0.1:0",
+            ])
+            .arg("--health-probe-bind-address")
+            .arg(format!("127.0.0.1:{health}"))
+            .env_clear()
+            .env("KUBECONFIG", &kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let readyz = loop {
+            if let Some(status) = http_status(health, "/readyz") {
+                break status;
+            }
+            assert!(std::time::Instant::now() < deadline, "/readyz never answered");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        assert!(readyz.contains(" 503 "), "{readyz}");
+        let stopped = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(stopped.success());
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{stderr}");
+        assert!(stderr.contains("shutting down"), "{stderr}");
+        assert!(!stderr.contains("ready"), "it never synced, yet says:\n{stderr}");
+        assert!(!stderr.contains('\u{1b}'), "colour codes in a pipe:\n{stderr}");
+    }
+
     #[test]
     fn the_timeout_needs_apply_and_uninstall_needs_a_namespace() {
         assert_eq!(
@@ -208,6 +279,108 @@ mod check {
         assert!(stdout(&output).ends_with("no ClusterPolicy or NVIDIADriver found\n"));
     }
 
+    /// Issue 12: a wrong type, an operator rule and a warning in one file are all reported, and a YAML
+    /// syntax error says where it is in the file.
+    #[test]
+    fn a_wrong_type_does_not_hide_the_other_problems() {
+        let dir = tempfile::tempdir().unwrap();
+        let sample = std::fs::read_to_string(repo_root().join("deploy/samples/clusterpolicy.yaml")).unwrap();
+        let broken = sample
+            .replacen("version: \"595.91.07\"", "version: 595", 1)
+            .replacen(
+                "    version: v0.20.0\n    imagePullPolicy: IfNotPresent\n",
+                "    version: v0.20.0\n    imagePullPolicy: Sometimes\n    config: {default: any}\n",
+                1,
+            );
+        assert_ne!(broken, sample);
+        let file = dir.path().join("policy.yaml");
+        std::fs::write(&file, format!("{broken}---\nkind: ClusterPolicy\nspec: [\n")).unwrap();
+        let output = gpu_operator(&["check", "-f", file.to_str().unwrap()]);
+        let text = stdout(&output);
+        assert_eq!(output.status.code(), Some(1), "{text}");
+        let name = file.display();
+        let syntax_line = broken.lines().count() + 3;
+        for line in [
+            format!("{name}: document 1 (line 1) ClusterPolicy \"cluster-policy\": invalid"),
+            "  error: spec.driver.version: 595 is an integer, expected a string".to_owned(),
+            "  error: spec.devicePlugin.config.name: required when spec.devicePlugin.config.default is set: the default names a key of that ConfigMap".to_owned(),
+            r#"  warning: spec.devicePlugin.imagePullPolicy: "Sometimes" is not Always, Never or IfNotPresent; it is treated as IfNotPresent"#.to_owned(),
+            format!("  error: not valid YAML: line {syntax_line} column 7: unclosed bracket '['"),
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_folder_is_read_like_kubectl_apply_reads_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let sample = std::fs::read_to_string(repo_root().join("deploy/samples/clusterpolicy.yaml")).unwrap();
+        std::fs::write(dir.path().join("policy.yaml"), &sample).unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "not a manifest").unwrap();
+        std::fs::create_dir(dir.path().join("drivers")).unwrap();
+        std::fs::copy(
+            repo_root().join("deploy/samples/nvidiadrivers.yaml"),
+            dir.path().join("drivers/nvidiadrivers.yml"),
+        )
+        .unwrap();
+        let folder = dir.path().to_str().unwrap();
+        let output = gpu_operator(&["check", "-f", folder]);
+        let text = stdout(&output);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{text}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            text.starts_with(&format!(
+                "{folder}/policy.yaml: document 1 (line 1) ClusterPolicy"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("1 checked: 1 valid, 0 invalid (0 errors, 0 warnings)\n"),
+            "{text}"
+        );
+        let output = gpu_operator(&["check", "-R", "-f", folder]);
+        let text = stdout(&output);
+        assert_eq!(output.status.code(), Some(0), "{text}");
+        assert!(
+            text.contains(&format!(
+                "{folder}/drivers/nvidiadrivers.yml: document 1 (line 1) NVIDIADriver"
+            )),
+            "{text}"
+        );
+    }
+
+    /// A reader that stops early (`| head`) ends the output; that is no crash, and has no stack trace even
+    /// under RUST_BACKTRACE=1.
+    #[test]
+    fn a_closed_stdout_is_one_line_not_a_stack_trace() {
+        let sample = repo_root().join("deploy/samples/clusterpolicy.yaml");
+        let sample = sample.to_str().unwrap();
+        // The reader is gone before the first write: reports are printed only after every file is checked.
+        let files = vec![sample; 3];
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
+            .arg("check")
+            .arg("-f")
+            .args(&files)
+            .env_clear()
+            .env("RUST_BACKTRACE", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert_eq!(
+            stderr.trim_end(),
+            "gpu-operator check: cannot write: Broken pipe (os error 32)"
+        );
+    }
+
     #[test]
     fn images_may_come_from_the_operators_environment() {
         let dir = tempfile::tempdir().unwrap();
@@ -228,6 +401,89 @@ mod check {
             .output()
             .unwrap();
         assert_eq!(output.status.code(), Some(0), "{}", stdout(&output));
+    }
+}
+
+mod render {
+    use super::*;
+
+    /// The facts file example in docs/render.md, the YAML block after its `facts-example` marker.
+    fn documented_facts() -> String {
+        let doc = std::fs::read_to_string(repo_root().join("docs/render.md")).unwrap();
+        let after = doc
+            .split("<!-- facts-example")
+            .nth(1)
+            .expect("docs/render.md has the facts example");
+        let block = after.split("```yaml\n").nth(1).unwrap();
+        block.split("```").next().unwrap().to_owned()
+    }
+
+    #[test]
+    fn the_documented_facts_file_renders() {
+        let dir = tempfile::tempdir().unwrap();
+        let facts = dir.path().join("facts.yaml");
+        std::fs::write(&facts, documented_facts()).unwrap();
+        let output = gpu_operator(&[
+            "render",
+            "-f",
+            "deploy/samples/clusterpolicy.yaml",
+            "--facts",
+            facts.to_str().unwrap(),
+        ]);
+        let text = stdout(&output);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        // Two OS pools, CRI-O, the ServiceMonitor CRD: each fact shows in what is rendered.
+        assert!(text.contains("name: nvidia-driver-daemonset-rhel9"), "{text}");
+        assert!(
+            text.contains("name: nvidia-driver-daemonset-ubuntu22.04"),
+            "{text}"
+        );
+        assert!(text.contains("value: crio"), "{text}");
+        assert!(text.contains("kind: ServiceMonitor"), "{text}");
+    }
+
+    #[test]
+    fn an_unknown_facts_key_is_named_with_its_place_and_the_accepted_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let facts = dir.path().join("facts.yaml");
+        std::fs::write(
+            &facts,
+            documented_facts().replace("runtime: crio", "runtme: crio"),
+        )
+        .unwrap();
+        let output = gpu_operator(&[
+            "render",
+            "-f",
+            "deploy/samples/clusterpolicy.yaml",
+            "--facts",
+            facts.to_str().unwrap(),
+        ]);
+        assert_eq!(output.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(
+                "line 2 column 1: unknown field `runtme`, expected one of namespace, runtime, driverPools, serviceMonitorCrd, configMapKeys"
+            ),
+            "{stderr}"
+        );
+        std::fs::write(&facts, documented_facts().replace("kernel:", "kernl:")).unwrap();
+        let output = gpu_operator(&[
+            "render",
+            "-f",
+            "deploy/samples/clusterpolicy.yaml",
+            "--facts",
+            facts.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("unknown field `kernl`, expected one of osId, osVersion, kernel"),
+            "{stderr}"
+        );
     }
 }
 

@@ -47,9 +47,11 @@ pub use nvidia_driver::{NvidiaDriverFacts, render_nvidia_driver};
 use inputs::Inputs;
 use manifest::Objects;
 
-/// What the renderer needs to know about the cluster besides the policy.
+/// What the renderer needs to know about the cluster besides the policy. Read from a file by
+/// `gpu-operator render --facts` (docs/render.md): unknown keys are refused, so a typo is named rather
+/// than mistaken for a missing key.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterFacts {
     /// Namespace the operands run in (the operator's namespace).
     pub namespace: String,
@@ -95,7 +97,7 @@ impl ContainerRuntime {
 
 /// GPU nodes that share an OS release (and, for precompiled drivers, a kernel).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OsPool {
     /// `feature.node.kubernetes.io/system-os_release.ID`, e.g. `ubuntu`.
     pub os_id: String,

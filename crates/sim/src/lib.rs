@@ -62,6 +62,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_level.into()),
         )
+        .with_ansi(gpuop_operator::cli::log_colour(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ))
         .with_writer(std::io::stderr)
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

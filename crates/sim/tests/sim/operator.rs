@@ -604,6 +604,22 @@ async fn a_second_policy_is_ignored_and_an_invalid_one_changes_nothing_that_runs
             }
         })
         .await;
+    let status = cluster.policy("cluster-policy").await.status.unwrap_or_default();
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "ReconcileFailed")
+    );
+    assert!(
+        ready.message.contains("spec.toolkit.version"),
+        "{}",
+        ready.message
+    );
     let before = versions(daemonsets.list(&ListParams::default()).await.unwrap().items);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = versions(daemonsets.list(&ListParams::default()).await.unwrap().items);
