@@ -3,7 +3,8 @@
 //! containers, so a container nobody wrote output for answers what a real server answers for a container
 //! that wrote nothing: 200 and an empty body. The refusals are the real server's, word for word: no
 //! container named when the pod has several, a container the pod does not have, a container that has not
-//! started, and `previous=true` for a container that never terminated.
+//! started, and `previous=true` for a container that never terminated. Between restarts
+//! (CrashLoopBackOff) a container's log is its last run's, as the kubelet serves it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -102,32 +103,47 @@ pub(crate) fn pod_log(pod: &Value, query: &LogQuery, logs: &ContainerLogs) -> Re
         .filter_map(|field| pod.pointer(&format!("/status/{field}")).and_then(Value::as_array))
         .flatten()
         .find(|s| s.get("name").and_then(Value::as_str) == Some(container.as_str()));
+    // The kubelet's choice of container (validateContainerLogStatus), in its order.
+    let state = |field: &str| {
+        status
+            .and_then(|s| s.get(field))
+            .and_then(|state| state.as_object())
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (current, last) = (state("state"), state("lastState"));
+    let has =
+        |state: &serde_json::Map<String, Value>, key: &str| state.get(key).is_some_and(|v| !v.is_null());
     let stream = if query.previous {
-        let terminated = status
-            .and_then(|s| s.pointer("/lastState/terminated"))
-            .is_some_and(|t| !t.is_null());
-        if !terminated {
+        if !has(&last, "terminated") {
             return Err(ApiError::BadRequest(format!(
                 "previous terminated container \"{container}\" in pod \"{name}\" not found"
             )));
         }
         LogStream::Previous
-    } else {
-        let started = status.and_then(|s| s.get("state")).is_some_and(|state| {
-            ["running", "terminated"]
-                .iter()
-                .any(|k| state.get(*k).is_some_and(|v| !v.is_null()))
-        });
-        if !started {
-            let reason = status
-                .and_then(|s| s.pointer("/state/waiting/reason"))
-                .and_then(Value::as_str)
-                .unwrap_or("ContainerCreating");
-            return Err(ApiError::BadRequest(format!(
-                "container \"{container}\" in pod \"{name}\" is waiting to start: {reason}"
-            )));
-        }
+    } else if has(&current, "running") || has(&current, "terminated") {
         LogStream::Current
+    } else if has(&last, "terminated") {
+        // Between restarts (CrashLoopBackOff) the log is the last run's.
+        LogStream::Previous
+    } else if has(&current, "waiting") {
+        let reason = current
+            .get("waiting")
+            .and_then(|w| w.get("reason"))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let why = match reason {
+            "ErrImagePull" => "image can't be pulled".to_owned(),
+            "ImagePullBackOff" => "trying and failing to pull image".to_owned(),
+            other => other.to_owned(),
+        };
+        return Err(ApiError::BadRequest(format!(
+            "container \"{container}\" in pod \"{name}\" is waiting to start: {why}"
+        )));
+    } else {
+        return Err(ApiError::BadRequest(format!(
+            "container \"{container}\" in pod \"{name}\" is waiting to start - no logs yet"
+        )));
     };
     Ok(bound(logs.get(&namespace, &name, &container, stream), query))
 }
@@ -199,7 +215,7 @@ mod tests {
         );
         assert_eq!(
             error(&query("side", false), false),
-            "container \"side\" in pod \"p\" is waiting to start: ImagePullBackOff"
+            "container \"side\" in pod \"p\" is waiting to start: trying and failing to pull image"
         );
         assert_eq!(
             pod_log(&pod(false), &query("main", false), &logs).unwrap(),
