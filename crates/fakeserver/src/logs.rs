@@ -238,5 +238,13 @@ mod tests {
             pod_log(&pod(true), &query("main", true), &logs).unwrap(),
             "before\n"
         );
+        let mut crashing = pod(true);
+        crashing["status"]["containerStatuses"][0]["state"] =
+            json!({"waiting": {"reason": "CrashLoopBackOff"}});
+        assert_eq!(
+            pod_log(&crashing, &query("main", false), &logs).unwrap(),
+            "before\n",
+            "between restarts the log is the last run's"
+        );
     }
 }
