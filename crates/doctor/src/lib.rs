@@ -10,6 +10,7 @@
 
 pub mod analysis;
 pub mod bench;
+pub mod bundle;
 pub mod cli;
 mod contract;
 pub mod explain;

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::ListParams;
+use kube::api::{ListParams, LogParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::{Request, Selector};
 use serde::Deserialize;
@@ -264,6 +264,42 @@ impl Live {
                 source,
             }),
         }
+    }
+
+    /// Every object of a list, as JSON (list items carry no `kind`).
+    pub async fn list_values(
+        &self,
+        path: &str,
+        params: ListParams,
+        what: &str,
+    ) -> Result<Vec<Value>, LiveError> {
+        self.list(path, params, what).await
+    }
+
+    /// Every pod of a namespace.
+    pub async fn pods_in(&self, namespace: &str) -> Result<Vec<PodFacts>, LiveError> {
+        self.list(
+            &format!("/api/v1/namespaces/{namespace}/pods"),
+            ListParams::default(),
+            &format!("pods in {namespace}"),
+        )
+        .await
+    }
+
+    /// A container's log (`pods/log`), as the server bounds it with `params`.
+    pub async fn log(&self, namespace: &str, pod: &str, params: &LogParams) -> Result<String, LiveError> {
+        let error = |source| LiveError::Request {
+            verb: "get",
+            what: format!(
+                "the log of container {} of pod {namespace}/{pod}",
+                params.container.as_deref().unwrap_or_default()
+            ),
+            source,
+        };
+        let request = Request::new(format!("/api/v1/namespaces/{namespace}/pods"))
+            .logs(pod, params)
+            .map_err(|e| error(kube::Error::BuildRequest(e)))?;
+        self.client.request_text(request).await.map_err(error)
     }
 
     async fn add_all(
