@@ -201,7 +201,8 @@ impl LogTarget {
 }
 
 /// The logs to collect: every container (init containers first) of the operator namespace's pods and of the
-/// operand pods, and the previous run of each container that restarted or has a last termination.
+/// operand pods, and the previous run of each container that restarted or has a last termination. A
+/// container waiting to restart has only its previous log asked for: the current one is the same run.
 pub fn log_targets(namespace_pods: &[PodFacts], snapshot: &Snapshot) -> Vec<LogTarget> {
     let operand_pods = snapshot.pods.iter().filter(|pod| {
         pod.metadata.owner_references.iter().any(|owner| {
@@ -231,12 +232,19 @@ pub fn log_targets(namespace_pods: &[PodFacts], snapshot: &Snapshot) -> Vec<LogT
                 container: container.name.clone(),
                 previous,
             };
-            targets.push(target(false));
-            let restarted = statuses.iter().any(|s| {
-                s.name == container.name
-                    && (s.restart_count > 0 || s.last_state.as_ref().is_some_and(|l| l.terminated.is_some()))
+            let status = statuses.iter().find(|s| s.name == container.name);
+            let terminated_before = status.is_some_and(|s| {
+                s.restart_count > 0 || s.last_state.as_ref().is_some_and(|l| l.terminated.is_some())
             });
-            if restarted {
+            // Between restarts (CrashLoopBackOff) the kubelet serves the last run as the current log: the
+            // previous log alone holds it, once.
+            let waiting = status
+                .and_then(|s| s.state.as_ref())
+                .is_some_and(|state| state.waiting.is_some());
+            if !(terminated_before && waiting) {
+                targets.push(target(false));
+            }
+            if terminated_before {
                 targets.push(target(true));
             }
         }

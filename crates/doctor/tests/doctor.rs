@@ -2303,6 +2303,31 @@ timeline:
             LogStream::Current,
             &short,
         );
+        for (name, namespace, regarding) in [
+            (
+                "gpu-1.toolkit",
+                "default",
+                json!({"kind": "Node", "name": "gpu-1", "apiVersion": "v1"}),
+            ),
+            (
+                "cpu.unrelated",
+                "default",
+                json!({"kind": "Node", "name": "not-a-gpu-node", "apiVersion": "v1"}),
+            ),
+            (
+                "toolkit.backoff",
+                NAMESPACE,
+                json!({"kind": "Pod", "name": toolkit.metadata.name, "namespace": NAMESPACE}),
+            ),
+        ] {
+            server
+                .insert(json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                    "metadata": {"name": name, "namespace": namespace}, "regarding": regarding,
+                    "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": "kubelet",
+                    "reportingInstance": "gpu-1", "action": "Restart", "reason": "BackOff", "type": "Warning",
+                    "note": format!("event {name}")}))
+                .unwrap();
+        }
         server
             .insert(json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                 "metadata": {"name": "ngc-api-key", "namespace": NAMESPACE}, "data": {"key": SECRET_DATA}}))
@@ -2370,6 +2395,21 @@ timeline:
                 files.keys()
             );
         }
+        let notes = |path: &str| -> Vec<String> {
+            let events: Value = serde_json::from_slice(&files[path]).unwrap();
+            events["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["note"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(
+            notes("events/gpu-nodes.json"),
+            ["event gpu-1.toolkit"],
+            "GPU nodes' events only"
+        );
+        assert_eq!(notes("events/gpu-operator.json"), ["event toolkit.backoff"]);
         let policies: Value = serde_json::from_slice(&files["objects/clusterpolicies.json"]).unwrap();
         assert_eq!(policies["items"][0]["kind"], "ClusterPolicy");
         assert!(
@@ -2415,6 +2455,11 @@ timeline:
         assert_eq!(crashed.len() as i64, bounds.limit_bytes, "cut at limitBytes");
         assert!(crashed.starts_with(b"001000 "), "from the last tailLines lines");
         assert!(listed[&previous]["cut"].as_str().unwrap().contains("limitBytes"));
+        let current = previous.replace(".previous.log", ".log");
+        assert!(
+            !files.contains_key(&current),
+            "a container waiting to restart has one log, its last run's"
+        );
         let plugin_log = format!("logs/{NAMESPACE}/{}/{plugin_container}.log", plugin.metadata.name);
         let text = String::from_utf8(files[&plugin_log].clone()).unwrap();
         assert_eq!(text.lines().count() as i64, bounds.tail_lines);
