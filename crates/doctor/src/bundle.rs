@@ -391,7 +391,22 @@ pub async fn collect(live: &Live, namespace: &str, bounds: Bounds) -> anyhow::Re
     let mut bundle = Bundle::new(namespace, bounds, jiff::Timestamp::now());
     let mut read_any = false;
 
-    let snapshot = match live.snapshot(Reads::UpgradePlan).await {
+    let read = match live.snapshot(Reads::UpgradePlan).await {
+        Ok(snapshot) => Ok(snapshot),
+        // What only the upgrade plan reads (NVIDIADrivers, ControllerRevisions, PodDisruptionBudgets) may be
+        // refused where the doctor's own reads are not: a snapshot without them still answers `doctor`.
+        Err(error) => match live.snapshot(Reads::GpuPods).await {
+            Ok(snapshot) => {
+                bundle.miss(
+                    "NVIDIADrivers, ControllerRevisions and PodDisruptionBudgets in snapshot.json (what upgrade-plan reads)",
+                    why(&error),
+                );
+                Ok(snapshot)
+            }
+            Err(_) => Err(error),
+        },
+    };
+    let snapshot = match read {
         Ok(snapshot) => {
             read_any = true;
             let mut json = Vec::new();

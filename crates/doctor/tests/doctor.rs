@@ -2519,7 +2519,17 @@ timeline:
         );
 
         // Logs refused: still an archive (exit 0), each refusal listed with the server's answer.
-        server.set_faults(Faults::new(1).error(Some(Verb::Get), Some("pods"), 1.0, InjectedError::Internal));
+        // What only upgrade-plan reads refused too: the snapshot still holds what the doctor reads.
+        server.set_faults(
+            Faults::new(1)
+                .error(Some(Verb::Get), Some("pods"), 1.0, InjectedError::Internal)
+                .error(
+                    Some(Verb::List),
+                    Some("poddisruptionbudgets"),
+                    1.0,
+                    InjectedError::Internal,
+                ),
+        );
         let refused = dir.path().join("refused.tar.gz");
         let output = kubectl_gpu(&[
             "bundle",
@@ -2535,8 +2545,20 @@ timeline:
             "{}",
             stderr(&output)
         );
-        let index: Value = serde_json::from_slice(&unpack(&refused)["index.json"]).unwrap();
+        let files = unpack(&refused);
+        assert_eq!(
+            files["doctor.json"], live_json.stdout,
+            "the doctor's reads were not refused"
+        );
+        assert!(!files.contains_key("upgrade-plan.json"));
+        let index: Value = serde_json::from_slice(&files["index.json"]).unwrap();
         let missing = index["missing"].as_array().unwrap();
+        for what in ["what upgrade-plan reads", "the upgrade plan"] {
+            assert!(
+                missing.iter().any(|m| m["what"].as_str().unwrap().contains(what)),
+                "{what}: {missing:?}"
+            );
+        }
         assert!(
             missing
                 .iter()
