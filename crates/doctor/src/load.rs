@@ -656,6 +656,58 @@ mod tests {
         );
     }
 
+    fn tar(files: &[(&str, &str)]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (path, text) in files {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(text.len() as u64);
+            header.set_mode(0o644);
+            builder.append_data(&mut header, path, text.as_bytes()).unwrap();
+        }
+        builder.into_inner().unwrap()
+    }
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut encoder, bytes).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    fn load_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<Snapshot, LoadError> {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        load_paths(&[path])
+    }
+
+    #[test]
+    fn archives_and_gzip_are_told_by_their_bytes_and_only_the_snapshot_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a"}}"#;
+        let other = r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "not-the-snapshot"}}"#;
+        let archive = tar(&[
+            ("gpu-bundle-x/index.json", "{}"),
+            ("gpu-bundle-x/snapshot.json", node),
+            ("gpu-bundle-x/objects/nodes.json", other),
+        ]);
+        for (name, bytes) in [
+            ("bundle.tar.gz", gzip(&archive)),
+            ("bundle.json", gzip(&archive)),
+            ("plain.tar", archive.clone()),
+            ("snap.json.gz", gzip(node.as_bytes())),
+        ] {
+            let snapshot = load_file(dir.path(), name, &bytes).unwrap();
+            let names: Vec<_> = snapshot.nodes.iter().map(|n| n.metadata.name.clone()).collect();
+            assert_eq!(names, [Some("a".to_owned())], "{name}");
+        }
+        let error = load_file(dir.path(), "empty.tar.gz", &gzip(&tar(&[("x/index.json", "{}")])))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.ends_with("empty.tar.gz: no snapshot.json in it (the bundle could not read the cluster's snapshot; see its index.json)"),
+            "{error}"
+        );
+    }
+
     #[test]
     fn a_snapshot_says_which_kinds_it_lists_whole() {
         let mut snapshot = Snapshot::default();
