@@ -629,31 +629,35 @@ async fn collect_logs(live: &Live, targets: &[LogTarget], bounds: Bounds, bundle
             ..LogParams::default()
         };
         match live.log(&target.namespace, &target.pod, &params).await {
-            Ok(text) => {
+            Ok(log) => {
                 read_any = true;
-                let length = i64::try_from(text.len()).unwrap_or(i64::MAX);
-                left -= length;
-                let lines = text.lines().count();
-                let cut = if length >= limit {
-                    Some(if limit < bounds.limit_bytes {
-                        format!(
-                            "at {limit} bytes: the bundle's {} bytes of logs were spent",
-                            bounds.total_log_bytes
-                        )
-                    } else {
-                        format!("at {limit} bytes (limitBytes)")
-                    })
-                } else if i64::try_from(lines).unwrap_or(i64::MAX) >= bounds.tail_lines {
-                    Some(format!("to the last {} lines (tailLines)", bounds.tail_lines))
-                } else {
-                    None
-                };
-                bundle.add(target.path(), target.describe(), text.into_bytes(), cut);
+                left -= i64::try_from(log.len()).unwrap_or(i64::MAX);
+                let cut = log_cut(&log, limit, bounds);
+                bundle.add(target.path(), target.describe(), log, cut);
             }
             Err(error) => bundle.miss(target.describe(), why(&error)),
         }
     }
     read_any
+}
+
+/// Which bound, if any, cut a log the server answered with `limitBytes` = `limit`: a log that fills the limit
+/// was cut there (by the total when that made the limit smaller), one of `tailLines` lines was cut to them.
+pub fn log_cut(log: &[u8], limit: i64, bounds: Bounds) -> Option<String> {
+    let length = i64::try_from(log.len()).unwrap_or(i64::MAX);
+    let lines = i64::try_from(log.iter().filter(|b| **b == b'\n').count()).unwrap_or(i64::MAX);
+    if length >= limit && limit < bounds.limit_bytes {
+        Some(format!(
+            "at {limit} bytes: the bundle's {} bytes of logs were spent",
+            bounds.total_log_bytes
+        ))
+    } else if length >= limit {
+        Some(format!("at {limit} bytes (limitBytes)"))
+    } else if lines >= bounds.tail_lines {
+        Some(format!("to the last {} lines (tailLines)", bounds.tail_lines))
+    } else {
+        None
+    }
 }
 
 /// Runs `kubectl gpu bundle`: 0 once the archive is written, whatever is missing from it (listed in the
@@ -733,6 +737,28 @@ mod tests {
         assert_eq!(previous.len(), 1, "{previous:?}");
         assert_eq!(previous[0].pod, toolkit);
         assert!(previous[0].path().ends_with(".previous.log"));
+    }
+
+    #[test]
+    fn the_index_says_which_bound_cut_a_log() {
+        let bounds = Bounds {
+            tail_lines: 3,
+            limit_bytes: 10,
+            total_log_bytes: 100,
+        };
+        assert_eq!(log_cut(b"a\nb\n", 10, bounds), None);
+        assert_eq!(
+            log_cut(b"a\nb\nc\n", 10, bounds).as_deref(),
+            Some("to the last 3 lines (tailLines)")
+        );
+        assert_eq!(
+            log_cut(b"0123456789", 10, bounds).as_deref(),
+            Some("at 10 bytes (limitBytes)")
+        );
+        assert_eq!(
+            log_cut(b"0123", 4, bounds).as_deref(),
+            Some("at 4 bytes: the bundle's 100 bytes of logs were spent")
+        );
     }
 
     #[test]

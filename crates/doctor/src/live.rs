@@ -286,8 +286,9 @@ impl Live {
         .await
     }
 
-    /// A container's log (`pods/log`), as the server bounds it with `params`.
-    pub async fn log(&self, namespace: &str, pod: &str, params: &LogParams) -> Result<String, LiveError> {
+    /// A container's log (`pods/log`), as the server bounds it with `params`: bytes, as the container wrote
+    /// them (a log need not be UTF-8).
+    pub async fn log(&self, namespace: &str, pod: &str, params: &LogParams) -> Result<Vec<u8>, LiveError> {
         let error = |source| LiveError::Request {
             verb: "get",
             what: format!(
@@ -299,7 +300,12 @@ impl Live {
         let request = Request::new(format!("/api/v1/namespaces/{namespace}/pods"))
             .logs(pod, params)
             .map_err(|e| error(kube::Error::BuildRequest(e)))?;
-        self.client.request_text(request).await.map_err(error)
+        let mut stream = self.client.request_stream(request).await.map_err(error)?;
+        let mut log = Vec::new();
+        futures::AsyncReadExt::read_to_end(&mut stream, &mut log)
+            .await
+            .map_err(|e| error(kube::Error::ReadEvents(e)))?;
+        Ok(log)
     }
 
     async fn add_all(
