@@ -457,6 +457,7 @@ pub async fn collect(live: &Live, namespace: &str, bounds: Bounds) -> anyhow::Re
             None
         }
     };
+    let nodes_known = snapshot.is_some();
     let snapshot = snapshot.unwrap_or_default();
 
     for (path, api_version, kind, what) in [
@@ -491,7 +492,15 @@ pub async fn collect(live: &Live, namespace: &str, bounds: Bounds) -> anyhow::Re
         }
     }
 
-    read_any |= collect_events(live, namespace, &snapshot, &mut bundle).await;
+    let gpu_nodes = nodes_known.then(|| {
+        analyze(&snapshot)
+            .nodes
+            .into_iter()
+            .filter(|node| node.gpu)
+            .map(|node| node.name)
+            .collect()
+    });
+    read_any |= collect_events(live, namespace, gpu_nodes.as_ref(), &mut bundle).await;
 
     let namespace_pods = match live.pods_in(namespace).await {
         Ok(pods) => {
@@ -539,13 +548,13 @@ pub async fn collect(live: &Live, namespace: &str, bounds: Bounds) -> anyhow::Re
 
 /// Events of the operator namespace and of the GPU nodes, from `events.k8s.io/v1` where the cluster serves
 /// it, else from core `v1`. Returns whether any list succeeded.
-async fn collect_events(live: &Live, namespace: &str, snapshot: &Snapshot, bundle: &mut Bundle) -> bool {
-    let gpu_nodes: BTreeSet<String> = analyze(snapshot)
-        .nodes
-        .into_iter()
-        .filter(|node| node.gpu)
-        .map(|node| node.name)
-        .collect();
+/// `gpu_nodes` is `None` when the nodes could not be read: their Events are then not asked for.
+async fn collect_events(
+    live: &Live,
+    namespace: &str,
+    gpu_nodes: Option<&BTreeSet<String>>,
+    bundle: &mut Bundle,
+) -> bool {
     let mut api = ("/apis/events.k8s.io/v1", "events.k8s.io/v1", "regarding");
     let mut read_any = false;
     let in_namespace = match live
@@ -580,6 +589,13 @@ async fn collect_events(live: &Live, namespace: &str, snapshot: &Snapshot, bundl
         }
         Err(error) => bundle.miss(format!("Events of namespace {namespace}"), why(&error)),
     }
+    let Some(gpu_nodes) = gpu_nodes else {
+        bundle.miss(
+            "Events of the GPU nodes",
+            "the nodes could not be read, so which nodes have GPUs is unknown",
+        );
+        return read_any;
+    };
     let params = ListParams::default().fields(&format!("{subject}.kind=Node"));
     match live
         .list_values(&format!("{path}/events"), params, "events")
@@ -691,7 +707,11 @@ pub fn run(args: &BundleArgs) -> anyhow::Result<ExitCode> {
     let cut = index.files.iter().filter(|f| f.cut.is_some()).count();
     eprintln!(
         "kubectl gpu: wrote {} ({} files, {} logs cut to their bounds)",
-        output.display(),
+        if output.as_os_str() == "-" {
+            "the bundle to standard output".to_owned()
+        } else {
+            output.display().to_string()
+        },
         index.files.len() + 1,
         cut
     );
