@@ -2586,4 +2586,67 @@ timeline:
         );
         assert!(!nothing.exists());
     }
+
+    /// A user who may read everything but `pods/log`: the archive is still written, and each log it could not
+    /// read is listed with the server's 403.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn logs_refused_by_rbac_are_listed_with_the_servers_answer() {
+        let server = FakeServer::builder()
+            .authorization(gpuop_fakeserver::Authorization::Rbac)
+            .build();
+        let served = server
+            .serve(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+            .await
+            .expect("the fake API server serves");
+        for object in [
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-0",
+                "labels": {"feature.node.kubernetes.io/pci-10de.present": "true"}}}),
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu-operator-0", "namespace": NAMESPACE},
+                "spec": {"containers": [{"name": "operator", "image": "gpu-operator"}]}}),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "support", "namespace": "default"}}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "support"},
+                "rules": [{"apiGroups": ["", "apps", "node.k8s.io", "policy", "nvidia.com", "events.k8s.io"],
+                    "resources": ["nodes", "pods", "daemonsets", "runtimeclasses", "controllerrevisions",
+                        "poddisruptionbudgets", "clusterpolicies", "nvidiadrivers", "events"],
+                    "verbs": ["get", "list"]}]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": "support"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "support"},
+                "subjects": [{"kind": "ServiceAccount", "name": "support", "namespace": "default"}]}),
+        ] {
+            server.insert(object).expect("the fixture is valid");
+        }
+        let token = server.token_for("default", "support").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            gpuop_fakeserver::kubeconfig_with_token(&served.url(), Some(&token)),
+        )
+        .unwrap();
+        let archive = dir.path().join("bundle.tar.gz");
+        let output = kubectl_gpu(&[
+            "bundle",
+            "-o",
+            archive.to_str().unwrap(),
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ])
+        .await;
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        let files = unpack(&archive);
+        assert!(files.contains_key("doctor.json"), "{:?}", files.keys());
+        let index: Value = serde_json::from_slice(&files["index.json"]).unwrap();
+        let missing = index["missing"].as_array().unwrap();
+        let refused = missing
+            .iter()
+            .find(|m| m["what"] == "log of container operator of pod gpu-operator/gpu-operator-0")
+            .unwrap_or_else(|| panic!("{missing:?}"));
+        assert!(
+            refused["why"].as_str().unwrap().starts_with("403 Forbidden: "),
+            "{refused}"
+        );
+        assert!(stderr(&output).contains("403 Forbidden"), "{}", stderr(&output));
+    }
 }
