@@ -174,7 +174,7 @@ pub fn measure(path: &Path, runs: usize) -> Result<Measured, BenchError> {
     let json = serde_json::to_string(&report).unwrap_or_default();
     let render_json = started.elapsed();
     let started = Instant::now();
-    let text = table::doctor(&report);
+    let text = table::doctor(&report, false);
     let render_table = started.elapsed();
     drop((json, text));
     Ok(Measured {

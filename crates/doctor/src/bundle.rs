@@ -26,7 +26,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::analysis::{analyze, operand_of};
-use crate::live::{Connection, Live, LiveError, Reads};
+use crate::live::{Connection, DEFAULT_REQUEST_TIMEOUT, Live, LiveError, Reads, RequestTimeout};
 use crate::snapshot::{ContainerStatusFacts, PodFacts, Snapshot};
 use crate::{table, upgrade_plan};
 
@@ -48,6 +48,10 @@ pub struct BundleArgs {
     /// Kubeconfig context (default: the current one).
     #[arg(long, value_name = "NAME")]
     pub context: Option<String>,
+    /// How long to wait for one server request before giving up: seconds, or a duration with a unit
+    /// (500ms, 30s, 1m); 0 waits forever.
+    #[arg(long, value_name = "DURATION", default_value = DEFAULT_REQUEST_TIMEOUT)]
+    pub request_timeout: RequestTimeout,
 }
 
 /// How much of each log is kept. Logs are the bulk of a bundle; the ends of logs are what explain a crash.
@@ -421,7 +425,7 @@ pub async fn collect(live: &Live, namespace: &str, bounds: Bounds) -> anyhow::Re
             bundle.add(
                 "doctor.txt",
                 "`kubectl gpu doctor`",
-                table::doctor(&report).into_bytes(),
+                table::doctor(&report, false).into_bytes(),
                 None,
             );
             bundle.add(
@@ -686,6 +690,7 @@ pub fn run(args: &BundleArgs) -> anyhow::Result<ExitCode> {
     let connection = Connection {
         kubeconfig: args.kubeconfig.clone(),
         context: args.context.clone(),
+        request_timeout: args.request_timeout.0,
     };
     let bundle = runtime.block_on(async {
         let live = Live::connect(&connection).await?;

@@ -2,18 +2,22 @@
 //!
 //! Exit status: 0 when healthy, 1 when there are findings (or the explained pod has a broken link), 2 when
 //! the doctor could not run. `upgrade-plan`: 0 when the plan was computed, 2 when it could not be.
+//!
+//! Manners kubectl users expect: errors are one line, `error: ...`, whatever `RUST_BACKTRACE` says; a
+//! closed standard output (`| head`) ends the command quietly; no escape sequence goes to a pipe.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::analysis::analyze;
+use crate::completion::{self, Shell};
 use crate::explain::explain;
-use crate::live::{Connection, Live, Reads};
+use crate::live::{Connection, DEFAULT_REQUEST_TIMEOUT, Live, Reads, RequestTimeout};
 use crate::load::load_paths;
 use crate::report::Report;
 use crate::snapshot::Snapshot;
@@ -49,6 +53,10 @@ pub struct Source {
     /// Kubeconfig context (default: the current one).
     #[arg(long, value_name = "NAME")]
     pub context: Option<String>,
+    /// How long to wait for one server request before giving up: seconds, or a duration with a unit
+    /// (500ms, 30s, 1m); 0 waits forever.
+    #[arg(long, value_name = "DURATION", default_value = DEFAULT_REQUEST_TIMEOUT)]
+    pub request_timeout: RequestTimeout,
 }
 
 /// Output format.
@@ -58,6 +66,11 @@ pub enum Output {
     Table,
     /// The documented JSON schema (see docs/doctor.md).
     Json,
+    /// The JSON schema, as YAML.
+    Yaml,
+    /// The table with more columns (`doctor`); the table elsewhere, as kubectl does for kinds without
+    /// wide columns.
+    Wide,
 }
 
 /// Subcommands.
@@ -127,6 +140,10 @@ pub enum Command {
         /// Kubeconfig context (default: the current one).
         #[arg(long, value_name = "NAME")]
         context: Option<String>,
+        /// How long to wait for one server request before giving up: seconds, or a duration with a unit
+        /// (500ms, 30s, 1m); 0 waits forever.
+        #[arg(long, value_name = "DURATION", default_value = DEFAULT_REQUEST_TIMEOUT)]
+        request_timeout: RequestTimeout,
     },
     /// Write a support bundle: one tar.gz with the snapshot, the doctor's report, the ClusterPolicies and
     /// NVIDIADrivers, Events, and the operator's and operands' logs (see docs/doctor.md).
@@ -153,18 +170,64 @@ pub enum Command {
         #[arg(long)]
         keep: bool,
     },
+    /// Print a shell completion script.
+    ///
+    /// bash, zsh, fish and powershell complete `kubectl-gpu ...` typed as a command:
+    /// `source <(kubectl gpu completion bash)`. kubectl (1.26 and later) completes `kubectl gpu ...` by
+    /// running `kubectl_complete-gpu` from the PATH: `kubectl gpu completion kubectl-plugin` prints that
+    /// script; save it as an executable `kubectl_complete-gpu` next to `kubectl-gpu`.
+    Completion {
+        /// The shell, or `kubectl-plugin`.
+        #[arg(value_enum)]
+        shell: Shell,
+    },
 }
 
 /// Parses the command line and runs the subcommand.
 pub fn main() -> ExitCode {
+    // kubectl's plugin completion (`kubectl_complete-gpu`): the words are completed, not parsed.
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    if args.first().is_some_and(|a| a == completion::COMPLETE) {
+        return finish(print(&completion::complete(Cli::command(), &args[1..])).map(|()| ExitCode::SUCCESS));
+    }
     let cli = Cli::parse();
-    match run(cli.command) {
+    finish(run(cli.command))
+}
+
+/// The exit status of a command, and its error said once.
+fn finish(outcome: anyhow::Result<ExitCode>) -> ExitCode {
+    match outcome {
         Ok(code) => code,
+        // The reader went away (`| head`): nothing to say, and no one to say it to.
+        Err(error) if stdout_closed(&error) => ExitCode::SUCCESS,
+        // One line, as kubectl says it: the chain of causes through Display, never anyhow's Debug
+        // (which adds a backtrace under RUST_BACKTRACE=1).
         Err(error) => {
-            eprintln!("kubectl gpu: error: {}", explain_error(&error));
+            eprintln!("error: {}", explain_error(&error));
             ExitCode::from(2)
         }
     }
+}
+
+/// Standard output was closed before everything was written.
+#[derive(Debug, thiserror::Error)]
+#[error("standard output is closed")]
+struct StdoutClosed;
+
+fn stdout_closed(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause.is::<StdoutClosed>()
+            || cause
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            || cause
+                .downcast_ref::<serde_json::Error>()
+                .and_then(serde_json::Error::io_error_kind)
+                == Some(std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// The error and its causes, each said once: some libraries repeat their cause in their own message.
@@ -217,12 +280,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                     let namespace = namespace
                         .clone()
                         .unwrap_or_else(|| live.default_namespace().to_owned());
-                    let mut snapshot = live.snapshot(Reads::GpuPods).await?;
-                    if snapshot.pod(&namespace, &name).is_none()
-                        && let Some(pod) = live.pod(&namespace, &name).await?
-                    {
-                        snapshot.pods.push(pod);
-                    }
+                    let snapshot = live.snapshot_with_pod(&namespace, &name).await?;
                     anyhow::Ok((namespace, snapshot))
                 })?
             } else {
@@ -234,8 +292,9 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             let (namespace, snapshot) = snapshot;
             let explanation = explain(&snapshot, &namespace, &name)?;
             let text = match output {
-                Output::Table => table::explanation(&explanation),
+                Output::Table | Output::Wide => table::explanation(&explanation),
                 Output::Json => serde_json::to_string_pretty(&explanation)? + "\n",
+                Output::Yaml => to_yaml(&explanation)?,
             };
             print(&text)?;
             Ok(verdict(explanation.verdict.link.is_some()))
@@ -244,8 +303,9 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             let snapshot = read(&source, Reads::UpgradePlan)?;
             let plan = upgrade_plan(&snapshot)?;
             let text = match output {
-                Output::Table => plan_view::table(&plan),
+                Output::Table | Output::Wide => plan_view::table(&plan),
                 Output::Json => serde_json::to_string_pretty(&plan_view::json(&plan))? + "\n",
+                Output::Yaml => to_yaml(&plan_view::json(&plan))?,
             };
             print(&text)?;
             Ok(ExitCode::SUCCESS)
@@ -254,8 +314,13 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             output,
             kubeconfig,
             context,
+            request_timeout,
         } => {
-            let connection = Connection { kubeconfig, context };
+            let connection = Connection {
+                kubeconfig,
+                context,
+                request_timeout: request_timeout.0,
+            };
             let snapshot = runtime()?.block_on(async {
                 let live = Live::connect(&connection).await?;
                 anyhow::Ok(live.snapshot(Reads::UpgradePlan).await?)
@@ -291,6 +356,10 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             print(&text)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Completion { shell } => {
+            print(&completion::script(shell, Cli::command()))?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
@@ -313,6 +382,7 @@ fn connection(source: &Source) -> Connection {
     Connection {
         kubeconfig: source.kubeconfig.clone(),
         context: source.context.clone(),
+        request_timeout: source.request_timeout.0,
     }
 }
 
@@ -355,9 +425,16 @@ fn doctor_report(snapshot: &Snapshot, node: Option<&str>) -> anyhow::Result<Repo
 fn render(report: &Report, output: Output, detailed: bool) -> anyhow::Result<String> {
     Ok(match output {
         Output::Json => serde_json::to_string_pretty(report)? + "\n",
-        Output::Table if detailed => report.nodes.iter().map(table::node).collect(),
-        Output::Table => table::doctor(report),
+        Output::Yaml => to_yaml(report)?,
+        Output::Table | Output::Wide if detailed => report.nodes.iter().map(table::node).collect(),
+        Output::Table => table::doctor(report, false),
+        Output::Wide => table::doctor(report, true),
     })
+}
+
+/// The JSON schema as YAML (`-o yaml`), as kubectl prints an object.
+fn to_yaml(value: &impl serde::Serialize) -> anyhow::Result<String> {
+    serde_saphyr::to_string(value).context("cannot write YAML")
 }
 
 async fn watch_doctor(
@@ -375,18 +452,26 @@ async fn watch_doctor(
                     code = verdict(report.has_findings());
                     match output {
                         Output::Json => serde_json::to_string(&report)? + "\n",
-                        Output::Table => render(&report, output, node.is_some())?,
+                        // One YAML document per round, as `kubectl get -w -o yaml` separates them.
+                        Output::Yaml => format!("---\n{}", to_yaml(&report)?),
+                        Output::Table | Output::Wide => render(&report, output, node.is_some())?,
                     }
                 }
-                Err(error) => format!("kubectl gpu: {}\n", explain_error(&error)),
+                Err(error) => format!("error: {}\n", explain_error(&error)),
             },
             // A failed round is shown and retried; the watch goes on.
-            Err(error) => format!("kubectl gpu: error: {}\n", explain_error(&error.into())),
+            Err(error) => format!("error: {}\n", explain_error(&error.into())),
         };
-        if output == Output::Table {
-            // Clear the screen and redraw from the top.
+        if matches!(output, Output::Table | Output::Wide) {
+            // On a terminal, clear the screen and redraw from the top; into a pipe or file, no escape
+            // sequence: one round after the other.
+            let clear = if std::io::stdout().is_terminal() {
+                "\x1b[2J\x1b[H"
+            } else {
+                ""
+            };
             print(&format!(
-                "\x1b[2J\x1b[H{} (every {interval}s, Ctrl-C to stop)\n\n{text}",
+                "{clear}{} (every {interval}s, Ctrl-C to stop)\n\n{text}\n",
                 jiff::Timestamp::now().strftime("%Y-%m-%d %H:%M:%S UTC")
             ))?;
         } else {
@@ -399,20 +484,23 @@ async fn watch_doctor(
     }
 }
 
+/// Writes to standard output. A closed pipe (`| head`) is [`StdoutClosed`], which ends the command quietly
+/// (a `--watch` too, which would otherwise write into the void forever).
 fn print(text: &str) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
-        // A closed pipe (`| head`) is not an error worth reporting.
-        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
         other => other.context("cannot write to standard output"),
     }
 }
 
 fn write_snapshot(snapshot: &Snapshot, path: &Path) -> anyhow::Result<()> {
     if path == Path::new("-") {
-        let mut stdout = std::io::stdout().lock();
-        snapshot.write_json(&mut stdout)?;
-        return Ok(());
+        let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
+        return snapshot
+            .write_json(&mut stdout)
+            .and_then(|()| stdout.flush())
+            .context("cannot write to standard output");
     }
     let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     let mut writer = std::io::BufWriter::new(file);

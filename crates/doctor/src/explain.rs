@@ -407,10 +407,11 @@ fn pending_verdict(
             ),
         };
     }
-    // Nodes that fail only because they advertise none of a requested GPU resource, with a broken chain.
+    // GPU nodes that fail only because they advertise none of a requested GPU resource, with a broken
+    // chain. A node without a GPU advertising none is no broken link: the pod can never go there.
     let mut starved: Vec<&NodeFit> = nodes
         .iter()
-        .filter(|fit| fit.short_of_gpus_only && fit.advertises_none)
+        .filter(|fit| fit.gpu && fit.short_of_gpus_only && fit.advertises_none)
         .filter(|fit| {
             fit.first_broken_link
                 .is_some_and(|link| link <= Link::DevicePlugin)
@@ -454,7 +455,11 @@ fn pending_verdict(
             };
         }
     }
-    let busy: Vec<&NodeFit> = nodes.iter().filter(|fit| fit.short_of_gpus_only).collect();
+    // Where the pod may go: nodes that advertise what it asks for, short only of free GPUs.
+    let busy: Vec<&NodeFit> = nodes
+        .iter()
+        .filter(|fit| fit.short_of_gpus_only && !fit.advertises_none)
+        .collect();
     if !busy.is_empty() {
         let names: Vec<&str> = busy.iter().map(|f| f.name.as_str()).collect();
         return Verdict {

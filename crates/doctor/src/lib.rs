@@ -13,6 +13,7 @@ pub mod analysis;
 pub mod bench;
 pub mod bundle;
 pub mod cli;
+pub mod completion;
 mod contract;
 pub mod explain;
 pub mod fixture;

@@ -5,8 +5,13 @@
 //! driver DaemonSets' ControllerRevisions, PodDisruptionBudgets and the pods on nodes a driver upgrade may
 //! empty. Lists are paged, and every object goes through the same conversion as a snapshot file
 //! ([`crate::load::Loader`]).
+//!
+//! Every request is bounded by the request timeout ([`Connection::request_timeout`]), so a server that
+//! accepts the connection and never answers ends the command instead of hanging it.
 
+use std::fmt;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{ListParams, LogParams};
@@ -26,6 +31,82 @@ use gpuop_api::labels::COMPONENT;
 
 /// Objects per page of a list.
 const PAGE: u32 = 500;
+
+/// The request timeout when none is given. kubectl waits forever by default (`0`); a doctor that hangs on
+/// a server that never answers is no help, and 30 s is far beyond what one page of a list takes.
+pub const DEFAULT_REQUEST_TIMEOUT: &str = "30s";
+
+/// Parses a request timeout as kubectl does (`--request-timeout`): plain seconds (`30`), or a Go duration
+/// (`1m`, `1m30s`, `500ms`, `1.5h`); `0` means none.
+pub fn parse_request_timeout(text: &str) -> Result<Option<Duration>, String> {
+    let invalid = || {
+        format!(
+            "invalid timeout {text:?}: give seconds (30), a duration with a unit (500ms, 30s, 1m, 1h30m), or 0 for none"
+        )
+    };
+    let duration = if let Ok(seconds) = text.parse::<u64>() {
+        Duration::from_secs(seconds)
+    } else {
+        let mut rest = text;
+        let mut total = 0.0_f64;
+        if rest.is_empty() {
+            return Err(invalid());
+        }
+        while !rest.is_empty() {
+            let number_end = rest
+                .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .ok_or_else(invalid)?;
+            let number: f64 = rest[..number_end].parse().map_err(|_| invalid())?;
+            rest = &rest[number_end..];
+            let unit_end = rest
+                .find(|c: char| c.is_ascii_digit() || c == '.')
+                .unwrap_or(rest.len());
+            let seconds = match &rest[..unit_end] {
+                "ns" => 1e-9,
+                "us" | "\u{b5}s" | "\u{3bc}s" => 1e-6,
+                "ms" => 1e-3,
+                "s" => 1.0,
+                "m" => 60.0,
+                "h" => 3600.0,
+                _ => return Err(invalid()),
+            };
+            total += number * seconds;
+            rest = &rest[unit_end..];
+        }
+        Duration::try_from_secs_f64(total).map_err(|_| invalid())?
+    };
+    Ok((!duration.is_zero()).then_some(duration))
+}
+
+/// A request timeout given on the command line (`--request-timeout`); `None` waits as long as it takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestTimeout(pub Option<Duration>);
+
+impl std::str::FromStr for RequestTimeout {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        parse_request_timeout(text).map(RequestTimeout)
+    }
+}
+
+/// A timeout as a person wrote it: `30s`, `1m30s`, `500ms`.
+struct Shown(Duration);
+
+impl fmt::Display for Shown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let millis = self.0.as_millis();
+        if !millis.is_multiple_of(1000) {
+            return write!(f, "{millis}ms");
+        }
+        let seconds = millis / 1000;
+        match (seconds / 60, seconds % 60) {
+            (0, s) => write!(f, "{s}s"),
+            (m, 0) => write!(f, "{m}m"),
+            (m, s) => write!(f, "{m}m{s}s"),
+        }
+    }
+}
 
 /// What a live read covers, each a superset of the one before.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -57,24 +138,51 @@ pub enum LiveError {
         #[source]
         source: kube::Error,
     },
+    /// The server did not answer a request within the request timeout.
+    #[error(
+        "cannot {verb} {what}: the server {server} did not answer within {} (--request-timeout)",
+        Shown(*timeout)
+    )]
+    Timeout {
+        /// `list` or `get`.
+        verb: &'static str,
+        /// What, e.g. `nodes`.
+        what: String,
+        /// The API server's URL.
+        server: String,
+        /// The timeout that ran out.
+        timeout: Duration,
+    },
+    /// The pod asked for does not exist (kubectl: `Error from server (NotFound): pods "x" not found`).
+    #[error("pods {name:?} not found in namespace {namespace:?}")]
+    PodNotFound {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
     /// An object the API returned cannot be used.
     #[error(transparent)]
     Object(#[from] LoadError),
 }
 
-/// Where the kubeconfig comes from.
+/// Where the kubeconfig comes from, and how long a request may take.
 #[derive(Clone, Debug, Default)]
 pub struct Connection {
     /// A kubeconfig file instead of the usual resolution.
     pub kubeconfig: Option<PathBuf>,
     /// A context instead of the current one.
     pub context: Option<String>,
+    /// How long one request may take, connecting included; `None`: as long as it takes.
+    pub request_timeout: Option<Duration>,
 }
 
 /// A connection to a live cluster.
 #[derive(Clone)]
 pub struct Live {
     client: kube::Client,
+    server: String,
+    timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for Live {
@@ -105,7 +213,7 @@ impl Live {
             context: connection.context.clone(),
             ..KubeConfigOptions::default()
         };
-        let config = match (&connection.kubeconfig, &connection.context) {
+        let mut config = match (&connection.kubeconfig, &connection.context) {
             (Some(path), _) => {
                 let kubeconfig = Kubeconfig::read_from(path).map_err(|e| LiveError::Connect(e.into()))?;
                 kube::Config::from_custom_kubeconfig(kubeconfig, &options)
@@ -119,8 +227,62 @@ impl Live {
                 .await
                 .map_err(|e| LiveError::Connect(e.into()))?,
         };
+        // The whole request is bounded below; these bound each step the same way, and with no timeout
+        // kube's own read timeout (295 s) must not cut a request the person allowed to take longer.
+        config.read_timeout = connection.request_timeout;
+        config.write_timeout = connection.request_timeout;
+        if connection.request_timeout.is_some() {
+            config.connect_timeout = connection.request_timeout;
+        }
+        let server = config.cluster_url.to_string();
         let client = kube::Client::try_from(config).map_err(|e| LiveError::Connect(e.into()))?;
-        Ok(Live { client })
+        Ok(Live {
+            client,
+            server: server.trim_end_matches('/').to_owned(),
+            timeout: connection.request_timeout,
+        })
+    }
+
+    /// Sends a request, bounded by the request timeout.
+    async fn send<T: DeserializeOwned>(
+        &self,
+        request: http::Request<Vec<u8>>,
+        verb: &'static str,
+        what: &str,
+    ) -> Result<T, LiveError> {
+        let answer = self.client.request::<T>(request);
+        let answer = match self.timeout {
+            Some(timeout) => tokio::time::timeout(timeout, answer)
+                .await
+                .map_err(|_| LiveError::Timeout {
+                    verb,
+                    what: what.to_owned(),
+                    server: self.server.clone(),
+                    timeout,
+                })?,
+            None => answer.await,
+        };
+        answer.map_err(|source| LiveError::Request {
+            verb,
+            what: what.to_owned(),
+            source,
+        })
+    }
+
+    /// What `explain pod` reads: [`Reads::GpuPods`], and the pod itself whatever it asks for.
+    pub async fn snapshot_with_pod(&self, namespace: &str, name: &str) -> Result<Snapshot, LiveError> {
+        let mut snapshot = self.snapshot(Reads::GpuPods).await?;
+        if snapshot.pod(namespace, name).is_none() {
+            let pod = self
+                .pod(namespace, name)
+                .await?
+                .ok_or_else(|| LiveError::PodNotFound {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                })?;
+            snapshot.pods.push(pod);
+        }
+        Ok(snapshot)
     }
 
     /// The namespace of the kubeconfig's context (`default` when it names none).
@@ -255,14 +417,16 @@ impl Live {
                 what: format!("pod {namespace}/{name}"),
                 source: kube::Error::BuildRequest(e),
             })?;
-        match self.client.request::<PodFacts>(request).await {
+        match self
+            .send::<PodFacts>(request, "get", &format!("pod {namespace}/{name}"))
+            .await
+        {
             Ok(pod) => Ok(Some(pod)),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
-            Err(source) => Err(LiveError::Request {
-                verb: "get",
-                what: format!("pod {namespace}/{name}"),
-                source,
-            }),
+            Err(LiveError::Request {
+                source: kube::Error::Api(status),
+                ..
+            }) if status.code == 404 => Ok(None),
+            Err(error) => Err(error),
         }
     }
 
@@ -379,12 +543,40 @@ impl Live {
             let request = Request::new(path)
                 .list(&page_params)
                 .map_err(|e| error(kube::Error::BuildRequest(e)))?;
-            let page: Page<T> = self.client.request(request).await.map_err(error)?;
+            let page: Page<T> = self.send(request, "list", what).await?;
             items.extend(page.items.into_iter().filter(|item| keep(item)));
             match page.metadata.continue_token {
                 Some(next) if !next.is_empty() => token = Some(next),
                 _ => return Ok(items),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_timeouts_read_as_kubectl_reads_them() {
+        let secs = |s: u64| Ok(Some(Duration::from_secs(s)));
+        assert_eq!(parse_request_timeout("0"), Ok(None));
+        assert_eq!(parse_request_timeout("0s"), Ok(None));
+        assert_eq!(parse_request_timeout("30"), secs(30));
+        assert_eq!(parse_request_timeout("30s"), secs(30));
+        assert_eq!(parse_request_timeout("1m"), secs(60));
+        assert_eq!(parse_request_timeout("1h30m"), secs(5400));
+        assert_eq!(parse_request_timeout("1.5m"), secs(90));
+        assert_eq!(
+            parse_request_timeout("500ms"),
+            Ok(Some(Duration::from_millis(500)))
+        );
+        for bad in ["", "s", "ten", "5x", "-1", "1m-"] {
+            let error = parse_request_timeout(bad).unwrap_err();
+            assert!(error.contains("or 0 for none"), "{bad}: {error}");
+        }
+        assert_eq!(Shown(Duration::from_secs(90)).to_string(), "1m30s");
+        assert_eq!(Shown(Duration::from_secs(120)).to_string(), "2m");
+        assert_eq!(Shown(Duration::from_millis(1500)).to_string(), "1500ms");
     }
 }

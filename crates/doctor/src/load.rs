@@ -179,6 +179,11 @@ impl Loader {
         if is_tar(head) {
             return self.add_archive(reader, &origin);
         }
+        // A `.json` file is read as JSON whatever it starts with, so that one that is not JSON is told so
+        // with the line and column where it stops being JSON.
+        if path.extension().is_some_and(|e| e == "json") {
+            return self.add_json(reader, &origin);
+        }
         self.add_reader(reader, &origin)
     }
 
@@ -230,8 +235,16 @@ impl Loader {
         if first == b'{' || first == b'[' {
             self.add_json(reader, origin)
         } else {
-            let mut text = String::new();
-            reader.read_to_string(&mut text).map_err(read_error)?;
+            let mut bytes = Vec::new();
+            reader.read_to_end(&mut bytes).map_err(read_error)?;
+            let text = String::from_utf8(bytes).map_err(|error| LoadError::Syntax {
+                origin: origin.to_owned(),
+                format: "JSON or YAML",
+                message: format!(
+                    "not UTF-8 text (byte {} is not)",
+                    error.utf8_error().valid_up_to()
+                ),
+            })?;
             self.add_yaml(&text, origin)
         }
     }
@@ -268,13 +281,34 @@ impl Loader {
         // These are the user's own files, often whole clusters: no budget on their size.
         let mut options = serde_saphyr::Options::default();
         options.budget = None;
-        let documents: Vec<Value> =
+        let documents: Vec<serde_saphyr::Spanned<Value>> =
             serde_saphyr::from_multiple_with_options(text, options).map_err(|error| LoadError::Syntax {
                 origin: origin.to_owned(),
                 format: "YAML",
                 message: error.to_string(),
             })?;
-        for (index, value) in documents.into_iter().enumerate() {
+        for (index, document) in documents.into_iter().enumerate() {
+            let value = document.value;
+            // Any text is a YAML scalar: a document that is neither an object nor a list of them is a file
+            // that is not what it should be, not an object of a kind the doctor ignores.
+            if !matches!(value, Value::Object(_) | Value::Array(_) | Value::Null) {
+                let mut shown = value.to_string();
+                if shown.len() > 40 {
+                    let cut = (0..=40).rev().find(|&i| shown.is_char_boundary(i)).unwrap_or(0);
+                    shown.truncate(cut);
+                    shown.push_str("...");
+                }
+                return Err(LoadError::Syntax {
+                    origin: origin.to_owned(),
+                    format: "JSON or YAML",
+                    message: format!(
+                        "document {} at line {} column {} is {shown}, not a Kubernetes object or list",
+                        index + 1,
+                        document.referenced.line(),
+                        document.referenced.column()
+                    ),
+                });
+            }
             let at = Location {
                 origin: origin.to_owned(),
                 document: index + 1,
@@ -704,6 +738,44 @@ mod tests {
             .to_string();
         assert!(
             error.ends_with("empty.tar.gz: no snapshot.json in it (the bundle could not read the cluster's snapshot; see its index.json)"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn text_that_is_no_object_is_a_syntax_error_with_its_line_and_column() {
+        let error = load("# a comment\nthis is not a snapshot\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "test: not valid JSON or YAML: document 1 at line 2 column 1 is \"this is not a snapshot\", not a \
+             Kubernetes object or list"
+        );
+        let error = load("kind: Node\n---\n42\n").unwrap_err().to_string();
+        assert!(error.contains("document 2 at line 3 column 1 is 42,"), "{error}");
+        let error = load("kind: Node\nmetadata: {name: [a\n").unwrap_err().to_string();
+        assert!(
+            error.starts_with("test: not valid YAML:") && error.contains("line"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_json_file_is_read_as_json_whatever_it_starts_with() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("garbage.json");
+        std::fs::write(&path, "\n\ngarbage, not json\n").unwrap();
+        let error = load_paths(&[path]).unwrap_err().to_string();
+        assert!(
+            error.ends_with("garbage.json: not valid JSON: expected value at line 3 column 1"),
+            "{error}"
+        );
+        let path = dir.path().join("binary.yaml");
+        std::fs::write(&path, b"kind: \xff\xfe\n").unwrap();
+        let error = load_paths(&[path]).unwrap_err().to_string();
+        assert!(
+            error.ends_with("binary.yaml: not valid JSON or YAML: not UTF-8 text (byte 6 is not)"),
             "{error}"
         );
     }

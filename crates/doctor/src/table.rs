@@ -13,8 +13,9 @@ use crate::report::{Expectation, NodeReport, OperandOnNode, Report};
 /// How many node names a grouped note lists before it says "and N more".
 const NAMES_SHOWN: usize = 5;
 
-/// The doctor's table, findings and notes.
-pub fn doctor(report: &Report) -> String {
+/// The doctor's table, findings and notes; `wide` (`-o wide`) adds each node's workload, the GPU resources
+/// it advertises (allocatable/capacity) and how many findings it has.
+pub fn doctor(report: &Report, wide: bool) -> String {
     let mut out = String::new();
     let operands: Vec<Operand> = OPERANDS
         .iter()
@@ -31,6 +32,9 @@ pub fn doctor(report: &Report) -> String {
     let mut header = vec!["NODE".to_owned(), "GPUS".to_owned()];
     header.extend(headers.iter().map(|h| h.to_uppercase()));
     header.push("FIRST BROKEN LINK".to_owned());
+    if wide {
+        header.extend(["WORKLOAD", "RESOURCES", "FINDINGS"].map(str::to_owned));
+    }
     rows.push(header);
     for node in &report.nodes {
         let mut row = vec![node.name.clone(), gpus(node)];
@@ -44,6 +48,19 @@ pub fn doctor(report: &Report) -> String {
                 (None, false) => "-".to_owned(),
             },
         );
+        if wide {
+            row.push(node.workload.clone().unwrap_or_else(|| "-".to_owned()));
+            row.push(if node.advertised.is_empty() {
+                "-".to_owned()
+            } else {
+                node.advertised
+                    .iter()
+                    .map(|a| format!("{}={}/{}", a.resource, a.allocatable, a.capacity))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            });
+            row.push(node.findings.len().to_string());
+        }
         rows.push(row);
     }
     out.push_str(&columns(&rows));

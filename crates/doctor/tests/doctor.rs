@@ -907,6 +907,39 @@ mod explain {
     }
 
     #[test]
+    fn a_cpu_node_is_not_where_a_gpu_pod_may_go() {
+        let mut snapshot = ClusterBuilder::new()
+            .with_node(Node::gpu("a100-01"))
+            .with_node(Node::cpu("cpu-01"))
+            .build();
+        snapshot.pods.push(
+            PodFacts::workload("team-a", "big")
+                .requesting(RESOURCE_GPU, 6)
+                .running_on("a100-01"),
+        );
+        snapshot.pods.push(
+            PodFacts::workload("team-a", "late")
+                .requesting(RESOURCE_GPU, 4)
+                .unschedulable("0/2 nodes are available: 1 Insufficient nvidia.com/gpu."),
+        );
+        let explanation = explain(&snapshot, "team-a", "late").unwrap();
+        assert_eq!(explanation.verdict.link, Some(Link::Scheduling));
+        assert!(
+            explanation
+                .verdict
+                .sentence
+                .starts_with("No node the pod may go to has enough free GPUs: a100-01 (has 2 of 8"),
+            "{}",
+            explanation.verdict.sentence
+        );
+        assert!(
+            !explanation.verdict.sentence.contains("cpu-01"),
+            "{}",
+            explanation.verdict.sentence
+        );
+    }
+
+    #[test]
     fn a_pod_asking_for_mig_devices_under_the_single_strategy_is_told_why() {
         let mut snapshot = cluster();
         snapshot.pods.push(
@@ -1217,6 +1250,109 @@ mod cli {
     }
 
     #[test]
+    fn a_user_error_is_one_line_whatever_rust_backtrace_says() {
+        let output = Command::new(env!("CARGO_BIN_EXE_kubectl-gpu"))
+            .args(["doctor", "--snapshot", "/nonexistent/snap.json"])
+            .env("RUST_BACKTRACE", "1")
+            .env("RUST_LIB_BACKTRACE", "1")
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2));
+        assert_eq!(
+            stderr(&output),
+            "error: cannot read /nonexistent/snap.json: No such file or directory (os error 2)\n"
+        );
+        let garbage = tempfile::tempdir().unwrap();
+        let path = garbage.path().join("garbage.json");
+        std::fs::write(&path, "<html>not a snapshot</html>\n").unwrap();
+        let output = kubectl_gpu(&["doctor", "--snapshot", path.to_str().unwrap()]);
+        assert_eq!(output.status.code(), Some(2));
+        assert_eq!(
+            stderr(&output),
+            format!(
+                "error: {}: not valid JSON: expected value at line 1 column 1\n",
+                path.display()
+            )
+        );
+    }
+
+    #[test]
+    fn kubectl_output_formats_yaml_and_wide() {
+        let dir = tempfile::tempdir().unwrap();
+        let broken = write(dir.path(), "broken.json", &faulty());
+        let broken = broken.to_str().unwrap();
+        let json = kubectl_gpu(&["doctor", "--snapshot", broken, "-o", "json"]);
+        let yaml = kubectl_gpu(&["doctor", "--snapshot", broken, "-o", "yaml"]);
+        assert_eq!(yaml.status.code(), Some(1), "{}", stderr(&yaml));
+        let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+        let yaml: serde_json::Value = serde_saphyr::from_str(&stdout(&yaml)).unwrap();
+        assert_eq!(yaml, json, "-o yaml is the JSON schema as YAML");
+
+        let wide = kubectl_gpu(&["doctor", "--snapshot", broken, "-o", "wide"]);
+        assert_eq!(wide.status.code(), Some(1));
+        let text = stdout(&wide);
+        let header: Vec<&str> = text.lines().next().unwrap().split_whitespace().collect();
+        assert_eq!(header[header.len() - 3..], ["WORKLOAD", "RESOURCES", "FINDINGS"]);
+        let row: Vec<&str> = text
+            .lines()
+            .find(|l| l.starts_with("a100-02"))
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert_eq!(row[row.len() - 3..], ["container", "nvidia.com/gpu=8/8", "7"]);
+        let cpu: Vec<&str> = text
+            .lines()
+            .find(|l| l.starts_with("cpu-01"))
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert_eq!(cpu[cpu.len() - 3..], ["-", "-", "0"]);
+    }
+
+    #[test]
+    fn errors_into_a_pipe_carry_no_colour() {
+        let output = Command::new(env!("CARGO_BIN_EXE_kubectl-gpu"))
+            .args(["doctor", "--no-such-flag"])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2));
+        assert!(stderr(&output).contains("--no-such-flag"), "{}", stderr(&output));
+        assert!(!stderr(&output).contains('\x1b'), "{}", stderr(&output));
+    }
+
+    #[test]
+    fn no_colour_on_a_terminal_with_no_color_set() {
+        // util-linux `script` gives the command a terminal.
+        let Ok(script) = which("script") else {
+            eprintln!("SKIPPED no_colour_on_a_terminal_with_no_color_set: script is not on PATH");
+            return;
+        };
+        let on_terminal = |no_color: bool| {
+            let mut command = Command::new(&script);
+            command.args([
+                "-qec",
+                &format!("{} doctor --no-such-flag", env!("CARGO_BIN_EXE_kubectl-gpu")),
+                "/dev/null",
+            ]);
+            if no_color {
+                command.env("NO_COLOR", "1");
+            } else {
+                command.env_remove("NO_COLOR");
+            }
+            let output = command.output().unwrap();
+            String::from_utf8_lossy(&output.stdout).into_owned()
+        };
+        let coloured = on_terminal(false);
+        assert!(
+            coloured.contains("--no-such-flag") && coloured.contains('\x1b'),
+            "a terminal gets colour, so this test can see it: {coloured:?}"
+        );
+        let plain = on_terminal(true);
+        assert!(plain.contains("--no-such-flag"), "{plain:?}");
+        assert!(!plain.contains('\x1b'), "{plain:?}");
+    }
+
+    #[test]
     fn explain_pod_on_a_snapshot() {
         let dir = tempfile::tempdir().unwrap();
         let mut snapshot = cluster();
@@ -1291,6 +1427,54 @@ mod cli {
             stdout(&output).contains("4 nodes (3 with GPUs): no findings"),
             "{}",
             stdout(&output)
+        );
+    }
+
+    #[test]
+    fn kubectl_completes_the_plugin_through_kubectl_complete_gpu() {
+        let script = kubectl_gpu(&["completion", "kubectl-plugin"]);
+        assert_eq!(script.status.code(), Some(0));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubectl_complete-gpu");
+        std::fs::write(&path, &script.stdout).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let bin_dir = Path::new(env!("CARGO_BIN_EXE_kubectl-gpu")).parent().unwrap();
+        let search = format!(
+            "{}:{}:{}",
+            dir.path().display(),
+            bin_dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        // As kubectl runs it: the words after `kubectl gpu`, then the word being completed.
+        let output = Command::new(&path)
+            .args(["doctor", "-o", ""])
+            .env("PATH", &search)
+            .output()
+            .unwrap();
+        let text = stdout(&output);
+        let names: Vec<&str> = text.lines().map(|l| l.split('\t').next().unwrap()).collect();
+        assert_eq!(
+            names,
+            ["table", "json", "yaml", "wide", ":4"],
+            "{}",
+            stderr(&output)
+        );
+
+        let Ok(kubectl) = which("kubectl") else {
+            eprintln!("SKIPPED the kubectl half: kubectl is not on PATH");
+            return;
+        };
+        let output = Command::new(kubectl)
+            .args(["__complete", "gpu", "upg"])
+            .env("PATH", &search)
+            .env("KUBECONFIG", dir.path().join("none"))
+            .output()
+            .unwrap();
+        assert!(
+            stdout(&output).starts_with("upgrade-plan\t"),
+            "{}{}",
+            stdout(&output),
+            stderr(&output)
         );
     }
 
@@ -1655,6 +1839,167 @@ mod live {
         );
     }
 
+    /// Waits for the child to exit, at most `limit`; kills it and fails when it does not.
+    fn exits_within(child: &mut std::process::Child, limit: std::time::Duration) -> std::process::ExitStatus {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if start.elapsed() > limit {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("still running after {limit:?}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    #[test]
+    fn a_server_that_never_answers_ends_every_live_command_within_the_request_timeout() {
+        // Accepts connections and holds them, never answering.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in listener.incoming() {
+                held.push(stream);
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: mute\n  cluster: {{server: 'http://127.0.0.1:{port}'}}\n\
+                 users:\n- name: mute\n  user: {{}}\ncontexts:\n- name: mute\n  context: {{cluster: mute, user: mute}}\n\
+                 current-context: mute\n"
+            ),
+        )
+        .unwrap();
+        let kubeconfig = kubeconfig.to_str().unwrap();
+        let saved = dir.path().join("saved.json");
+        for command in [
+            vec!["doctor"],
+            vec!["explain", "pod", "team-a/train-0"],
+            vec!["upgrade-plan"],
+            vec!["snapshot", "-o", saved.to_str().unwrap()],
+        ] {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_kubectl-gpu"))
+                .args(&command)
+                .args(["--kubeconfig", kubeconfig, "--request-timeout", "1s"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let status = exits_within(&mut child, std::time::Duration::from_secs(15));
+            let mut message = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut message).unwrap();
+            assert_eq!(status.code(), Some(2), "{command:?}: {message}");
+            assert_eq!(
+                message,
+                format!(
+                    "error: cannot list nodes: the server http://127.0.0.1:{port} did not answer within 1s \
+                     (--request-timeout)\n"
+                ),
+                "{command:?}"
+            );
+        }
+        let refused = kubectl_gpu(&["doctor", "--kubeconfig", kubeconfig, "--request-timeout", "soon"]);
+        assert_eq!(refused.status.code(), Some(2));
+        assert!(
+            String::from_utf8_lossy(&refused.stderr).contains("invalid timeout \"soon\""),
+            "{}",
+            String::from_utf8_lossy(&refused.stderr)
+        );
+    }
+
+    #[test]
+    fn a_pod_that_does_not_exist_is_not_found_on_the_server_not_in_a_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = serve(&cluster_with_workload(), dir.path());
+        let missing = kubectl_gpu(&[
+            "explain",
+            "pod",
+            "nope",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ]);
+        assert_eq!(missing.status.code(), Some(2));
+        assert_eq!(
+            String::from_utf8_lossy(&missing.stderr),
+            "error: pods \"nope\" not found in namespace \"team-a\"\n"
+        );
+    }
+
+    #[test]
+    fn kubeconfig_comes_from_the_environment_as_kubectl_reads_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = serve(&cluster_with_workload(), dir.path());
+        let output = Command::new(env!("CARGO_BIN_EXE_kubectl-gpu"))
+            .args(["doctor", "-o", "json"])
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(report["summary"]["nodes"], 4);
+    }
+
+    #[test]
+    fn a_closed_standard_output_ends_the_command_quietly() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = serve(&cluster_with_workload(), dir.path());
+        let kubeconfig = kubeconfig.to_str().unwrap();
+        for command in [
+            vec!["snapshot", "-o", "-"],
+            vec!["doctor"],
+            vec!["doctor", "--watch", "--interval", "1"],
+            vec!["doctor", "--watch", "--interval", "1", "-o", "json"],
+        ] {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_kubectl-gpu"))
+                .args(&command)
+                .args(["--kubeconfig", kubeconfig])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            // The reader goes away before the command has read the cluster, as `| head` does after a line.
+            drop(child.stdout.take());
+            let status = exits_within(&mut child, std::time::Duration::from_secs(15));
+            let mut message = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut message).unwrap();
+            assert_eq!((status.code(), message.as_str()), (Some(0), ""), "{command:?}");
+        }
+    }
+
+    #[test]
+    fn watch_into_a_pipe_writes_no_escape_sequence() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = serve(&cluster_with_workload(), dir.path());
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kubectl-gpu"))
+            .args(["doctor", "--watch", "--interval", "1", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines: Vec<String> = BufReader::new(child.stdout.take().unwrap())
+            .lines()
+            .take(4)
+            .map(Result::unwrap)
+            .collect();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(lines[0].ends_with("(every 1s, Ctrl-C to stop)"), "{lines:?}");
+        assert!(lines[2].starts_with("NODE "), "{lines:?}");
+        assert!(lines.iter().all(|l| !l.contains('\x1b')), "{lines:?}");
+    }
+
     #[test]
     fn watch_redraws_until_stopped() {
         let dir = tempfile::tempdir().unwrap();
@@ -1789,6 +2134,7 @@ timeline:
         let live = Live::connect(&Connection {
             kubeconfig: Some(kubeconfig),
             context: None,
+            request_timeout: Some(Duration::from_secs(30)),
         })
         .await
         .expect("the doctor connects");
@@ -2248,6 +2594,7 @@ timeline:
         let live = Live::connect(&Connection {
             kubeconfig: Some(kubeconfig.clone()),
             context: None,
+            request_timeout: Some(Duration::from_secs(30)),
         })
         .await
         .expect("the doctor connects");
@@ -2648,5 +2995,120 @@ timeline:
             "{refused}"
         );
         assert!(stderr(&output).contains("403 Forbidden"), "{}", stderr(&output));
+    }
+}
+
+mod krew {
+    //! The krew manifest: rendered by `deploy/krew/render.sh` from release archives, it parses as a krew
+    //! `Plugin` named `gpu` whose every platform installs `kubectl-gpu`, with the archives' real sha256.
+
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    fn render_script() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/krew/render.sh")
+    }
+
+    fn archives(dir: &Path, version: &str, platforms: &[(&str, &str)]) {
+        for (os, arch) in platforms {
+            // Each archive differs, so that a checksum given to the wrong platform shows.
+            std::fs::write(dir.join("kubectl-gpu"), format!("#!/bin/sh\necho {os}/{arch}\n")).unwrap();
+            let status = Command::new("tar")
+                .arg("-czf")
+                .arg(dir.join(format!("kubectl-gpu_{version}_{os}_{arch}.tar.gz")))
+                .args(["-C", dir.to_str().unwrap(), "kubectl-gpu"])
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
+    }
+
+    fn sha256(path: &Path) -> String {
+        let output = Command::new("sha256sum").arg(path).output().unwrap();
+        String::from_utf8_lossy(&output.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_owned()
+    }
+
+    const ALL: [(&str, &str); 4] = [
+        ("linux", "amd64"),
+        ("linux", "arm64"),
+        ("darwin", "amd64"),
+        ("darwin", "arm64"),
+    ];
+
+    #[test]
+    fn the_manifest_rendered_from_the_archives_installs_kubectl_gpu_everywhere() {
+        let dir = tempfile::tempdir().unwrap();
+        archives(dir.path(), "v1.2.3", &ALL);
+        let output = Command::new("bash")
+            .arg(render_script())
+            .args(["v1.2.3", "https://releases.example/v1.2.3/"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let text = String::from_utf8(output.stdout).unwrap();
+        assert!(!text.contains('@'), "nothing left unrendered: {text}");
+        let manifest: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+        assert_eq!(
+            manifest["apiVersion"],
+            "krew.googlecontainertools.github.com/v1alpha2"
+        );
+        assert_eq!(manifest["kind"], "Plugin");
+        assert_eq!(manifest["metadata"]["name"], "gpu");
+        assert_eq!(manifest["spec"]["version"], "v1.2.3");
+        assert!(
+            manifest["spec"]["shortDescription"]
+                .as_str()
+                .is_some_and(|s| !s.is_empty())
+        );
+        assert!(
+            manifest["spec"]["description"]
+                .as_str()
+                .is_some_and(|s| s.len() > 100)
+        );
+        let platforms = manifest["spec"]["platforms"].as_array().unwrap();
+        assert_eq!(platforms.len(), 4);
+        for ((os, arch), platform) in ALL.iter().zip(platforms) {
+            let name = format!("kubectl-gpu_v1.2.3_{os}_{arch}.tar.gz");
+            assert_eq!(platform["selector"]["matchLabels"]["os"], *os);
+            assert_eq!(platform["selector"]["matchLabels"]["arch"], *arch);
+            assert_eq!(platform["uri"], format!("https://releases.example/v1.2.3/{name}"));
+            assert_eq!(platform["sha256"], sha256(&dir.path().join(&name)));
+            assert_eq!(platform["bin"], "kubectl-gpu");
+            assert_eq!(platform["files"][0]["from"], "kubectl-gpu");
+        }
+    }
+
+    #[test]
+    fn no_manifest_without_every_archive() {
+        let dir = tempfile::tempdir().unwrap();
+        archives(dir.path(), "v1.2.3", &ALL[..3]);
+        let output = Command::new("bash")
+            .arg(render_script())
+            .args(["v1.2.3", "https://releases.example/v1.2.3"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(1));
+        assert!(output.stdout.is_empty(), "no half manifest");
+        let message = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            message.contains("kubectl-gpu_v1.2.3_darwin_arm64.tar.gz does not exist"),
+            "{message}"
+        );
+        let output = Command::new("bash")
+            .arg(render_script())
+            .args(["1.2.3", "https://releases.example", "."])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "krew wants a leading v");
     }
 }

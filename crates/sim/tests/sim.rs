@@ -10,10 +10,13 @@
 //! - `migrate`: taking over a cluster NVIDIA's operator converged, without restarting its operand pods;
 //! - `operator`: the operator converging simulated clusters (controller-level tests of issue 5);
 //! - `workloads`: GPU workloads, their disruption budgets and evictions, and scenario actions on objects;
-//! - `upgrade`: the operator upgrading drivers node by node under running workloads, and NVIDIADriver pools.
+//! - `upgrade`: the operator upgrading drivers node by node under running workloads, and NVIDIADriver pools;
+//! - `docs`: every console example in `README.md` and `docs/` run as written, its shown output checked.
 
 #[path = "sim/cluster.rs"]
 mod cluster;
+#[path = "sim/docs.rs"]
+mod docs;
 #[path = "sim/helm.rs"]
 mod helm;
 #[path = "sim/install.rs"]
