@@ -145,6 +145,12 @@ pub enum Command {
         #[arg(long, value_name = "DURATION", default_value = DEFAULT_REQUEST_TIMEOUT)]
         request_timeout: RequestTimeout,
     },
+    /// Write a support bundle: one tar.gz with the snapshot, the doctor's report, the ClusterPolicies and
+    /// NVIDIADrivers, Events, and the operator's and operands' logs (see docs/doctor.md).
+    ///
+    /// Exit status: 0 when the archive was written (parts that could not be read are listed in its
+    /// index.json and on standard error), 2 when nothing could be read.
+    Bundle(crate::bundle::BundleArgs),
     /// Measure the analysis on a generated snapshot (see BENCHMARKS.md).
     #[command(hide = true)]
     Bench {
@@ -335,6 +341,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::Bundle(args) => crate::bundle::run(&args),
         Command::Bench {
             nodes,
             runs,

@@ -193,6 +193,7 @@ mod tests {
                 "explain",
                 "upgrade-plan",
                 "snapshot",
+                "bundle",
                 "completion",
                 "help"
             ]

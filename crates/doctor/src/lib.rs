@@ -5,11 +5,13 @@
 //!
 //! The analysis is pure: a [`snapshot::Snapshot`] in, a [`report::Report`] out ([`analysis::analyze`]),
 //! or an [`explain::Explanation`] for one pod. Snapshots come from files of `kubectl get -o json|yaml`
-//! output ([`load`]) or from a live cluster ([`live`]). The `kubectl-gpu` binary is a thin wrapper around
-//! [`cli`].
+//! output ([`load`]) or from a live cluster ([`live`]). [`bundle`] writes a support bundle (the snapshot, the
+//! report, Events and bounded logs in one tar.gz that `--snapshot` reads back). The `kubectl-gpu` binary is a
+//! thin wrapper around [`cli`].
 
 pub mod analysis;
 pub mod bench;
+pub mod bundle;
 pub mod cli;
 pub mod completion;
 mod contract;

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::ListParams;
+use kube::api::{ListParams, LogParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::{Request, Selector};
 use serde::Deserialize;
@@ -428,6 +428,48 @@ impl Live {
             }) if status.code == 404 => Ok(None),
             Err(error) => Err(error),
         }
+    }
+
+    /// Every object of a list, as JSON (list items carry no `kind`).
+    pub async fn list_values(
+        &self,
+        path: &str,
+        params: ListParams,
+        what: &str,
+    ) -> Result<Vec<Value>, LiveError> {
+        self.list(path, params, what).await
+    }
+
+    /// Every pod of a namespace.
+    pub async fn pods_in(&self, namespace: &str) -> Result<Vec<PodFacts>, LiveError> {
+        self.list(
+            &format!("/api/v1/namespaces/{namespace}/pods"),
+            ListParams::default(),
+            &format!("pods in {namespace}"),
+        )
+        .await
+    }
+
+    /// A container's log (`pods/log`), as the server bounds it with `params`: bytes, as the container wrote
+    /// them (a log need not be UTF-8).
+    pub async fn log(&self, namespace: &str, pod: &str, params: &LogParams) -> Result<Vec<u8>, LiveError> {
+        let error = |source| LiveError::Request {
+            verb: "get",
+            what: format!(
+                "the log of container {} of pod {namespace}/{pod}",
+                params.container.as_deref().unwrap_or_default()
+            ),
+            source,
+        };
+        let request = Request::new(format!("/api/v1/namespaces/{namespace}/pods"))
+            .logs(pod, params)
+            .map_err(|e| error(kube::Error::BuildRequest(e)))?;
+        let mut stream = self.client.request_stream(request).await.map_err(error)?;
+        let mut log = Vec::new();
+        futures::AsyncReadExt::read_to_end(&mut stream, &mut log)
+            .await
+            .map_err(|e| error(kube::Error::ReadEvents(e)))?;
+        Ok(log)
     }
 
     async fn add_all(

@@ -21,6 +21,15 @@ use crate::snapshot::{
     trim_revision,
 };
 
+/// The first bytes of a gzip stream.
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+/// A tar header block, which says `ustar` at offset 257 (POSIX and GNU alike).
+const TAR_BLOCK: usize = 512;
+
+fn is_tar(head: &[u8]) -> bool {
+    head.len() >= 262 && &head[257..262] == b"ustar"
+}
+
 /// Where an object was read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Location {
@@ -67,6 +76,14 @@ pub enum LoadError {
     /// An object of a kind the doctor reads has a field it cannot use.
     #[error("{0}")]
     Object(Box<BadObject>),
+    /// A tar archive that cannot be read or holds no snapshot.
+    #[error("{origin}: {message}")]
+    Archive {
+        /// The file.
+        origin: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A path given on the command line holds no JSON or YAML file.
     #[error("{path}: no .json, .yaml or .yml file in it")]
     Empty {
@@ -120,14 +137,7 @@ impl Loader {
         let metadata = std::fs::metadata(path).map_err(read_error)?;
         if !metadata.is_dir() {
             let file = File::open(path).map_err(read_error)?;
-            let reader = BufReader::with_capacity(1 << 20, file);
-            let origin = path.display().to_string();
-            // A `.json` file is read as JSON whatever it starts with, so that one that is not JSON is
-            // told so with the line and column where it stops being JSON.
-            if path.extension().is_some_and(|e| e == "json") {
-                return self.add_json(reader, &origin);
-            }
-            return self.add_reader(reader, &origin);
+            return self.add_file(BufReader::with_capacity(1 << 20, file), path);
         }
         let mut files = Vec::new();
         collect_files(path, &mut files).map_err(read_error)?;
@@ -140,6 +150,67 @@ impl Loader {
             self.add_path(&file)?;
         }
         Ok(())
+    }
+
+    /// Reads a file: JSON or YAML, or (told by their magic bytes, not the name) a gzip stream of either or a
+    /// tar archive, gzipped or not, such as `kubectl gpu bundle` writes: of an archive, its `snapshot.json`.
+    fn add_file(&mut self, mut reader: impl BufRead, path: &Path) -> Result<(), LoadError> {
+        let origin = path.display().to_string();
+        let read_error = |source| LoadError::Read {
+            path: path.to_owned(),
+            source,
+        };
+        let head = reader.fill_buf().map_err(read_error)?;
+        if head.starts_with(&GZIP_MAGIC) {
+            let mut reader = BufReader::new(flate2::bufread::MultiGzDecoder::new(reader));
+            let mut head = Vec::with_capacity(TAR_BLOCK);
+            (&mut reader)
+                .take(TAR_BLOCK as u64)
+                .read_to_end(&mut head)
+                .map_err(read_error)?;
+            let tar = is_tar(&head);
+            let whole = BufReader::new(std::io::Cursor::new(head).chain(reader));
+            return if tar {
+                self.add_archive(whole, &origin)
+            } else {
+                self.add_reader(whole, &origin)
+            };
+        }
+        if is_tar(head) {
+            return self.add_archive(reader, &origin);
+        }
+        // A `.json` file is read as JSON whatever it starts with, so that one that is not JSON is told so
+        // with the line and column where it stops being JSON.
+        if path.extension().is_some_and(|e| e == "json") {
+            return self.add_json(reader, &origin);
+        }
+        self.add_reader(reader, &origin)
+    }
+
+    /// Reads the `snapshot.json` of a tar archive (at its top, or in its one top directory).
+    fn add_archive(&mut self, reader: impl Read, origin: &str) -> Result<(), LoadError> {
+        let archive_error = |message: String| LoadError::Archive {
+            origin: origin.to_owned(),
+            message,
+        };
+        let mut archive = tar::Archive::new(reader);
+        let entries = archive.entries().map_err(|e| archive_error(e.to_string()))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| archive_error(e.to_string()))?;
+            let name = entry
+                .path()
+                .map_err(|e| archive_error(e.to_string()))?
+                .to_string_lossy()
+                .into_owned();
+            let parts: Vec<&str> = name.split('/').filter(|p| !p.is_empty() && *p != ".").collect();
+            if matches!(parts.as_slice(), ["snapshot.json"] | [_, "snapshot.json"]) {
+                return self.add_reader(BufReader::new(entry), &format!("{origin}: {name}"));
+            }
+        }
+        Err(archive_error(
+            "no snapshot.json in it (the bundle could not read the cluster's snapshot; see its index.json)"
+                .to_owned(),
+        ))
     }
 
     /// Reads JSON or YAML from a reader; `origin` names it in errors.
@@ -615,6 +686,58 @@ mod tests {
         let error = load("{\"kind\": \"Node\", ").unwrap_err().to_string();
         assert!(
             error.starts_with("test: not valid JSON: EOF while parsing"),
+            "{error}"
+        );
+    }
+
+    fn tar(files: &[(&str, &str)]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (path, text) in files {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(text.len() as u64);
+            header.set_mode(0o644);
+            builder.append_data(&mut header, path, text.as_bytes()).unwrap();
+        }
+        builder.into_inner().unwrap()
+    }
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut encoder, bytes).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    fn load_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<Snapshot, LoadError> {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        load_paths(&[path])
+    }
+
+    #[test]
+    fn archives_and_gzip_are_told_by_their_bytes_and_only_the_snapshot_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a"}}"#;
+        let other = r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "not-the-snapshot"}}"#;
+        let archive = tar(&[
+            ("gpu-bundle-x/index.json", "{}"),
+            ("gpu-bundle-x/snapshot.json", node),
+            ("gpu-bundle-x/objects/nodes.json", other),
+        ]);
+        for (name, bytes) in [
+            ("bundle.tar.gz", gzip(&archive)),
+            ("bundle.json", gzip(&archive)),
+            ("plain.tar", archive.clone()),
+            ("snap.json.gz", gzip(node.as_bytes())),
+        ] {
+            let snapshot = load_file(dir.path(), name, &bytes).unwrap();
+            let names: Vec<_> = snapshot.nodes.iter().map(|n| n.metadata.name.clone()).collect();
+            assert_eq!(names, [Some("a".to_owned())], "{name}");
+        }
+        let error = load_file(dir.path(), "empty.tar.gz", &gzip(&tar(&[("x/index.json", "{}")])))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.ends_with("empty.tar.gz: no snapshot.json in it (the bundle could not read the cluster's snapshot; see its index.json)"),
             "{error}"
         );
     }

@@ -2468,6 +2468,536 @@ NVIDIADriver/h100 (driver DaemonSets gpu-operator/nvidia-gpu-driver-ubuntu22.04-
     }
 }
 
+mod bundle {
+    //! `kubectl gpu bundle` against a simulated cluster the operator converged, with a crash-looping toolkit
+    //! and containers that wrote output: the archive's files and index, logs bounded and the previous run of
+    //! the restarted container, no Secret, and `--snapshot BUNDLE.tar.gz` answering as the live cluster did.
+
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::io::Read;
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::path::Path;
+    use std::process::{Command, Output};
+    use std::time::Duration;
+
+    use gpuop_doctor::bundle::{Bounds, collect};
+    use gpuop_doctor::live::{Connection, Live, Reads};
+    use gpuop_doctor::pod_state::StateName;
+    use gpuop_fakeserver::faults::{Faults, InjectedError};
+    use gpuop_fakeserver::{FakeServer, LogStream, Verb};
+    use gpuop_operator::run::{self, Config};
+    use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install};
+    use gpuop_sim::kubelet::Timing;
+    use gpuop_sim::scenario::Scenario;
+    use gpuop_sim::simulation::Simulation;
+    use serde_json::{Value, json};
+
+    /// A failure guard on a loaded two-core machine, not a performance assertion.
+    const PATIENCE: Duration = Duration::from_secs(90);
+
+    const SCENARIO: &str = r#"
+cluster:
+  nfd: true
+  nodePools:
+    - name: gpu
+      count: 2
+      gpu: {model: T4, count: 4}
+      os: ubuntu-22.04
+      runtime: containerd-1.7
+timeline:
+  - at: 0s
+    crashLoop: {node: gpu-1, operand: container-toolkit}
+"#;
+
+    /// The base64 of a Secret's value: found nowhere in a bundle.
+    const SECRET_DATA: &str = "bmdjLWFwaS1rZXktZG8tbm90LXNoaXA=";
+
+    async fn kubectl_gpu(args: &[&str]) -> Output {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_kubectl-gpu"))
+                .args(&args)
+                .output()
+                .expect("kubectl-gpu runs")
+        })
+        .await
+        .unwrap()
+    }
+
+    fn stderr(output: &Output) -> String {
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    }
+
+    /// The archive's files by path below its one top directory.
+    fn unpack(archive: &Path) -> BTreeMap<String, Vec<u8>> {
+        let file = std::fs::File::open(archive).unwrap();
+        let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(file));
+        let mut files = BTreeMap::new();
+        let mut tops = std::collections::BTreeSet::new();
+        for entry in tar.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let path = entry.path().unwrap().to_string_lossy().into_owned();
+            let (top, rest) = path.split_once('/').expect("one top directory");
+            tops.insert(top.to_owned());
+            let mut content = Vec::new();
+            entry.read_to_end(&mut content).unwrap();
+            files.insert(rest.to_owned(), content);
+        }
+        assert_eq!(tops.len(), 1, "{tops:?}");
+        assert!(tops.first().unwrap().starts_with("gpu-bundle-"));
+        files
+    }
+
+    async fn until(live: &Live, what: &str, done: impl Fn(&Snapshot) -> bool) {
+        let started = tokio::time::Instant::now();
+        loop {
+            let snapshot = live
+                .snapshot(Reads::Doctor)
+                .await
+                .expect("the doctor reads the cluster");
+            if done(&snapshot) {
+                return;
+            }
+            assert!(started.elapsed() < PATIENCE, "{what}: not so after {PATIENCE:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bundle_holds_what_support_needs_bounded_and_no_secret() {
+        let scenario = Scenario::from_yaml(SCENARIO).expect("the scenario parses");
+        let server = FakeServer::new();
+        let served = server
+            .serve(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+            .await
+            .expect("the fake API server serves");
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        served.write_kubeconfig(&kubeconfig).unwrap();
+        let kubeconfig_arg = kubeconfig.to_str().unwrap().to_owned();
+
+        let client = server.client_as(gpuop_sim::USER_AGENT);
+        install(&client).await.expect("CRDs and namespace install");
+        let simulation = Simulation::start(client.clone(), scenario.cluster(), Timing::instant())
+            .await
+            .expect("the simulation starts");
+        let operator = run::start(
+            server.client_as(gpuop_operator::USER_AGENT),
+            Config::in_process(NAMESPACE),
+        )
+        .await
+        .expect("the operator starts");
+        apply_policy(&client, DEFAULT_POLICY)
+            .await
+            .expect("the policy applies");
+        let live = Live::connect(&Connection {
+            kubeconfig: Some(kubeconfig.clone()),
+            context: None,
+            request_timeout: Some(Duration::from_secs(30)),
+        })
+        .await
+        .expect("the doctor connects");
+        until(&live, "the operator converges", |snapshot| {
+            let report = analyze(snapshot);
+            report.summary.gpu_nodes == 2
+                && report.nodes.iter().all(|n| {
+                    n.operands
+                        .iter()
+                        .any(|o| o.operand == Operand::DevicePlugin && o.state == StateName::Ready)
+                })
+        })
+        .await;
+        for event in &scenario.timeline {
+            simulation.apply(&event.action).await.expect("the event plays");
+        }
+        until(&live, "the toolkit restarts", |snapshot| {
+            snapshot
+                .pod_of(Operand::ContainerToolkit, "gpu-1")
+                .is_some_and(|pod| pod.status.container_statuses.iter().any(|s| s.restart_count > 0))
+        })
+        .await;
+        // Frozen from here, so that the live cluster and the bundle are read in the same state.
+        operator.stop().await;
+        simulation.stop().await;
+
+        let snapshot = live.snapshot(Reads::Doctor).await.unwrap();
+        let toolkit = snapshot
+            .pod_of(Operand::ContainerToolkit, "gpu-1")
+            .unwrap()
+            .clone();
+        let plugin = snapshot.pod_of(Operand::DevicePlugin, "gpu-0").unwrap().clone();
+        let (toolkit_container, plugin_container) = (
+            toolkit.spec.containers[0].name.clone(),
+            plugin.spec.containers[0].name.clone(),
+        );
+        // The crashed run wrote long lines (cut by limitBytes), the plugin many short ones (cut by tailLines).
+        let long: String = (0..3_000)
+            .map(|i| format!("{i:06} {}\n", "x".repeat(193)))
+            .collect();
+        server.set_log(
+            NAMESPACE,
+            &toolkit.metadata.name,
+            &toolkit_container,
+            LogStream::Previous,
+            &long,
+        );
+        let short: String = (0..8_000).map(|i| format!("plugin line {i}\n")).collect();
+        server.set_log(
+            NAMESPACE,
+            &plugin.metadata.name,
+            &plugin_container,
+            LogStream::Current,
+            &short,
+        );
+        for (name, namespace, regarding) in [
+            (
+                "gpu-1.toolkit",
+                "default",
+                json!({"kind": "Node", "name": "gpu-1", "apiVersion": "v1"}),
+            ),
+            (
+                "cpu.unrelated",
+                "default",
+                json!({"kind": "Node", "name": "not-a-gpu-node", "apiVersion": "v1"}),
+            ),
+            (
+                "toolkit.backoff",
+                NAMESPACE,
+                json!({"kind": "Pod", "name": toolkit.metadata.name, "namespace": NAMESPACE}),
+            ),
+        ] {
+            server
+                .insert(json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                    "metadata": {"name": name, "namespace": namespace}, "regarding": regarding,
+                    "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": "kubelet",
+                    "reportingInstance": "gpu-1", "action": "Restart", "reason": "BackOff", "type": "Warning",
+                    "note": format!("event {name}")}))
+                .unwrap();
+        }
+        server
+            .insert(json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": "ngc-api-key", "namespace": NAMESPACE}, "data": {"key": SECRET_DATA}}))
+            .unwrap();
+
+        let archive = dir.path().join("support.tar.gz");
+        let output = kubectl_gpu(&[
+            "bundle",
+            "-o",
+            archive.to_str().unwrap(),
+            "--kubeconfig",
+            &kubeconfig_arg,
+        ])
+        .await;
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        assert!(stderr(&output).contains("wrote "), "{}", stderr(&output));
+
+        // The archive answers as the live cluster does, read by its magic bytes whatever its name.
+        let renamed = dir.path().join("bundle.data");
+        std::fs::copy(&archive, &renamed).unwrap();
+        let live_json = kubectl_gpu(&["doctor", "--kubeconfig", &kubeconfig_arg, "-o", "json"]).await;
+        let offline_json =
+            kubectl_gpu(&["doctor", "--snapshot", renamed.to_str().unwrap(), "-o", "json"]).await;
+        assert_eq!(live_json.status.code(), Some(1), "{}", stderr(&live_json));
+        assert_eq!(offline_json.status.code(), Some(1), "{}", stderr(&offline_json));
+        assert_eq!(
+            String::from_utf8_lossy(&offline_json.stdout),
+            String::from_utf8_lossy(&live_json.stdout)
+        );
+        let live_table = kubectl_gpu(&["doctor", "--kubeconfig", &kubeconfig_arg]).await;
+        let live_plan = kubectl_gpu(&["upgrade-plan", "--kubeconfig", &kubeconfig_arg, "-o", "json"]).await;
+        let offline_plan = kubectl_gpu(&[
+            "upgrade-plan",
+            "--snapshot",
+            archive.to_str().unwrap(),
+            "-o",
+            "json",
+        ])
+        .await;
+        assert_eq!(offline_plan.status.code(), Some(0), "{}", stderr(&offline_plan));
+        assert_eq!(offline_plan.stdout, live_plan.stdout);
+
+        let files = unpack(&archive);
+        assert_eq!(
+            files["doctor.json"], live_json.stdout,
+            "the report as `doctor -o json` prints it"
+        );
+        assert_eq!(
+            files["doctor.txt"], live_table.stdout,
+            "the report as `doctor` prints it"
+        );
+        for expected in [
+            "README.txt",
+            "snapshot.json",
+            "upgrade-plan.txt",
+            "upgrade-plan.json",
+            "objects/clusterpolicies.json",
+            "objects/nvidiadrivers.json",
+            "events/gpu-operator.json",
+            "events/gpu-nodes.json",
+        ] {
+            assert!(
+                files.contains_key(expected),
+                "{expected} missing from {:?}",
+                files.keys()
+            );
+        }
+        let notes = |path: &str| -> Vec<String> {
+            let events: Value = serde_json::from_slice(&files[path]).unwrap();
+            events["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["note"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(
+            notes("events/gpu-nodes.json"),
+            ["event gpu-1.toolkit"],
+            "GPU nodes' events only"
+        );
+        assert_eq!(notes("events/gpu-operator.json"), ["event toolkit.backoff"]);
+        let policies: Value = serde_json::from_slice(&files["objects/clusterpolicies.json"]).unwrap();
+        assert_eq!(policies["items"][0]["kind"], "ClusterPolicy");
+        assert!(
+            policies["items"][0]["status"]["state"].is_string(),
+            "with its status: {}",
+            policies["items"][0]["status"]
+        );
+
+        // The index lists every file, with its size, and says what was cut and what is missing.
+        let index: Value = serde_json::from_slice(&files["index.json"]).unwrap();
+        assert_eq!(index["schema"], "gpu-bundle/v1");
+        assert_eq!(index["namespace"], NAMESPACE);
+        let listed: BTreeMap<String, &Value> = index["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| (f["path"].as_str().unwrap().to_owned(), f))
+            .collect();
+        let archived: Vec<&String> = files.keys().filter(|p| *p != "index.json").collect();
+        assert_eq!(
+            listed.keys().collect::<Vec<_>>(),
+            archived,
+            "every file, and only those"
+        );
+        for (path, entry) in &listed {
+            assert_eq!(entry["bytes"], files[path].len(), "{path}");
+            assert!(entry["what"].as_str().is_some_and(|w| !w.is_empty()), "{path}");
+        }
+        let bounds = Bounds::default();
+        let logs: Vec<&String> = files.keys().filter(|p| p.starts_with("logs/")).collect();
+        assert!(logs.len() > 10, "every operand container's log: {logs:?}");
+        for path in &logs {
+            assert!(
+                files[*path].len() as i64 <= bounds.limit_bytes,
+                "{path} is bounded"
+            );
+        }
+        let previous = format!(
+            "logs/{NAMESPACE}/{}/{toolkit_container}.previous.log",
+            toolkit.metadata.name
+        );
+        let crashed = &files[&previous];
+        assert_eq!(crashed.len() as i64, bounds.limit_bytes, "cut at limitBytes");
+        assert!(crashed.starts_with(b"001000 "), "from the last tailLines lines");
+        assert!(listed[&previous]["cut"].as_str().unwrap().contains("limitBytes"));
+        let current = previous.replace(".previous.log", ".log");
+        assert!(
+            !files.contains_key(&current),
+            "a container waiting to restart has one log, its last run's"
+        );
+        let plugin_log = format!("logs/{NAMESPACE}/{}/{plugin_container}.log", plugin.metadata.name);
+        let text = String::from_utf8(files[&plugin_log].clone()).unwrap();
+        assert_eq!(text.lines().count() as i64, bounds.tail_lines);
+        assert!(text.ends_with("plugin line 7999\n"), "the end of the log is kept");
+        assert!(listed[&plugin_log]["cut"].as_str().unwrap().contains("tailLines"));
+        let quiet = format!(
+            "logs/{NAMESPACE}/{}/{plugin_container}.log",
+            snapshot
+                .pod_of(Operand::DevicePlugin, "gpu-1")
+                .unwrap()
+                .metadata
+                .name
+        );
+        assert!(
+            files[&quiet].is_empty(),
+            "a container that wrote nothing has an empty log"
+        );
+        assert!(listed[&quiet].get("cut").is_none());
+
+        // No Secret: not its kind, not its data, anywhere.
+        for (path, content) in &files {
+            let text = String::from_utf8_lossy(content);
+            assert!(!text.contains(SECRET_DATA), "{path} holds the Secret's data");
+            assert!(
+                !text.contains("\"kind\":\"Secret\"") && !text.contains("\"kind\": \"Secret\""),
+                "{path} holds a Secret"
+            );
+        }
+
+        // `-o -` writes the archive to standard output.
+        let piped = kubectl_gpu(&["bundle", "-o", "-", "--kubeconfig", &kubeconfig_arg]).await;
+        assert_eq!(piped.status.code(), Some(0), "{}", stderr(&piped));
+        assert!(piped.stdout.starts_with(&[0x1f, 0x8b]), "gzip on stdout");
+
+        // The total bound: once spent, further logs are listed as not collected.
+        let small = Bounds {
+            total_log_bytes: bounds.limit_bytes + 1_000,
+            ..bounds
+        };
+        let bundle = collect(&live, NAMESPACE, small).await.unwrap();
+        let log_bytes: usize = bundle
+            .index
+            .files
+            .iter()
+            .filter(|f| f.path.starts_with("logs/"))
+            .map(|f| f.bytes)
+            .sum();
+        assert!(log_bytes as i64 <= small.total_log_bytes, "{log_bytes}");
+        assert!(
+            bundle
+                .index
+                .missing
+                .iter()
+                .any(|m| m.why.contains("logs are spent")),
+            "{:?}",
+            bundle.index.missing
+        );
+
+        // Logs refused: still an archive (exit 0), each refusal listed with the server's answer.
+        // What only upgrade-plan reads refused too: the snapshot still holds what the doctor reads.
+        server.set_faults(
+            Faults::new(1)
+                .error(Some(Verb::Get), Some("pods"), 1.0, InjectedError::Internal)
+                .error(
+                    Some(Verb::List),
+                    Some("poddisruptionbudgets"),
+                    1.0,
+                    InjectedError::Internal,
+                ),
+        );
+        let refused = dir.path().join("refused.tar.gz");
+        let output = kubectl_gpu(&[
+            "bundle",
+            "-o",
+            refused.to_str().unwrap(),
+            "--kubeconfig",
+            &kubeconfig_arg,
+        ])
+        .await;
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        assert!(
+            stderr(&output).contains("could not be collected"),
+            "{}",
+            stderr(&output)
+        );
+        let files = unpack(&refused);
+        assert_eq!(
+            files["doctor.json"], live_json.stdout,
+            "the doctor's reads were not refused"
+        );
+        assert!(!files.contains_key("upgrade-plan.json"));
+        let index: Value = serde_json::from_slice(&files["index.json"]).unwrap();
+        let missing = index["missing"].as_array().unwrap();
+        for what in ["what upgrade-plan reads", "the upgrade plan"] {
+            assert!(
+                missing.iter().any(|m| m["what"].as_str().unwrap().contains(what)),
+                "{what}: {missing:?}"
+            );
+        }
+        assert!(
+            missing
+                .iter()
+                .any(|m| m["what"].as_str().unwrap().starts_with("log of container")
+                    && m["why"].as_str().unwrap().starts_with("500 ")),
+            "{missing:?}"
+        );
+
+        // Nothing readable: exit 2 and no archive.
+        server.set_faults(Faults::new(1).error(None, None, 1.0, InjectedError::Internal));
+        let nothing = dir.path().join("nothing.tar.gz");
+        let output = kubectl_gpu(&[
+            "bundle",
+            "-o",
+            nothing.to_str().unwrap(),
+            "--kubeconfig",
+            &kubeconfig_arg,
+        ])
+        .await;
+        assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+        assert!(
+            stderr(&output).contains("nothing could be read"),
+            "{}",
+            stderr(&output)
+        );
+        assert!(!nothing.exists());
+    }
+
+    /// A user who may read everything but `pods/log`: the archive is still written, and each log it could not
+    /// read is listed with the server's 403.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn logs_refused_by_rbac_are_listed_with_the_servers_answer() {
+        let server = FakeServer::builder()
+            .authorization(gpuop_fakeserver::Authorization::Rbac)
+            .build();
+        let served = server
+            .serve(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+            .await
+            .expect("the fake API server serves");
+        for object in [
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-0",
+                "labels": {"feature.node.kubernetes.io/pci-10de.present": "true"}}}),
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu-operator-0", "namespace": NAMESPACE},
+                "spec": {"containers": [{"name": "operator", "image": "gpu-operator"}]}}),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "support", "namespace": "default"}}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "support"},
+                "rules": [{"apiGroups": ["", "apps", "node.k8s.io", "policy", "nvidia.com", "events.k8s.io"],
+                    "resources": ["nodes", "pods", "daemonsets", "runtimeclasses", "controllerrevisions",
+                        "poddisruptionbudgets", "clusterpolicies", "nvidiadrivers", "events"],
+                    "verbs": ["get", "list"]}]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": "support"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "support"},
+                "subjects": [{"kind": "ServiceAccount", "name": "support", "namespace": "default"}]}),
+        ] {
+            server.insert(object).expect("the fixture is valid");
+        }
+        let token = server.token_for("default", "support").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            gpuop_fakeserver::kubeconfig_with_token(&served.url(), Some(&token)),
+        )
+        .unwrap();
+        let archive = dir.path().join("bundle.tar.gz");
+        let output = kubectl_gpu(&[
+            "bundle",
+            "-o",
+            archive.to_str().unwrap(),
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ])
+        .await;
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        let files = unpack(&archive);
+        assert!(files.contains_key("doctor.json"), "{:?}", files.keys());
+        let index: Value = serde_json::from_slice(&files["index.json"]).unwrap();
+        let missing = index["missing"].as_array().unwrap();
+        let refused = missing
+            .iter()
+            .find(|m| m["what"] == "log of container operator of pod gpu-operator/gpu-operator-0")
+            .unwrap_or_else(|| panic!("{missing:?}"));
+        assert!(
+            refused["why"].as_str().unwrap().starts_with("403 Forbidden: "),
+            "{refused}"
+        );
+        assert!(stderr(&output).contains("403 Forbidden"), "{}", stderr(&output));
+    }
+}
+
 mod krew {
     //! The krew manifest: rendered by `deploy/krew/render.sh` from release archives, it parses as a krew
     //! `Plugin` named `gpu` whose every platform installs `kubectl-gpu`, with the archives' real sha256.

@@ -130,6 +130,7 @@ pub(crate) fn resource_list(registry: &Registry, group: &str, version: &str) -> 
                 "binding" => sub("binding", "Binding", &["create"]),
                 "finalize" => sub("finalize", "Namespace", &["update"]),
                 "token" => sub("token", "TokenRequest", &["create"]),
+                "log" => sub("log", "Pod", &["get"]),
                 _ => continue,
             };
             let group = match *extra {

@@ -47,6 +47,7 @@ pub(crate) struct Shared {
     pub(crate) bookmark_interval: Duration,
     pub(crate) watch_timeout: Duration,
     pub(crate) authz: Arc<Authz>,
+    pub(crate) logs: crate::logs::ContainerLogs,
 }
 
 /// The router for all paths.
@@ -643,6 +644,21 @@ async fn serve_resource(
                 .store
                 .create(&info, target.namespace.as_deref(), body, &opts)?;
             Ok(request.object_response(StatusCode::CREATED, &written.object, &written.warnings))
+        }
+        (Method::GET, true, Some("log")) if info.is("", "Pod") => {
+            let pod = request
+                .shared
+                .store
+                .get(&info, request.namespace(), request.name())?
+                .value();
+            let query = crate::logs::LogQuery {
+                container: request.params.get("container").map(str::to_owned),
+                previous: request.params.flag("previous")?,
+                tail_lines: request.params.number("tailLines")?,
+                limit_bytes: request.params.number("limitBytes")?,
+            };
+            let log = crate::logs::pod_log(&pod, &query, &request.shared.logs)?;
+            Ok((StatusCode::OK, [(CONTENT_TYPE, "text/plain")], log).into_response())
         }
         (Method::POST, true, Some("eviction")) if info.is("", "Pod") => {
             let eviction = read_body(body, request.headers).await?;

@@ -50,6 +50,7 @@ mod fieldset;
 mod gc;
 mod http;
 mod load;
+mod logs;
 mod object;
 mod patch;
 mod pods;
@@ -82,6 +83,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{ApiError, Cause, GroupKind, GroupResource};
 pub use faults::{Faults, InjectedError};
 pub use load::LoadError;
+pub use logs::LogStream;
 pub use serve::{ConnectError, Running, kubeconfig_with_token, kubeconfig_yaml};
 pub use store::PodTermination;
 
@@ -217,6 +219,7 @@ impl Builder {
                 bookmark_interval: self.bookmark_interval,
                 watch_timeout: self.watch_timeout,
                 authz,
+                logs: Default::default(),
             }),
         }
     }
@@ -367,6 +370,13 @@ impl FakeServer {
             .ok()
             .map(|stored| encode::object(&info, &stored, encode::Projection::Full))
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+    }
+
+    /// Gives a container output, as if it had written it: `GET .../pods/{pod}/log` answers it (bounded by
+    /// `tailLines` and `limitBytes`), `LogStream::Previous` with `previous=true` once the container has
+    /// terminated before. A container given no output answers an empty log.
+    pub fn set_log(&self, namespace: &str, pod: &str, container: &str, stream: LogStream, text: &str) {
+        self.shared.logs.set(namespace, pod, container, stream, text);
     }
 
     /// A snapshot of the request counters.

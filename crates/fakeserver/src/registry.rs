@@ -256,7 +256,7 @@ const BUILTINS: &[Builtin] = &[
     builtin("", "v1", "Pod", "pods", true)
         .status()
         .short(&["po"])
-        .subresources(&["eviction", "binding"])
+        .subresources(&["eviction", "binding", "log"])
         .fields(POD_FIELDS),
     builtin("", "v1", "ConfigMap", "configmaps", true).short(&["cm"]),
     builtin("", "v1", "Secret", "secrets", true).fields(&[("type", "")]),
