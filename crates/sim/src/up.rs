@@ -87,9 +87,11 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
                     .write_kubeconfig(path)
                     .with_context(|| format!("writing {}", path.display()))?;
             }
-            println!("{}", running.url());
             let client = server.client_as(USER_AGENT);
             install(&client).await?;
+            // The address is the signal that the server is ready to use: the CRDs and the namespace are
+            // there, so a `kubectl apply` of a ClusterPolicy right after it succeeds.
+            println!("{}", running.url());
             server_for_operator = Some(server.client_as(gpuop_operator::USER_AGENT));
             served = Some((server, running));
             client
