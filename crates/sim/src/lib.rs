@@ -3,7 +3,8 @@
 //!
 //! - Data: [`cluster_spec`] (node pools as a person writes them), [`workload`] (GPU workloads and their
 //!   ReplicaSets and disruption budgets), [`hardware`] (GPU models and their MIG profiles), [`scenario`] (a
-//!   timeline of events, faults and changes to the cluster's objects).
+//!   timeline of events, faults and changes to the cluster's objects), [`spec_file`] (reading either from
+//!   YAML, every mistake named by file, line, column and field path).
 //! - Pure decisions: [`daemonset`] (the DaemonSet controller), [`replicaset`] (the ReplicaSet controller),
 //!   [`disruption`] (a PodDisruptionBudget's status),
 //!   [`kubelet`] (one pod's next status),
@@ -34,6 +35,7 @@ pub mod scenario;
 pub mod serve;
 pub mod sharing;
 pub mod simulation;
+pub mod spec_file;
 pub mod up;
 pub mod upgrade_bench;
 pub mod workload;

@@ -30,11 +30,7 @@ pub fn load_scenario(path: Option<&Path>) -> anyhow::Result<Scenario> {
             cluster: None,
             timeline: Vec::new(),
         }),
-        Some(path) => {
-            let text =
-                std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            Scenario::from_yaml(&text).with_context(|| format!("{}", path.display()))
-        }
+        Some(path) => Ok(Scenario::from_file(path)?),
     }
 }
 
