@@ -197,7 +197,9 @@ mod tests {
         let server = crate::FakeServer::new();
         let error = server.load_paths(&[&config_maps]).expect_err("no namespace");
         assert!(
-            error.to_string().ends_with(r#"config.yaml: ConfigMap "c": namespaces "ops" not found"#),
+            error
+                .to_string()
+                .ends_with(r#"config.yaml: ConfigMap "c": namespaces "ops" not found"#),
             "{error}"
         );
         // The namespace comes first although its path is named last.

@@ -88,19 +88,19 @@ impl Places {
         let root: Spanned<Node> =
             serde_saphyr::from_str(text).map_err(|e| Self::default().parse_error(&e))?;
         let mut places = Self::default();
-        places.walk(String::new(), &root.value);
+        places.walk("", &root.value);
         places.entries.sort_by_key(|(_, line, column)| (*line, *column));
         Ok(places)
     }
 
-    fn walk(&mut self, path: String, node: &Node) {
+    fn walk(&mut self, path: &str, node: &Node) {
         match node {
             Node::Scalar => {}
             Node::Seq(items) => {
                 for (index, item) in items.iter().enumerate() {
                     let path = format!("{path}[{index}]");
                     self.push(&path, item.referenced);
-                    self.walk(path, &item.value);
+                    self.walk(&path, &item.value);
                 }
             }
             Node::Map(entries) => {
@@ -111,7 +111,7 @@ impl Places {
                         format!("{path}.{}", key.value.0)
                     };
                     self.push(&path, key.referenced);
-                    self.walk(path, &value.value);
+                    self.walk(&path, &value.value);
                 }
             }
         }

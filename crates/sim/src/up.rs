@@ -68,6 +68,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let scenario = load_scenario(args.scenario.as_deref())?;
     let mut served = None;
     let mut server_for_operator = None;
+    let mut url = None;
     let client = match &args.kubeconfig {
         Some(path) => client_from_kubeconfig(path).await?,
         None => {
@@ -83,9 +84,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
                     .write_kubeconfig(path)
                     .with_context(|| format!("writing {}", path.display()))?;
             }
-            println!("{}", running.url());
             let client = server.client_as(USER_AGENT);
             install(&client).await?;
+            url = Some(running.url());
             server_for_operator = Some(server.client_as(gpuop_operator::USER_AGENT));
             served = Some((server, running));
             client
@@ -116,6 +117,11 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             Some(run::start(operator_client, Config::in_process(NAMESPACE)).await?)
         }
     };
+    // One line on stdout that scripts can wait for: printed once the CRDs, the namespace, the nodes
+    // and the operator are there, so that the next command finds them.
+    if let Some(url) = url {
+        println!("{url}");
+    }
     let timeline = {
         let simulation = simulation.clone();
         tokio::spawn(async move { play(simulation, &scenario).await })

@@ -398,7 +398,10 @@ fn gpu_sim_fails(args: &[&str]) -> (Option<i32>, String) {
         .stdin(Stdio::null())
         .output()
         .expect("gpu-sim runs");
-    (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -456,4 +459,3 @@ fn logs_to_a_pipe_are_plain_text() {
     assert!(line.contains("serving the fake API server"), "{line:?}");
     assert!(!line.contains('\u{1b}'), "no ANSI escapes in {line:?}");
 }
-
