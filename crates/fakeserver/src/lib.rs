@@ -361,6 +361,18 @@ impl FakeServer {
         load::create_all(&self.shared.store, load::read_dir(dir)?)
     }
 
+    /// Creates every object in these files and directories (a directory's `*.yaml`, `*.yml` and `*.json`
+    /// files) together, Namespaces, CRDs and PriorityClasses first whichever path brings them, so that a
+    /// ConfigMap in one path finds its Namespace in another; returns how many. As on a real API server,
+    /// an object whose namespace is in none of them is refused: nothing is created implicitly.
+    pub fn load_paths<P: AsRef<Path>>(&self, paths: &[P]) -> Result<usize, LoadError> {
+        let mut objects = Vec::new();
+        for path in paths {
+            objects.extend(load::read_path(path.as_ref())?);
+        }
+        load::create_all(&self.shared.store, objects)
+    }
+
     /// The stored object of this `apiVersion` and `kind`, for assertions (namespace "" if cluster-scoped).
     pub fn get(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> Option<Value> {
         let info = self.shared.store.registry().find_kind(api_version, kind)?;

@@ -129,6 +129,22 @@ pub(crate) fn create_all(store: &Store, mut objects: Vec<(String, Value)>) -> Re
     Ok(count)
 }
 
+/// Every object in a YAML or JSON file, or in a directory's (see [`read_dir`]).
+pub(crate) fn read_path(path: &Path) -> Result<Vec<(String, Value)>, LoadError> {
+    if path.is_dir() {
+        return read_dir(path);
+    }
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let name = path.display().to_string();
+    Ok(documents(&text, &name)?
+        .into_iter()
+        .map(|object| (name.clone(), object))
+        .collect())
+}
+
 /// Every object in the directory's YAML and JSON files, in file-name order.
 pub(crate) fn read_dir(dir: &Path) -> Result<Vec<(String, Value)>, LoadError> {
     let read_error = |path: &Path, source| LoadError::Read {
@@ -161,6 +177,35 @@ pub(crate) fn read_dir(dir: &Path) -> Result<Vec<(String, Value)>, LoadError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn objects_from_several_paths_are_created_in_dependency_order() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let config_maps = dir.path().join("config.yaml");
+        std::fs::write(
+            &config_maps,
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c, namespace: ops}\n",
+        )
+        .expect("written");
+        let namespaces = dir.path().join("namespaces");
+        std::fs::create_dir(&namespaces).expect("created");
+        std::fs::write(
+            namespaces.join("ns.yaml"),
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: ops}\n",
+        )
+        .expect("written");
+        let server = crate::FakeServer::new();
+        let error = server.load_paths(&[&config_maps]).expect_err("no namespace");
+        assert!(
+            error
+                .to_string()
+                .ends_with(r#"config.yaml: ConfigMap "c": namespaces "ops" not found"#),
+            "{error}"
+        );
+        // The namespace comes first although its path is named last.
+        assert_eq!(server.load_paths(&[&config_maps, &namespaces]).expect("loads"), 2);
+        assert!(server.get("v1", "ConfigMap", "ops", "c").is_some());
+    }
 
     #[test]
     fn documents_and_lists_are_expanded() {

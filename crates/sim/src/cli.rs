@@ -191,9 +191,12 @@ pub struct ServeArgs {
     /// Write a kubeconfig for the server here.
     #[arg(long, value_name = "FILE")]
     pub kubeconfig_out: Option<PathBuf>,
-    /// Create every object in this directory's YAML/JSON files first.
-    #[arg(long, value_name = "DIR")]
-    pub load: Option<PathBuf>,
+    /// Create every object in this YAML/JSON file, or in this directory's YAML/JSON files, before
+    /// serving. Repeatable: all paths are created together, Namespaces, CRDs and PriorityClasses first
+    /// (e.g. `--load deploy/crds/ --load deploy/samples/clusterpolicy.yaml`). Nothing else is created: an
+    /// object whose namespace no path brings is refused, as by a real API server.
+    #[arg(long, value_name = "PATH")]
+    pub load: Vec<PathBuf>,
     /// Seed for uids, generated names and fault decisions.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

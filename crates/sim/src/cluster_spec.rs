@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 use crate::hardware::GpuModel;
+use crate::spec_file::{self, FileError, Invalid};
 use crate::workload::Workload;
 
 /// A simulated cluster.
@@ -124,9 +125,6 @@ pub struct TaintSpec {
 /// A cluster spec that cannot be used, with the field and what is accepted.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SpecError {
-    /// The YAML does not parse into a cluster spec.
-    #[error("the cluster spec does not parse: {0}")]
-    Parse(String),
     /// A workload's field has a value the simulator cannot use.
     #[error("workloads[{workload}].{field}: {problem}")]
     Workload {
@@ -147,6 +145,22 @@ pub enum SpecError {
         /// What is wrong and what is accepted.
         problem: String,
     },
+}
+
+impl SpecError {
+    /// The mistake by field path, for a spec found at `prefix` (`cluster.` in a scenario).
+    pub fn invalid(&self, prefix: &str) -> Invalid {
+        match self {
+            SpecError::Workload {
+                workload,
+                field,
+                problem,
+            } => Invalid::at(format!("{prefix}workloads[{workload}].{field}"), problem.clone()),
+            SpecError::Field { pool, field, problem } => {
+                Invalid::at(format!("{prefix}nodePools[{pool}].{field}"), problem.clone())
+            }
+        }
+    }
 }
 
 /// An operating system release.
@@ -200,11 +214,9 @@ impl NodePool {
 }
 
 impl ClusterSpec {
-    /// Parses and checks a cluster spec.
-    pub fn from_yaml(text: &str) -> Result<Self, SpecError> {
-        let spec: ClusterSpec = serde_saphyr::from_str(text).map_err(|e| SpecError::Parse(e.to_string()))?;
-        spec.check()?;
-        Ok(spec)
+    /// Parses and checks a cluster spec; a mistake is named by line, column and field path.
+    pub fn from_yaml(text: &str) -> Result<Self, FileError> {
+        spec_file::parse(text, |spec: &ClusterSpec| spec.check().map_err(|e| e.invalid("")))
     }
 
     /// Checks the values serde cannot: OS, runtime and taint effects, workload names and budgets.
@@ -498,17 +510,21 @@ mod tests {
         let error = |yaml: &str| ClusterSpec::from_yaml(yaml).unwrap_err().to_string();
         assert_eq!(
             error("nodePools:\n- name: a\n  os: debian-12\n"),
-            r#"nodePools[0].os: "debian-12" is not one of ubuntu-22.04, ubuntu-24.04, rhel-9.<minor>"#
+            r#"line 3 column 3: nodePools[0].os: "debian-12" is not one of ubuntu-22.04, ubuntu-24.04, rhel-9.<minor>"#
         );
         assert!(error("nodePools:\n- name: a\n  gpu: {model: B200}\n").contains("unknown variant `B200`"));
-        assert!(error("nodePools:\n- name: a\n  gpus: 2\n").contains("unknown field `gpus`"));
+        assert_eq!(
+            error("nodePools:\n- name: a\n  gpus: 2\n"),
+            "line 3 column 3: nodePools[0].gpus: unknown field `gpus`, expected one of name, count, gpu, os, \
+             kernel, runtime, driverPreinstalled, taints, labels, cpu, memoryGib"
+        );
         assert_eq!(
             error("nodePools:\n- name: a\n- name: a\n"),
-            r#"nodePools[1].name: "a" is used twice"#
+            r#"line 3 column 3: nodePools[1].name: "a" is used twice"#
         );
         assert_eq!(
             error("nodePools:\n- name: a\n  taints: [{key: x, effect: Never}]\n"),
-            r#"nodePools[0].taints: effect "Never" is not one of NoSchedule, PreferNoSchedule, NoExecute"#
+            r#"line 3 column 3: nodePools[0].taints: effect "Never" is not one of NoSchedule, PreferNoSchedule, NoExecute"#
         );
     }
 
@@ -549,11 +565,11 @@ workloads:
         let error = |yaml: &str| ClusterSpec::from_yaml(yaml).unwrap_err().to_string();
         assert_eq!(
             error("nodePools: []\nworkloads: [{name: a}, {name: a}]\n"),
-            r#"workloads[1].name: "a" is used twice in namespace "default""#
+            r#"line 2 column 25: workloads[1].name: "a" is used twice in namespace "default""#
         );
         assert_eq!(
             error("nodePools: []\nworkloads: [{name: a, disruptionBudget: {}}]\n"),
-            "workloads[0].disruptionBudget: give exactly one of minAvailable, maxUnavailable"
+            "line 2 column 23: workloads[0].disruptionBudget: give exactly one of minAvailable, maxUnavailable"
         );
         assert!(error("nodePools: []\nworkloads: [{name: a, gpus: 2}]\n").contains("unknown field `gpus`"));
     }

@@ -3,7 +3,8 @@
 //!
 //! - Data: [`cluster_spec`] (node pools as a person writes them), [`workload`] (GPU workloads and their
 //!   ReplicaSets and disruption budgets), [`hardware`] (GPU models and their MIG profiles), [`scenario`] (a
-//!   timeline of events, faults and changes to the cluster's objects).
+//!   timeline of events, faults and changes to the cluster's objects), [`spec_file`] (reading either from
+//!   YAML, every mistake named by file, line, column and field path).
 //! - Pure decisions: [`daemonset`] (the DaemonSet controller), [`replicaset`] (the ReplicaSet controller),
 //!   [`disruption`] (a PodDisruptionBudget's status),
 //!   [`kubelet`] (one pod's next status),
@@ -34,6 +35,7 @@ pub mod scenario;
 pub mod serve;
 pub mod sharing;
 pub mod simulation;
+pub mod spec_file;
 pub mod up;
 pub mod upgrade_bench;
 pub mod workload;
@@ -51,6 +53,42 @@ pub fn product_token(user_agent: &str) -> &str {
     user_agent.split('/').next().unwrap_or(user_agent)
 }
 
+/// Whether logs on stderr are coloured: only on a terminal, and never when `NO_COLOR` is set to anything
+/// but the empty string (<https://no-color.org>), so that files, pipes and CI logs get plain text.
+pub fn colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
+}
+
+/// The process's exit status for a command's result: a failure is one line on stderr, `error: ` and the
+/// causes joined by `: `, never a backtrace (`RUST_BACKTRACE` is for bugs, and these are a user's mistakes
+/// or the environment's).
+pub fn exit_code(result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {}", one_line(&error));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error and its causes joined by `: `, leaving out a cause its effect's message already ends with
+/// (errors that both print their source and return it, as many do).
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 /// Runs a `gpu-sim` command to completion.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     let default_level = if matches!(cli.command, Command::Demo(_)) {
@@ -59,6 +97,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         "info"
     };
     tracing_subscriber::fmt()
+        .with_ansi(colour(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR"),
+        ))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_level.into()),
         )
@@ -91,4 +133,29 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Command::Bench(Bench::Upgrade(args)) => upgrade_bench::upgrade(args).await,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_is_one_line_without_repeated_causes() {
+        let io = std::io::Error::other("namespaces \"ops\" not found");
+        let error = anyhow::Error::new(io)
+            .context("x.yaml: ConfigMap \"c\": namespaces \"ops\" not found")
+            .context("--load");
+        assert_eq!(
+            one_line(&error),
+            r#"--load: x.yaml: ConfigMap "c": namespaces "ops" not found"#
+        );
+    }
+
+    #[test]
+    fn logs_are_coloured_only_on_a_terminal_without_no_color() {
+        assert!(colour(true, None));
+        assert!(colour(true, Some("".into())), "an empty NO_COLOR is unset");
+        assert!(!colour(true, Some("1".into())));
+        assert!(!colour(false, None), "a pipe or a file gets plain text");
+    }
 }

@@ -2,6 +2,6 @@
 
 use clap::Parser;
 
-fn main() -> anyhow::Result<()> {
-    gpuop_sim::run(gpuop_sim::cli::Cli::parse())
+fn main() -> std::process::ExitCode {
+    gpuop_sim::exit_code(gpuop_sim::run(gpuop_sim::cli::Cli::parse()))
 }

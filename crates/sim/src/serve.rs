@@ -28,11 +28,9 @@ pub fn build(args: &ServeArgs) -> anyhow::Result<FakeServer> {
         .faults(faults)
         .authorization(args.authorization.into())
         .build();
-    if let Some(dir) = &args.load {
-        let count = server
-            .load_dir(dir)
-            .with_context(|| format!("loading {}", dir.display()))?;
-        tracing::info!(count, dir = %dir.display(), "loaded objects");
+    if !args.load.is_empty() {
+        let count = server.load_paths(&args.load).context("--load")?;
+        tracing::info!(count, paths = ?args.load, "loaded objects");
     }
     Ok(server)
 }

@@ -30,11 +30,7 @@ pub fn load_scenario(path: Option<&Path>) -> anyhow::Result<Scenario> {
             cluster: None,
             timeline: Vec::new(),
         }),
-        Some(path) => {
-            let text =
-                std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            Scenario::from_yaml(&text).with_context(|| format!("{}", path.display()))
-        }
+        Some(path) => Ok(Scenario::from_file(path)?),
     }
 }
 
@@ -72,6 +68,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let scenario = load_scenario(args.scenario.as_deref())?;
     let mut served = None;
     let mut server_for_operator = None;
+    let mut url = None;
     let client = match &args.kubeconfig {
         Some(path) => client_from_kubeconfig(path).await?,
         None => {
@@ -89,9 +86,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             }
             let client = server.client_as(USER_AGENT);
             install(&client).await?;
-            // The address is the signal that the server is ready to use: the CRDs and the namespace are
-            // there, so a `kubectl apply` of a ClusterPolicy right after it succeeds.
-            println!("{}", running.url());
+            url = Some(running.url());
             server_for_operator = Some(server.client_as(gpuop_operator::USER_AGENT));
             served = Some((server, running));
             client
@@ -122,6 +117,11 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             Some(run::start(operator_client, Config::in_process(NAMESPACE)).await?)
         }
     };
+    // One line on stdout that scripts can wait for: printed once the CRDs, the namespace, the nodes
+    // and the operator are there, so that the next command finds them.
+    if let Some(url) = url {
+        println!("{url}");
+    }
     let timeline = {
         let simulation = simulation.clone();
         tokio::spawn(async move { play(simulation, &scenario).await })

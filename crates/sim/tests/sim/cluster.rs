@@ -12,6 +12,11 @@ use tempfile::TempDir;
 
 pub(crate) const KUBECTL: &str = "/usr/bin/kubectl";
 
+/// The repository's root, where the documentation's commands run.
+pub(crate) fn repository_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
 pub(crate) fn testdata(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/testdata")
@@ -81,9 +86,22 @@ impl Cluster {
     }
 
     fn spawn(command: &[&str], extra: &[&str]) -> Self {
+        Self::spawn_from(Path::new("."), command, extra)
+    }
+
+    /// Starts a `gpu-sim` command line as a documentation page shows it (`args` after `gpu-sim`, with
+    /// `--kubeconfig-out` and its file left out), run from the repository's root as the page's paths
+    /// assume.
+    pub(crate) fn documented(args: &[&str]) -> Self {
+        assert!(Path::new(KUBECTL).exists(), "{KUBECTL} is not installed");
+        Self::spawn_from(&repository_root(), args, &[])
+    }
+
+    fn spawn_from(cwd: &Path, command: &[&str], extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
         let kubeconfig = dir.path().join("kubeconfig");
         let mut server = Command::new(env!("CARGO_BIN_EXE_gpu-sim"))
+            .current_dir(cwd)
             .args(command)
             .arg("--kubeconfig-out")
             .arg(&kubeconfig)

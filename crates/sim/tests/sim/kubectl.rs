@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::cluster::{Cluster, eventually, testdata};
+use crate::cluster::{Cluster, eventually, repository_root, testdata};
 
 #[test]
 fn apply_client_side_then_server_side() {
@@ -345,4 +345,117 @@ fn up_serves_the_demo_cluster_and_plays_the_scenario() {
         .collect();
     on.sort_unstable();
     assert_eq!(on, ["a100-0", "a100-1", "h100-0", "l4-host-driver-0"]);
+}
+
+/// The `gpu-sim serve` line of docs/fakeserver.md's "On a socket" example, as `gpu-sim`'s arguments: what
+/// a newcomer types first (issue 12). `--kubeconfig-out FILE` and the shell's redirection and `&` are left
+/// out; the test gives its own kubeconfig.
+fn documented_serve_command() -> Vec<String> {
+    let page = std::fs::read_to_string(repository_root().join("docs/fakeserver.md")).expect("the page");
+    let line = page
+        .lines()
+        .find_map(|line| line.strip_prefix("$ gpu-sim serve "))
+        .expect("docs/fakeserver.md shows `$ gpu-sim serve ...`");
+    let mut words = line.split_whitespace().map(str::to_owned).peekable();
+    let mut args = vec!["serve".to_owned()];
+    while let Some(word) = words.next() {
+        match word.as_str() {
+            "--kubeconfig-out" => {
+                words.next();
+            }
+            ">" => {
+                words.next();
+            }
+            "&" => {}
+            _ if word.starts_with('>') => {}
+            _ => args.push(word),
+        }
+    }
+    args
+}
+
+#[test]
+fn the_documented_serve_command_works_as_written() {
+    let args = documented_serve_command();
+    assert!(args.iter().any(|a| a == "--load"), "{args:?}");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let cluster = Cluster::documented(&args);
+    // The page's next command, and the sample the example loads.
+    let namespaces = cluster.ok(&["get", "ns", "-o", "name"]);
+    assert!(namespaces.contains("namespace/default"), "{namespaces}");
+    let policies = cluster.ok(&["get", "clusterpolicies", "-o", "name"]);
+    assert_eq!(policies.trim(), "clusterpolicy.nvidia.com/cluster-policy");
+}
+
+/// Runs `gpu-sim` from the repository's root to its end, with a backtrace asked for as a developer's shell
+/// often has it, stderr a pipe (not a terminal) and colour not refused; returns (status, stderr).
+fn gpu_sim_fails(args: &[&str]) -> (Option<i32>, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-sim"))
+        .current_dir(repository_root())
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null())
+        .output()
+        .expect("gpu-sim runs");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_load_the_server_refuses_is_one_line_naming_the_file_and_object() {
+    // The samples are alternatives (three ClusterPolicies named cluster-policy), and one needs the
+    // gpu-operator namespace, which a real API server would not create either.
+    let (status, stderr) = gpu_sim_fails(&["serve", "--port", "0", "--load", "deploy/samples/"]);
+    assert_eq!(status, Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        "error: --load: deploy/samples/clusterpolicy-mig-mixed-time-slicing.yaml: ConfigMap \
+         \"time-slicing-config\": namespaces \"gpu-operator\" not found\n"
+    );
+}
+
+#[test]
+fn a_scenario_mistake_is_one_line_naming_the_file_line_column_and_entry() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("reboot.yaml");
+    std::fs::write(&path, "timeline:\n  - {at: 5s, nodeReboots: a100-0}\n").expect("written");
+    let (status, stderr) = gpu_sim_fails(&["up", "--port", "0", "--scenario", path.to_str().expect("utf-8")]);
+    assert_eq!(status, Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "error: {}:2:5: timeline[0]: unknown event `nodeReboots`; the events are nodeJoins, nodeLeaves, \
+             nodeNotReady, nodeReady, driverInstallFails, xid, crashLoop, slowImagePulls, label, taint, apply, \
+             patch, delete\n",
+            path.display()
+        )
+    );
+}
+
+#[test]
+fn logs_to_a_pipe_are_plain_text() {
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-sim"))
+        .args(["serve", "--port", "0"])
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gpu-sim starts");
+    let stderr = server.stderr.take().expect("stderr");
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stderr).read_line(&mut line);
+        let _ = sender.send(line);
+    });
+    let line = receiver.recv_timeout(Duration::from_secs(30));
+    let _ = server.kill();
+    let _ = server.wait();
+    let line = line.expect("gpu-sim logs that it serves");
+    assert!(line.contains("serving the fake API server"), "{line:?}");
+    assert!(!line.contains('\u{1b}'), "no ANSI escapes in {line:?}");
 }
