@@ -231,6 +231,10 @@ fn rewrite(command: &str, work: &Path) -> Result<String, &'static str> {
     if trimmed.starts_with("cargo test") {
         return Err("this test run is that run");
     }
+    if without_comment(trimmed).starts_with("kill %") {
+        // Each command runs in a shell of its own, without job control.
+        return Err("the block's background commands are stopped when it ends");
+    }
     let mut command = command.to_owned();
     for bin in ["gpu-sim", "gpu-operator", "kubectl-gpu"] {
         command = command
@@ -571,7 +575,10 @@ fn run_document(root: &Path, document: &Path, summary: &mut Summary) {
                 exports.push('\n');
             }
             if lasting && block.marker == Marker::Background {
-                let server = command.trim_start().starts_with("gpu-sim ");
+                // A server whose output the document sends to a file is waited for by the document's own
+                // next command (`until [ -s FILE ] ...`), not by its address on stdout.
+                let server =
+                    command.trim_start().starts_with("gpu-sim ") && !without_comment(&command).contains('>');
                 match start_background(workspace.command(&script, kubeconfig.as_deref()), server) {
                     Ok((started, line)) => {
                         servers.push(started);
