@@ -47,21 +47,17 @@ pub fn parse_request_timeout(text: &str) -> Result<Option<Duration>, String> {
     let duration = if let Ok(seconds) = text.parse::<u64>() {
         Duration::from_secs(seconds)
     } else {
-        let mut rest = text;
-        let mut total = 0.0_f64;
-        if rest.is_empty() {
+        if text.is_empty() {
             return Err(invalid());
         }
-        while !rest.is_empty() {
-            let number_end = rest
-                .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-                .ok_or_else(invalid)?;
-            let number: f64 = rest[..number_end].parse().map_err(|_| invalid())?;
-            rest = &rest[number_end..];
-            let unit_end = rest
-                .find(|c: char| c.is_ascii_digit() || c == '.')
-                .unwrap_or(rest.len());
-            let seconds = match &rest[..unit_end] {
+        let numeric = |c: &char| c.is_ascii_digit() || *c == '.';
+        let mut chars = text.chars().peekable();
+        let mut total = 0.0_f64;
+        while chars.peek().is_some() {
+            let number: String = std::iter::from_fn(|| chars.next_if(numeric)).collect();
+            let unit: String = std::iter::from_fn(|| chars.next_if(|c| !numeric(c))).collect();
+            let number: f64 = number.parse().map_err(|_| invalid())?;
+            let seconds = match unit.as_str() {
                 "ns" => 1e-9,
                 "us" | "\u{b5}s" | "\u{3bc}s" => 1e-6,
                 "ms" => 1e-3,
@@ -71,7 +67,6 @@ pub fn parse_request_timeout(text: &str) -> Result<Option<Duration>, String> {
                 _ => return Err(invalid()),
             };
             total += number * seconds;
-            rest = &rest[unit_end..];
         }
         Duration::try_from_secs_f64(total).map_err(|_| invalid())?
     };

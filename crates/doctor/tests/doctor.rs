@@ -2031,23 +2031,80 @@ mod live {
     }
 }
 
+/// A scenario's cluster simulated on a served fake API server, with the operator running in-process, the
+/// default policy applied, and the doctor connected through a kubeconfig as `kubectl gpu` connects.
+struct Converged {
+    server: gpuop_fakeserver::FakeServer,
+    served: gpuop_fakeserver::Running,
+    /// Holds the kubeconfig.
+    dir: tempfile::TempDir,
+    kubeconfig: std::path::PathBuf,
+    client: kube::Client,
+    simulation: gpuop_sim::simulation::Simulation,
+    operator: gpuop_operator::run::Running,
+    live: gpuop_doctor::live::Live,
+}
+
+impl Converged {
+    async fn start(scenario: &gpuop_sim::scenario::Scenario) -> Self {
+        use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install};
+        let server = gpuop_fakeserver::FakeServer::new();
+        let served = server
+            .serve(std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0)))
+            .await
+            .expect("the fake API server serves");
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        served.write_kubeconfig(&kubeconfig).unwrap();
+        let client = server.client_as(gpuop_sim::USER_AGENT);
+        install(&client).await.expect("CRDs and namespace install");
+        let simulation = gpuop_sim::simulation::Simulation::start(
+            client.clone(),
+            scenario.cluster(),
+            gpuop_sim::kubelet::Timing::instant(),
+        )
+        .await
+        .expect("the simulation starts");
+        let operator = gpuop_operator::run::start(
+            server.client_as(gpuop_operator::USER_AGENT),
+            gpuop_operator::run::Config::in_process(NAMESPACE),
+        )
+        .await
+        .expect("the operator starts");
+        apply_policy(&client, DEFAULT_POLICY)
+            .await
+            .expect("the policy applies");
+        let live = gpuop_doctor::live::Live::connect(&gpuop_doctor::live::Connection {
+            kubeconfig: Some(kubeconfig.clone()),
+            context: None,
+            request_timeout: Some(std::time::Duration::from_secs(30)),
+        })
+        .await
+        .expect("the doctor connects");
+        Self {
+            server,
+            served,
+            dir,
+            kubeconfig,
+            client,
+            simulation,
+            operator,
+            live,
+        }
+    }
+}
+
 mod simulated {
     //! The operator converges a simulated cluster on the fake API server; a scenario, in the format
     //! `gpu-sim up --scenario` plays, then breaks things the way real clusters break, and the doctor,
     //! reading the live API as `kubectl gpu doctor` does, must name exactly those nodes and links.
 
     use super::*;
-    use std::net::{Ipv4Addr, SocketAddr};
     use std::time::Duration;
 
-    use gpuop_doctor::live::{Connection, Live};
+    use gpuop_doctor::live::Live;
     use gpuop_doctor::pod_state::StateName;
-    use gpuop_fakeserver::FakeServer;
-    use gpuop_operator::run::{self, Config};
-    use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install};
-    use gpuop_sim::kubelet::Timing;
     use gpuop_sim::scenario::Scenario;
-    use gpuop_sim::simulation::Simulation;
 
     /// A failure guard on a loaded two-core machine, not a performance assertion.
     const PATIENCE: Duration = Duration::from_secs(90);
@@ -2107,37 +2164,17 @@ timeline:
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_doctor_agrees_with_the_faults_a_scenario_injected() {
         let scenario = Scenario::from_yaml(SCENARIO).expect("the scenario parses");
-        let server = FakeServer::new();
-        let served = server
-            .serve(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-            .await
-            .expect("the fake API server serves");
-        let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        served.write_kubeconfig(&kubeconfig).unwrap();
-
-        let client = server.client_as(gpuop_sim::USER_AGENT);
-        install(&client).await.expect("CRDs and namespace install");
-        let simulation = Simulation::start(client.clone(), scenario.cluster(), Timing::instant())
-            .await
-            .expect("the simulation starts");
-        let operator = run::start(
-            server.client_as(gpuop_operator::USER_AGENT),
-            Config::in_process(NAMESPACE),
-        )
-        .await
-        .expect("the operator starts");
-        apply_policy(&client, DEFAULT_POLICY)
-            .await
-            .expect("the policy applies");
-
-        let live = Live::connect(&Connection {
-            kubeconfig: Some(kubeconfig),
-            context: None,
-            request_timeout: Some(Duration::from_secs(30)),
-        })
-        .await
-        .expect("the doctor connects");
+        // Every part is held to the end of the test: the server, its kubeconfig and the client go with it.
+        let Converged {
+            server: _server,
+            served: _served,
+            dir: _dir,
+            kubeconfig: _kubeconfig,
+            client: _client,
+            simulation,
+            operator,
+            live,
+        } = Converged::start(&scenario).await;
         let healthy = doctor_until(&live, "a converged cluster is clean", |report| {
             report.summary.gpu_nodes == 4
                 && !report.has_findings()
@@ -2482,15 +2519,12 @@ mod bundle {
     use std::time::Duration;
 
     use gpuop_doctor::bundle::{Bounds, collect};
-    use gpuop_doctor::live::{Connection, Live, Reads};
+    use gpuop_doctor::live::{Live, Reads};
     use gpuop_doctor::pod_state::StateName;
     use gpuop_fakeserver::faults::{Faults, InjectedError};
     use gpuop_fakeserver::{FakeServer, LogStream, Verb};
-    use gpuop_operator::run::{self, Config};
-    use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install};
-    use gpuop_sim::kubelet::Timing;
+    use gpuop_sim::demo::NAMESPACE;
     use gpuop_sim::scenario::Scenario;
-    use gpuop_sim::simulation::Simulation;
     use serde_json::{Value, json};
 
     /// A failure guard on a loaded two-core machine, not a performance assertion.
@@ -2567,37 +2601,17 @@ timeline:
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_bundle_holds_what_support_needs_bounded_and_no_secret() {
         let scenario = Scenario::from_yaml(SCENARIO).expect("the scenario parses");
-        let server = FakeServer::new();
-        let served = server
-            .serve(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-            .await
-            .expect("the fake API server serves");
-        let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        served.write_kubeconfig(&kubeconfig).unwrap();
+        let Converged {
+            server,
+            served: _served,
+            dir,
+            kubeconfig,
+            client: _client,
+            simulation,
+            operator,
+            live,
+        } = Converged::start(&scenario).await;
         let kubeconfig_arg = kubeconfig.to_str().unwrap().to_owned();
-
-        let client = server.client_as(gpuop_sim::USER_AGENT);
-        install(&client).await.expect("CRDs and namespace install");
-        let simulation = Simulation::start(client.clone(), scenario.cluster(), Timing::instant())
-            .await
-            .expect("the simulation starts");
-        let operator = run::start(
-            server.client_as(gpuop_operator::USER_AGENT),
-            Config::in_process(NAMESPACE),
-        )
-        .await
-        .expect("the operator starts");
-        apply_policy(&client, DEFAULT_POLICY)
-            .await
-            .expect("the policy applies");
-        let live = Live::connect(&Connection {
-            kubeconfig: Some(kubeconfig.clone()),
-            context: None,
-            request_timeout: Some(Duration::from_secs(30)),
-        })
-        .await
-        .expect("the doctor connects");
         until(&live, "the operator converges", |snapshot| {
             let report = analyze(snapshot);
             report.summary.gpu_nodes == 2
