@@ -61,10 +61,9 @@ mod crd {
 mod hooks {
     use super::*;
 
-    fn with_unreachable_cluster(args: &[&str]) -> Output {
-        let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        // Port 1 on loopback: nothing listens, so every request is refused at once.
+    /// A kubeconfig in `dir` for port 1 on loopback: nothing listens, so every request is refused at once.
+    fn unreachable_kubeconfig(dir: &std::path::Path) -> PathBuf {
+        let kubeconfig = dir.join("kubeconfig");
         std::fs::write(
             &kubeconfig,
             "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'http://127.0.0.1:1'}\n\
@@ -72,6 +71,12 @@ mod hooks {
              current-context: x\n",
         )
         .unwrap();
+        kubeconfig
+    }
+
+    fn with_unreachable_cluster(args: &[&str]) -> Output {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = unreachable_kubeconfig(dir.path());
         Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
             .args(args)
             .env_clear()
@@ -133,14 +138,7 @@ mod hooks {
     #[test]
     fn run_stopped_before_the_caches_synced_never_says_ready_nor_colours_a_pipe() {
         let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'http://127.0.0.1:1'}\n\
-             users:\n- name: u\n  user: {token: t}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\n\
-             current-context: x\n",
-        )
-        .unwrap();
+        let kubeconfig = unreachable_kubeconfig(dir.path());
         let health = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_gpu-operator"))
             .args([
