@@ -586,17 +586,6 @@ pub fn deploy_labels_for(
     labels
 }
 
-/// Every deploy label any operand uses, in catalogue order, without duplicates.
-pub fn all_deploy_labels() -> Vec<&'static str> {
-    let mut labels: Vec<&'static str> = Vec::new();
-    for info in OPERANDS {
-        if !labels.contains(&info.deploy_label) {
-            labels.push(info.deploy_label);
-        }
-    }
-    labels
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,6 +30,15 @@ pub enum Misfit {
     Unschedulable,
 }
 
+impl Misfit {
+    /// Whether the node is *excluded*: the pod's node selector picks it, but a taint the pod does not tolerate
+    /// or its required node affinity keeps the pod off. The DaemonSet controller does not count such a node
+    /// (`desiredNumberScheduled` leaves it out); the operator's status and the doctor both name it.
+    pub fn excludes(&self) -> bool {
+        matches!(self, Misfit::Taint(_) | Misfit::NodeAffinity)
+    }
+}
+
 impl fmt::Display for Misfit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -421,5 +430,20 @@ mod tests {
             match_fields: Some(vec![requirement("metadata.name", "In", &["n1"])]),
         };
         assert!(fits(vec![by_name]));
+    }
+
+    #[test]
+    fn only_a_node_the_selector_picks_can_be_excluded() {
+        let tainted = node(&[("gpu", "true")], &[("dedicated", None, "NoSchedule")], false);
+        let selecting = PodSpec {
+            node_selector: Some(BTreeMap::from([("gpu".to_owned(), "true".to_owned())])),
+            ..PodSpec::default()
+        };
+        let excluded = |node: &Node, spec: &PodSpec| daemon_pod_fits(node, spec).is_err_and(|m| m.excludes());
+        assert!(excluded(&tainted, &selecting), "a taint keeps the pod off");
+        let other = node(&[("gpu", "false")], &[("dedicated", None, "NoSchedule")], false);
+        assert!(!excluded(&other, &selecting), "not selected is not excluded");
+        assert!(Misfit::NodeAffinity.excludes());
+        assert!(!Misfit::Unschedulable.excludes());
     }
 }

@@ -21,7 +21,9 @@ use crate::cluster_policy::{ClusterPolicy, ClusterPolicySpec, ServiceMonitorConf
 use crate::component::{ContainerSpec, EnvVar, ImageRef, ImageSpec, non_empty};
 use crate::driver::{ContainerProbeSpec, DriverAddonSpec, UpgradeRules};
 use crate::field::{FieldError, child, item};
-use crate::labels::{DRIVER_OWNER, dns_subdomain_problem, label_key_problem, label_value_problem};
+use crate::labels::{
+    DRIVER_OWNER, WORKLOAD_CONFIG, dns_subdomain_problem, label_key_problem, label_value_problem,
+};
 use crate::nvidia_driver::{NVIDIADriver, NVIDIADriverSpec};
 
 /// The format of a Kubernetes quantity (`500m`, `1Gi`, `2`).
@@ -109,6 +111,32 @@ pub struct Sandbox {
     pub mode: SandboxMode,
     /// Workload of GPU nodes without a workload label.
     pub default_workload: WorkloadConfig,
+}
+
+impl Sandbox {
+    /// The sandbox settings `spec` asks for, `None` when sandbox workloads are off. A value validation would
+    /// refuse falls back to its default here (validation reports it); the doctor reads unvalidated policies.
+    pub fn of(spec: &ClusterPolicySpec) -> Option<Self> {
+        check_sandbox(spec, &mut Vec::new())
+    }
+
+    /// A node's workload and the sandbox mode it runs with, the one rule the labeller and the doctor both
+    /// follow: `container` unless sandbox workloads are on; then the node's own
+    /// `nvidia.com/gpu.workload.config` label when it names a workload, else the policy's default.
+    pub fn node_workload(
+        sandbox: Option<Self>,
+        labels: &BTreeMap<String, String>,
+    ) -> (WorkloadConfig, SandboxMode) {
+        match sandbox {
+            None => (WorkloadConfig::Container, SandboxMode::KubeVirt),
+            Some(sandbox) => {
+                let own = labels
+                    .get(WORKLOAD_CONFIG)
+                    .and_then(|value| WorkloadConfig::parse(value));
+                (own.unwrap_or(sandbox.default_workload), sandbox.mode)
+            }
+        }
+    }
 }
 
 /// A ClusterPolicy that passed validation, with its enumerations parsed and its images resolved.
@@ -1548,6 +1576,39 @@ mod tests {
         assert_eq!(
             errors(&tweaked("{sandboxWorkloads: {mode: qemu}}")),
             [r#"spec.sandboxWorkloads.mode: "qemu" is not one of [kubevirt, kata]"#]
+        );
+    }
+
+    #[test]
+    fn a_nodes_workload_is_its_label_only_with_sandbox_workloads_on() {
+        let labels = |value: &str| BTreeMap::from([(WORKLOAD_CONFIG.to_owned(), value.to_owned())]);
+        let off = tweaked("{sandboxWorkloads: {mode: kata, defaultWorkload: vm-vgpu}}");
+        assert_eq!(
+            Sandbox::node_workload(Sandbox::of(&off.spec), &labels("vm-passthrough")),
+            (WorkloadConfig::Container, SandboxMode::KubeVirt),
+            "a person's label does nothing while sandbox workloads are off"
+        );
+        let on = tweaked("{sandboxWorkloads: {enabled: true, mode: kata, defaultWorkload: vm-vgpu}}");
+        let sandbox = Sandbox::of(&on.spec);
+        assert_eq!(
+            sandbox,
+            validate(&on).unwrap().sandbox,
+            "the doctor reads what the operator validates"
+        );
+        assert_eq!(
+            Sandbox::node_workload(sandbox, &labels("vm-passthrough")),
+            (WorkloadConfig::VmPassthrough, SandboxMode::Kata)
+        );
+        assert_eq!(
+            Sandbox::node_workload(sandbox, &labels("no-such-workload")),
+            (WorkloadConfig::VmVgpu, SandboxMode::Kata),
+            "an unknown label means the policy's default"
+        );
+        let typo = tweaked("{sandboxWorkloads: {enabled: true, mode: qemu}}");
+        assert_eq!(
+            Sandbox::node_workload(Sandbox::of(&typo.spec), &BTreeMap::new()),
+            (WorkloadConfig::Container, SandboxMode::KubeVirt),
+            "an invalid policy falls back to the defaults for the doctor"
         );
     }
 

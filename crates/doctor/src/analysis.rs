@@ -13,8 +13,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use gpuop_api::catalogue::status_file;
 use gpuop_api::choice::{SandboxMode, WorkloadConfig};
-use gpuop_api::labels::{self, COMPONENT, GPU_PRESENT, NFD_NVIDIA_PCI, NFD_PREFIX, WORKLOAD_CONFIG};
+use gpuop_api::labels::{self, COMPONENT, GPU_PRESENT, NFD_NVIDIA_PCI, NFD_PREFIX};
 use gpuop_api::placement::{Misfit, daemon_pod_fits};
+use gpuop_api::validate::Sandbox;
 use gpuop_api::{ClusterPolicy, ClusterPolicySpec, OPERANDS, Operand};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, PodSpec};
@@ -247,20 +248,7 @@ impl<'a> Cluster<'a> {
         let name = node.metadata.name.as_deref().unwrap_or_default();
         let labels = node.metadata.labels.as_ref().unwrap_or(&NO_LABELS);
         let (gpu, evidence, nfd_says_none) = gpu_hardware(labels);
-        let spec = self.policy_spec();
-        let sandbox = spec.is_some_and(ClusterPolicySpec::sandbox_enabled);
-        let workload = labels
-            .get(WORKLOAD_CONFIG)
-            .and_then(|value| WorkloadConfig::parse(value))
-            .filter(|_| sandbox || spec.is_none())
-            .or_else(|| {
-                spec.filter(|_| sandbox)
-                    .and_then(|s| WorkloadConfig::parse(s.default_workload()))
-            })
-            .unwrap_or(WorkloadConfig::Container);
-        let mode = spec
-            .and_then(|s| SandboxMode::parse(s.sandbox_mode()))
-            .unwrap_or(SandboxMode::KubeVirt);
+        let (workload, mode) = Sandbox::node_workload(self.policy_spec().and_then(Sandbox::of), labels);
 
         let here = self.pods_by_node.get(name).map(Vec::as_slice).unwrap_or_default();
         let mut rows = Vec::new();
@@ -268,7 +256,7 @@ impl<'a> Cluster<'a> {
             let fit = daemon_pod_fits(node, set.spec);
             let expectation = match &fit {
                 Ok(()) => Expectation::Expected,
-                Err(Misfit::Taint(_)) => Expectation::Excluded,
+                Err(misfit) if misfit.excludes() => Expectation::Excluded,
                 Err(_) => Expectation::NotSelected,
             };
             let pod = best_pod(here.iter().filter(|(i, _)| *i == index).map(|(_, pod)| *pod));
@@ -446,7 +434,10 @@ impl Row<'_> {
     pub fn state_words(&self) -> String {
         match (&self.state, self.expectation) {
             (Some(state), _) => state.to_string(),
-            (None, Expectation::Excluded) => "kept off the node by a taint".to_owned(),
+            (None, Expectation::Excluded) => match self.misfit {
+                Some(Misfit::NodeAffinity) => "kept off the node by its node affinity".to_owned(),
+                _ => "kept off the node by a taint".to_owned(),
+            },
             (None, Expectation::NoDaemonSet) => "missing (no DaemonSet)".to_owned(),
             (None, _) => "missing".to_owned(),
         }

@@ -26,9 +26,9 @@ use k8s_openapi::api::apps::v1::{
     ControllerRevision, DaemonSet, DaemonSetSpec, DaemonSetStatus, DaemonSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, EmptyDirVolumeSource, EnvVar, Node, NodeAffinity, NodeCondition, NodeSelector,
-    NodeSelectorRequirement, NodeSelectorTerm, NodeSpec, NodeStatus, NodeSystemInfo, PodSpec,
-    PodTemplateSpec, ResourceRequirements, Taint, Toleration,
+    Affinity, Container, EnvVar, Node, NodeAffinity, NodeCondition, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, NodeSpec, NodeStatus, NodeSystemInfo, PodSpec, PodTemplateSpec, ResourceRequirements,
+    Taint, Toleration,
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus};
@@ -40,7 +40,7 @@ use crate::contract::CUDA_DRIVER_VERSION_FULL;
 use crate::report::Link;
 use crate::snapshot::{
     ContainerFacts, ContainerStateFacts, ContainerStatusFacts, KINDS, PodConditionFacts, PodFacts, PodMeta,
-    PodSpecFacts, PodStatusFacts, RunningFacts, Snapshot, TerminatedFacts, VolumeFacts, WaitingFacts,
+    PodSpecFacts, PodStatusFacts, RunningFacts, Snapshot, TerminatedFacts, WaitingFacts,
 };
 
 /// Namespace the builders put operands in.
@@ -702,16 +702,6 @@ impl PodFacts {
         self
     }
 
-    /// Mounts an emptyDir volume (evicting it loses the data).
-    #[must_use]
-    pub fn with_empty_dir(mut self, name: &str) -> PodFacts {
-        self.spec.volumes.push(VolumeFacts {
-            name: name.to_owned(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-        });
-        self
-    }
-
     /// Adds a node selector entry.
     #[must_use]
     pub fn selecting(mut self, key: &str, value: &str) -> PodFacts {
@@ -955,19 +945,6 @@ impl Snapshot {
         self.daemon_sets
             .iter()
             .find(|d| d.metadata.name.as_deref() == Some(name))
-    }
-
-    /// The operand's DaemonSet's pod template, to change its placement.
-    pub fn template_of_mut(&mut self, operand: Operand) -> Option<&mut PodSpec> {
-        let name = operand.info().daemonset;
-        self.daemon_sets
-            .iter_mut()
-            .find(|d| d.metadata.name.as_deref() == Some(name))?
-            .spec
-            .as_mut()?
-            .template
-            .spec
-            .as_mut()
     }
 
     /// The driver DaemonSets get a new revision that reinstalls the driver (a new image or configuration):

@@ -51,14 +51,14 @@ use crate::status::{
 use crate::upgrade::{Pools, UpgradePool, Upgrades};
 
 /// How long a write the caches have not shown yet is trusted before it is made again.
-const IN_FLIGHT: Duration = Duration::from_secs(10);
+pub(crate) const IN_FLIGHT: Duration = Duration::from_secs(10);
 /// The shortest time between the starts of two passes.
 const MIN_PASS_INTERVAL: Duration = Duration::from_millis(200);
 /// How often the reconciler runs with nothing changed, to repair what it cannot watch.
 const RESYNC: Duration = Duration::from_secs(300);
 /// The shortest time between two status writes of one policy that change only counts and node lists; a
 /// change of state or of a condition's status or reason is written at once.
-const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Everything the controllers share.
 pub struct Context {

@@ -69,8 +69,6 @@ pub struct Census {
     pub gpu_nodes_unlabelled: Vec<String>,
     /// Whether any node carries an NFD label.
     pub nfd_labels: bool,
-    /// GPU nodes without the NFD OS labels a driver image needs.
-    pub gpu_nodes_without_os: Vec<String>,
     /// With NVIDIADriver objects managing the driver: GPU nodes none of them selects (they get no driver).
     pub gpu_nodes_without_driver: Vec<String>,
     /// GPU nodes whose driver upgrade failed, with the reason the upgrade controller left on them.
@@ -131,26 +129,23 @@ pub fn cluster_facts<'a>(
             runtimes.push(runtime);
         }
         let label = |key: &str| node.labels.get(key).filter(|v| !v.is_empty());
-        match (label(NFD_OS_ID), label(NFD_OS_VERSION)) {
-            (Some(os_id), Some(os_version)) => {
-                let kernel = if input.precompiled {
-                    label(NFD_KERNEL_VERSION)
-                } else {
-                    None
-                };
-                // Thousands of nodes share a few releases: copy the strings only for a new one.
-                let known = pools.iter().any(|pool: &OsPool| {
-                    &pool.os_id == os_id && &pool.os_version == os_version && pool.kernel.as_ref() == kernel
+        if let (Some(os_id), Some(os_version)) = (label(NFD_OS_ID), label(NFD_OS_VERSION)) {
+            let kernel = if input.precompiled {
+                label(NFD_KERNEL_VERSION)
+            } else {
+                None
+            };
+            // Thousands of nodes share a few releases: copy the strings only for a new one.
+            let known = pools.iter().any(|pool: &OsPool| {
+                &pool.os_id == os_id && &pool.os_version == os_version && pool.kernel.as_ref() == kernel
+            });
+            if !known {
+                pools.insert(OsPool {
+                    os_id: os_id.clone(),
+                    os_version: os_version.clone(),
+                    kernel: kernel.cloned(),
                 });
-                if !known {
-                    pools.insert(OsPool {
-                        os_id: os_id.clone(),
-                        os_version: os_version.clone(),
-                        kernel: kernel.cloned(),
-                    });
-                }
             }
-            _ => census.gpu_nodes_without_os.push(node.name.to_owned()),
         }
     }
     let runtime = [
@@ -283,14 +278,14 @@ mod tests {
     }
 
     #[test]
-    fn the_census_sees_missing_nfd_and_missing_os_labels() {
+    fn gpu_nodes_without_os_labels_make_no_driver_pool() {
         let nodes = [
             node("a", &[(NFD_GPU, "true")], "containerd://1.7.0"),
             node("b", &[], "containerd://1.7.0"),
         ];
         let (rendered, census) = facts(&nodes, "ns", false, false);
         assert!(rendered.driver_pools.is_empty());
-        assert_eq!(census.gpu_nodes_without_os, ["a"]);
+        assert_eq!(census.gpu_nodes, 1);
         let (_, empty) = facts(&[], "ns", false, false);
         assert_eq!(empty.gpu_nodes, 0);
         assert!(!empty.nfd_labels);

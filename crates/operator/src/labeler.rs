@@ -16,10 +16,10 @@
 use std::collections::BTreeMap;
 
 use gpuop_api::catalogue::deploy_labels_for;
-use gpuop_api::choice::{SandboxMode, WorkloadConfig};
+use gpuop_api::choice::WorkloadConfig;
 use gpuop_api::labels::{
     DEPLOY_OPERANDS, DEPLOY_PREFIX, DRIVER_OWNER, GPU_PRESENT, GpuDetection, LEGACY_DEPLOY_LABELS,
-    MIG_CONFIG, PAUSED_FOR_DRIVER_UPGRADE, PAUSED_FOR_MIG_CHANGE, WORKLOAD_CONFIG, is_mig_capable,
+    MIG_CONFIG, PAUSED_FOR_DRIVER_UPGRADE, PAUSED_FOR_MIG_CHANGE, is_mig_capable,
 };
 use gpuop_api::validate::{Sandbox, ValidatedPolicy};
 use gpuop_api::{NVIDIADriver, route_nodes};
@@ -197,7 +197,7 @@ fn wanted_labels(
     if labels.get(DEPLOY_OPERANDS).is_some_and(|v| v == "false") {
         return wanted;
     }
-    let (workload, mode) = workload_of(labels, policy.sandbox);
+    let (workload, mode) = Sandbox::node_workload(policy.sandbox, labels);
     let mig_capable = is_mig_capable(labels);
     for key in deploy_labels_for(workload, mode, mig_capable) {
         wanted.insert(key.to_owned(), "true".to_owned());
@@ -215,27 +215,11 @@ fn wanted_labels(
     wanted
 }
 
-/// The node's workload: `container` unless sandbox workloads are on; then its own label if valid, else the
-/// policy's default.
-pub fn workload_of(
-    labels: &BTreeMap<String, String>,
-    sandbox: Option<Sandbox>,
-) -> (WorkloadConfig, SandboxMode) {
-    match sandbox {
-        None => (WorkloadConfig::Container, SandboxMode::KubeVirt),
-        Some(sandbox) => {
-            let own = labels
-                .get(WORKLOAD_CONFIG)
-                .and_then(|value| WorkloadConfig::parse(value));
-            (own.unwrap_or(sandbox.default_workload), sandbox.mode)
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuop_api::choice::{SandboxMode, WorkloadConfig};
+    use gpuop_api::choice::SandboxMode;
+    use gpuop_api::labels::WORKLOAD_CONFIG;
     use gpuop_api::labels::{GPU_PRODUCT, MIG_CAPABLE, VGPU_HOST_DRIVER_VERSION};
 
     const NFD_GPU: &str = "feature.node.kubernetes.io/pci-10de.present";

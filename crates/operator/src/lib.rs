@@ -33,3 +33,26 @@ pub mod upgrade;
 /// The operator's `User-Agent`. Its product token is this project's alone: NVIDIA's operator sends
 /// `gpu-operator/<version>`, so audit logs and request metrics can tell the two apart when both run.
 pub const USER_AGENT: &str = concat!("gpu-operator-rs/", env!("CARGO_PKG_VERSION"));
+
+/// Longer than every window in which the operator, with nothing changing, may still act by itself: a write
+/// the caches have not shown yet is trusted for 10 s and then made again, status writes that change only
+/// counts wait 1 s, and idle passes run every second. A check that the operator "writes nothing" in a
+/// steady state must watch at least this long, or it cannot see a write it would repeat.
+pub const STEADY_STATE_WINDOW: std::time::Duration = std::time::Duration::from_secs(12);
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_steady_state_window_outlasts_every_retry_and_trust_window() {
+        let windows = [
+            ("controller in-flight trust", crate::controller::IN_FLIGHT),
+            ("status interval", crate::controller::STATUS_INTERVAL),
+            ("upgrade in-flight trust", crate::upgrade::IN_FLIGHT),
+            ("idle upgrade pass", crate::upgrade::IDLE_PASS_INTERVAL),
+            ("lease retry", crate::lease::Timing::default().retry_period),
+        ];
+        for (name, window) in windows {
+            assert!(super::STEADY_STATE_WINDOW > window, "{name}: {window:?}");
+        }
+    }
+}

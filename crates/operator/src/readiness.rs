@@ -87,7 +87,7 @@ pub fn observe(
                         let gpu = detection.has_gpu(labels(node));
                         let blocked = fits
                             .iter()
-                            .any(|(_, fit)| matches!(fit, Err(Misfit::Taint(_) | Misfit::NodeAffinity)));
+                            .any(|(_, fit)| fit.as_ref().is_err_and(Misfit::excludes));
                         if switched_on && gpu && blocked {
                             observation.excluded.insert(name);
                         }

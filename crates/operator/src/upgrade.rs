@@ -39,9 +39,9 @@ use crate::controller::Context;
 const MIN_PASS_INTERVAL: Duration = Duration::from_millis(200);
 /// The same while no node is being upgraded: a pass reads every node and operand pod, and while a cluster
 /// rolls out they change by the thousand; the rollout keeps its CPU.
-const IDLE_PASS_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const IDLE_PASS_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a patched node stands in for its cached copy, or a deleted driver pod is not deleted again.
-const IN_FLIGHT: Duration = Duration::from_secs(10);
+pub(crate) const IN_FLIGHT: Duration = Duration::from_secs(10);
 /// How often a pass runs with nothing changed.
 const RESYNC: Duration = Duration::from_secs(300);
 /// Moves carried out at once.

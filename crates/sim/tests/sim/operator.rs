@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use futures::{StreamExt, TryStreamExt};
 use gpuop_api::ClusterPolicy;
 use gpuop_api::labels::{
     DEPLOY_OPERANDS, DRIVER_OWNER, GPU_PRESENT, MANAGED_BY, UPGRADE_ENABLED_ANNOTATION, UPGRADE_STATE,
@@ -20,7 +21,7 @@ use gpuop_sim::cluster_spec::{ClusterSpec, GpuSpec, NodePool, TaintSpec};
 use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install, snapshot};
 use gpuop_sim::hardware::GpuModel;
 use gpuop_sim::kubelet::Timing;
-use gpuop_sim::progress::{Progress, Row};
+use gpuop_sim::progress::Row;
 use gpuop_sim::scenario::Action;
 use gpuop_sim::simulation::Simulation;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -28,7 +29,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
@@ -142,10 +143,6 @@ impl Cluster {
             .get(name)
             .await
             .expect("policy exists")
-    }
-
-    async fn rows(&self) -> Vec<Row> {
-        snapshot(&self.client).await.expect("snapshot").0
     }
 
     async fn node(&self, name: &str) -> Node {
@@ -357,6 +354,17 @@ async fn a_joining_node_is_labelled_and_its_operands_come_up_in_chain_order() {
     let cluster = Cluster::start(vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
     cluster.apply(DEFAULT_POLICY).await;
     cluster.converged("cluster-policy").await;
+    // Watch the new node's pods from before it joins. The fake server's resourceVersions are one ordered
+    // sequence, so the version at which each operand's pod first turns Ready orders the operands without
+    // ties, however slowly this test runs.
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), NAMESPACE);
+    let mut from = pods
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+        .expect("pods list")
+        .metadata
+        .resource_version
+        .expect("a list has a resourceVersion");
     cluster
         .simulation
         .apply(&Action::NodeJoins {
@@ -365,28 +373,45 @@ async fn a_joining_node_is_labelled_and_its_operands_come_up_in_chain_order() {
         })
         .await
         .unwrap();
-    // Record the poll at which each of the new node's operands is first seen ready; operands seen in the same
-    // poll tie (a loaded machine polls slowly), so the chain is checked as "not before".
-    let mut ready_at: BTreeMap<String, usize> = BTreeMap::new();
-    let started = tokio::time::Instant::now();
-    for poll in 0.. {
-        assert!(
-            started.elapsed() < PATIENCE,
-            "gpu-1 did not converge: {ready_at:?}"
-        );
-        let rows = cluster.rows().await;
-        if let Some(row) = rows.iter().find(|r| r.node == "gpu-1") {
-            for (operand, progress) in &row.operands {
-                if *progress == Progress::Ready {
-                    ready_at.entry(operand.id().to_owned()).or_insert(poll);
+    let mut ready_at: BTreeMap<String, u64> = BTreeMap::new();
+    let all_ready =
+        |ready_at: &BTreeMap<String, u64>| CONTAINER_STACK.iter().all(|id| ready_at.contains_key(*id));
+    let watched = async {
+        while !all_ready(&ready_at) {
+            let params = WatchParams::default().fields("spec.nodeName=gpu-1").timeout(60);
+            let mut events = pods.watch(&params, &from).await.expect("pods watch").boxed();
+            while !all_ready(&ready_at)
+                && let Some(event) = events.try_next().await.expect("pod events")
+            {
+                let pod = match event {
+                    WatchEvent::Added(pod) | WatchEvent::Modified(pod) => pod,
+                    WatchEvent::Bookmark(bookmark) => {
+                        from = bookmark.metadata.resource_version;
+                        continue;
+                    }
+                    WatchEvent::Deleted(_) => continue,
+                    WatchEvent::Error(error) => panic!("pods watch: {error:?}"),
+                };
+                let at = pod.resource_version().expect("a resourceVersion");
+                let ready = pod.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .flatten()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+                });
+                if ready && let Some(operand) = gpuop_sim::kubelet::operand_of(&pod) {
+                    ready_at
+                        .entry(operand.id().to_owned())
+                        .or_insert_with(|| version(Some(&at)));
                 }
-            }
-            if !row.operands.is_empty() && row.converged() {
-                break;
+                from = at;
             }
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    };
+    tokio::time::timeout(PATIENCE, watched)
+        .await
+        .unwrap_or_else(|_| panic!("gpu-1's operands did not all turn Ready: {ready_at:?}"));
+    cluster.converged("cluster-policy").await;
     assert_eq!(
         cluster
             .node("gpu-1")
@@ -396,11 +421,6 @@ async fn a_joining_node_is_labelled_and_its_operands_come_up_in_chain_order() {
             .map(String::as_str),
         Some("true")
     );
-    let at = |id: &str| {
-        *ready_at
-            .get(id)
-            .unwrap_or_else(|| panic!("{id} never ready: {ready_at:?}"))
-    };
     for (first, then) in [
         ("driver", "container-toolkit"),
         ("container-toolkit", "device-plugin"),
@@ -408,7 +428,10 @@ async fn a_joining_node_is_labelled_and_its_operands_come_up_in_chain_order() {
         ("container-toolkit", "dcgm-exporter"),
         ("container-toolkit", "operator-validator"),
     ] {
-        assert!(at(first) <= at(then), "{then} ready before {first}: {ready_at:?}");
+        assert!(
+            ready_at[first] < ready_at[then],
+            "{then} Ready before {first}: {ready_at:?}"
+        );
     }
     // Two patches per node, however many times the node changed meanwhile: its deploy switches (a
     // MIG-capable GPU would add one, once feature discovery reports it), and, since the sample policy turns
@@ -621,7 +644,7 @@ async fn a_second_policy_is_ignored_and_an_invalid_one_changes_nothing_that_runs
         ready.message
     );
     let before = versions(daemonsets.list(&ListParams::default()).await.unwrap().items);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(gpuop_operator::STEADY_STATE_WINDOW).await;
     let after = versions(daemonsets.list(&ListParams::default()).await.unwrap().items);
     assert_eq!(before, after, "no operand DaemonSet was touched");
     assert_eq!(
@@ -677,10 +700,10 @@ async fn a_restarted_operator_converges_without_duplicates_and_then_writes_nothi
         .collect();
     assert!(orphans.is_empty(), "DaemonSets without their owner: {orphans:?}");
 
-    // Steady state: nothing changes, so the operator writes nothing.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Steady state: nothing changes, so the operator writes nothing, not even a write it trusted and would
+    // repeat when the window it trusts an unconfirmed write for ends.
     let before = cluster.server.requests();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(gpuop_operator::STEADY_STATE_WINDOW).await;
     let window = cluster.server.requests().since(&before);
     assert_eq!(
         window.writes_by(gpuop_sim::product_token(gpuop_operator::USER_AGENT)),

@@ -446,7 +446,7 @@ async fn a_node_whose_new_driver_fails_stays_failed_and_cordoned_while_the_other
         "a Warning event on the node says why"
     );
     // Failed is not a resting place the operator leaves by itself while the driver stays broken.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(gpuop_operator::STEADY_STATE_WINDOW).await;
     let still = upgrade.node("gpu-2").await;
     assert_eq!(
         still.labels().get(UPGRADE_STATE).map(String::as_str),
@@ -731,7 +731,7 @@ async fn two_nvidia_driver_pools_upgrade_independently_and_overlapping_ones_touc
             }
         })
         .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(gpuop_operator::STEADY_STATE_WINDOW).await;
     assert_eq!(
         driver_pods(pods.list(&ListParams::default()).await.expect("pods")),
         running,
