@@ -1323,10 +1323,7 @@ mod cli {
     #[test]
     fn no_colour_on_a_terminal_with_no_color_set() {
         // util-linux `script` gives the command a terminal.
-        let Ok(script) = which("script") else {
-            eprintln!("SKIPPED no_colour_on_a_terminal_with_no_color_set: script is not on PATH");
-            return;
-        };
+        let script = tool("script");
         let on_terminal = |no_color: bool| {
             let mut command = Command::new(&script);
             command.args([
@@ -1404,10 +1401,7 @@ mod cli {
 
     #[test]
     fn kubectl_finds_the_plugin() {
-        let Ok(kubectl) = which("kubectl") else {
-            eprintln!("SKIPPED kubectl_finds_the_plugin: kubectl is not on PATH");
-            return;
-        };
+        let kubectl = tool("kubectl");
         let dir = tempfile::tempdir().unwrap();
         let path = write(dir.path(), "snap.json", &cluster());
         let bin_dir = Path::new(env!("CARGO_BIN_EXE_kubectl-gpu")).parent().unwrap();
@@ -1460,10 +1454,7 @@ mod cli {
             stderr(&output)
         );
 
-        let Ok(kubectl) = which("kubectl") else {
-            eprintln!("SKIPPED the kubectl half: kubectl is not on PATH");
-            return;
-        };
+        let kubectl = tool("kubectl");
         let output = Command::new(kubectl)
             .args(["__complete", "gpu", "upg"])
             .env("PATH", &search)
@@ -1478,13 +1469,15 @@ mod cli {
         );
     }
 
-    fn which(program: &str) -> Result<PathBuf, ()> {
+    /// A program from PATH (kubectl, which `.ci/run` installs; util-linux `script`); the test fails without
+    /// it, so a missing tool cannot let it pass.
+    fn tool(program: &str) -> PathBuf {
         std::env::var_os("PATH")
             .into_iter()
             .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
             .map(|dir| dir.join(program))
             .find(|candidate| candidate.is_file())
-            .ok_or(())
+            .unwrap_or_else(|| panic!("{program} is not on PATH, and this test runs it"))
     }
 }
 
