@@ -183,7 +183,7 @@ impl RequestCounts {
     }
 }
 
-fn client_matches(recorded: &str, wanted: &str) -> bool {
+pub(crate) fn client_matches(recorded: &str, wanted: &str) -> bool {
     recorded == wanted || recorded.split('/').next() == Some(wanted)
 }
 
@@ -194,14 +194,84 @@ fn escape(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// The live counters, shared by the router and the in-process handle.
+/// One write request, as the server answered it (see [`Builder::record_writes`](crate::Builder::record_writes)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteRecord {
+    /// Its place among the answered writes, from 0: a write with a higher number was answered later, so
+    /// whatever it changed was changed after everything a lower-numbered write changed.
+    pub sequence: u64,
+    /// The client, as [`RequestKey::client`].
+    pub client: String,
+    /// The verb.
+    pub verb: Verb,
+    /// Plural resource.
+    pub resource: String,
+    /// Subresource, or "".
+    pub subresource: String,
+    /// The object's namespace, if the path named one.
+    pub namespace: Option<String>,
+    /// The object's name, if the path named one (a create names it in its body).
+    pub name: Option<String>,
+    /// The HTTP status code answered.
+    pub code: u16,
+}
+
+impl WriteRecord {
+    /// Whether the request was made by `client` (matched as [`RequestCounts::writes_by`] matches it).
+    pub fn by(&self, client: &str) -> bool {
+        client_matches(&self.client, client)
+    }
+}
+
+/// The live counters, shared by the router and the in-process handle; and, when asked for, every write in
+/// the order answered.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct RequestLog(Arc<Mutex<BTreeMap<RequestKey, u64>>>);
+pub(crate) struct RequestLog {
+    counts: Arc<Mutex<BTreeMap<RequestKey, u64>>>,
+    writes: Option<Arc<Mutex<Vec<WriteRecord>>>>,
+}
 
 impl RequestLog {
+    /// Counters that also keep every write.
+    pub(crate) fn recording_writes() -> Self {
+        Self {
+            writes: Some(Arc::default()),
+            ..Self::default()
+        }
+    }
+
+    /// Keeps a write of the object `namespace`/`name` if writes are recorded; call before
+    /// [`RequestLog::record`], once the request is answered.
+    pub(crate) fn record_write(&self, key: &RequestKey, namespace: Option<&str>, name: Option<&str>) {
+        let Some(writes) = &self.writes else { return };
+        if !key.verb.is_write() {
+            return;
+        }
+        let mut writes = writes.lock().unwrap_or_else(PoisonError::into_inner);
+        let sequence = writes.len() as u64;
+        writes.push(WriteRecord {
+            sequence,
+            client: key.client.clone(),
+            verb: key.verb,
+            resource: key.resource.clone(),
+            subresource: key.subresource.clone(),
+            namespace: namespace.map(str::to_owned),
+            name: name.map(str::to_owned),
+            code: key.code,
+        });
+    }
+
+    /// The writes recorded so far, in the order answered.
+    pub(crate) fn writes(&self) -> Vec<WriteRecord> {
+        self.writes
+            .as_ref()
+            .map(|writes| writes.lock().unwrap_or_else(PoisonError::into_inner).clone())
+            .unwrap_or_default()
+    }
+
     pub(crate) fn record(&self, key: RequestKey) {
         *self
-            .0
+            .counts
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .entry(key)
@@ -210,12 +280,15 @@ impl RequestLog {
 
     pub(crate) fn snapshot(&self) -> RequestCounts {
         RequestCounts {
-            entries: self.0.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            entries: self.counts.lock().unwrap_or_else(PoisonError::into_inner).clone(),
         }
     }
 
     pub(crate) fn reset(&self) {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        if let Some(writes) = &self.writes {
+            writes.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        }
     }
 }
 
@@ -263,6 +336,29 @@ mod tests {
         assert!(text.contains(
             r#"apiserver_request_total{verb="APPLY",group="",version="v1",resource="daemonsets",subresource="",scope="resource",code="409",client="gpu-operator/0.1.0"} 1"#
         ), "{text}");
+    }
+
+    #[test]
+    fn writes_are_kept_in_the_order_answered_only_when_asked_for() {
+        let counted = RequestLog::default();
+        counted.record_write(&key(Verb::Patch, "nodes", 200, "a/1"), None, Some("n1"));
+        assert!(counted.writes().is_empty(), "not recorded unless asked for");
+        let log = RequestLog::recording_writes();
+        log.record_write(
+            &key(Verb::Update, "leases", 200, "a/1"),
+            Some("ns"),
+            Some("lease"),
+        );
+        log.record_write(&key(Verb::Get, "leases", 200, "b/1"), Some("ns"), Some("lease"));
+        log.record_write(&key(Verb::Patch, "nodes", 409, "b/1"), None, Some("n1"));
+        let writes = log.writes();
+        assert_eq!(writes.len(), 2, "reads are not writes: {writes:?}");
+        assert_eq!((writes[0].sequence, writes[1].sequence), (0, 1));
+        assert!(writes[0].by("a") && !writes[0].by("b"));
+        assert_eq!(writes[0].namespace.as_deref(), Some("ns"));
+        assert_eq!((writes[1].name.as_deref(), writes[1].code), (Some("n1"), 409));
+        log.reset();
+        assert!(log.writes().is_empty());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Faults injected on purpose, deterministically from a seed: errors at a rate per verb and resource (500,
-//! 429 with `Retry-After`, 409), added latency, watch events of a resource delivered late (a lagging
-//! informer cache), and watch streams that end after N events. Forced compaction is
+//! 429 with `Retry-After`, 409), added latency, requests never answered (a hung server, as one client sees
+//! it), watch events of a resource delivered late (a lagging informer cache), and watch streams that end
+//! after N events. A rule may be limited to one client (the `User-Agent`'s product, as accounting counts it). Forced compaction is
 //! [`FakeServer::compact`](crate::FakeServer::compact).
 //!
 //! Each rule keeps its own count of the requests it matched, and whether the n-th one fails is a hash of
@@ -12,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use crate::accounting::Verb;
+use crate::accounting::{Verb, client_matches};
 use crate::error::{ApiError, GroupResource};
 use crate::random::mix;
 
@@ -68,6 +69,8 @@ pub enum Effect {
     Latency(Duration),
     /// Deliver watch events of the rule's resource this long after the change; requests are not touched.
     WatchDelay(Duration),
+    /// Never answer, and never serve, the request: the client sees a server that hangs.
+    Hang,
 }
 
 /// One fault: which requests it hits, how often, and what it does.
@@ -77,6 +80,9 @@ pub struct FaultRule {
     pub verb: Option<Verb>,
     /// Only this plural resource (any when `None`).
     pub resource: Option<String>,
+    /// Only requests of this client, matched as [`RequestCounts::writes_by`]
+    /// (crate::RequestCounts::writes_by) matches it (any when `None`).
+    pub client: Option<String>,
     /// The share of matching requests hit, 0.0 to 1.0.
     pub rate: f64,
     /// What happens to a hit request.
@@ -84,15 +90,20 @@ pub struct FaultRule {
 }
 
 impl FaultRule {
-    fn matches(&self, verb: Verb, resource: &str) -> bool {
-        self.verb.is_none_or(|v| v == verb) && self.resource.as_deref().is_none_or(|r| r == resource)
+    fn matches(&self, verb: Verb, resource: &str, client: &str) -> bool {
+        self.verb.is_none_or(|v| v == verb)
+            && self.resource.as_deref().is_none_or(|r| r == resource)
+            && self
+                .client
+                .as_deref()
+                .is_none_or(|wanted| client_matches(client, wanted))
     }
 }
 
 /// A fault rule that could not be parsed from its command-line form.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "invalid fault {text:?}: {problem}; expected e.g. \"verb=patch,resource=nodes,rate=0.1,code=429,retry-after=2\", \"verb=list,latency-ms=50\" or \"resource=nodes,watch-delay-ms=3000\""
+    "invalid fault {text:?}: {problem}; expected e.g. \"verb=patch,resource=nodes,rate=0.1,code=429,retry-after=2\", \"verb=list,latency-ms=50\", \"resource=leases,client=replica-a,hang\" or \"resource=nodes,watch-delay-ms=3000\""
 )]
 pub struct FaultParseError {
     text: String,
@@ -102,8 +113,8 @@ pub struct FaultParseError {
 impl FromStr for FaultRule {
     type Err = FaultParseError;
 
-    /// `verb=V,resource=R,rate=F,code=500|429|409[,retry-after=S]`, `...,latency-ms=MS`, or
-    /// `resource=R,watch-delay-ms=MS`.
+    /// `verb=V,resource=R,client=C,rate=F,code=500|429|409[,retry-after=S]`, `...,latency-ms=MS`,
+    /// `...,hang`, or `resource=R,watch-delay-ms=MS`.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let fail = |problem: String| FaultParseError {
             text: text.to_owned(),
@@ -111,8 +122,12 @@ impl FromStr for FaultRule {
         };
         let (mut verb, mut resource, mut rate, mut code, mut retry, mut latency) =
             (None, None, None, None, 1, None);
-        let mut watch_delay = None;
+        let (mut watch_delay, mut client, mut hang) = (None, None, false);
         for part in text.split(',').filter(|p| !p.is_empty()) {
+            if part.trim() == "hang" {
+                hang = true;
+                continue;
+            }
             let (key, value) = part
                 .split_once('=')
                 .ok_or_else(|| fail(format!("{part:?} is not key=value")))?;
@@ -121,6 +136,7 @@ impl FromStr for FaultRule {
                     verb = Some(Verb::parse(value).ok_or_else(|| fail(format!("unknown verb {value:?}")))?)
                 }
                 "resource" => resource = Some(value.to_owned()),
+                "client" => client = Some(value.to_owned()),
                 "rate" => {
                     rate = Some(
                         value
@@ -159,6 +175,9 @@ impl FromStr for FaultRule {
             }
         }
         if let Some(ms) = watch_delay {
+            if client.is_some() || hang {
+                return Err(fail("give watch-delay-ms alone, not with client or hang".into()));
+            }
             // A delay applies to every watch event of one resource: a verb, rate or second effect would
             // suggest a selectivity it does not have.
             return match (resource, verb, rate, code, latency) {
@@ -171,6 +190,7 @@ impl FromStr for FaultRule {
                 (Some(resource), None, None, None, None) => Ok(Self {
                     verb: None,
                     resource: Some(resource),
+                    client: None,
                     rate: 1.0,
                     effect: Effect::WatchDelay(Duration::from_millis(ms)),
                 }),
@@ -178,6 +198,10 @@ impl FromStr for FaultRule {
         }
         let rate = rate.unwrap_or(1.0);
         let effect = match (code, latency) {
+            _ if hang && (code.is_some() || latency.is_some()) => {
+                return Err(fail("give hang alone, not with code or latency-ms".into()));
+            }
+            _ if hang => Effect::Hang,
             (Some(500), None) => Effect::Error(InjectedError::Internal),
             (Some(429), None) => Effect::Error(InjectedError::TooManyRequests {
                 retry_after_seconds: retry,
@@ -186,11 +210,12 @@ impl FromStr for FaultRule {
             (Some(other), None) => return Err(fail(format!("code {other} is not one of 500, 429, 409"))),
             (None, Some(ms)) => Effect::Latency(Duration::from_millis(ms)),
             (Some(_), Some(_)) => return Err(fail("give either code or latency-ms, not both".into())),
-            (None, None) => return Err(fail("give code, latency-ms or watch-delay-ms".into())),
+            (None, None) => return Err(fail("give code, latency-ms, hang or watch-delay-ms".into())),
         };
         Ok(Self {
             verb,
             resource,
+            client,
             rate,
             effect,
         })
@@ -226,6 +251,7 @@ impl Faults {
         self.rules.push(FaultRule {
             verb,
             resource: resource.map(str::to_owned),
+            client: None,
             rate,
             effect: Effect::Error(error),
         });
@@ -238,8 +264,23 @@ impl Faults {
         self.rules.push(FaultRule {
             verb,
             resource: resource.map(str::to_owned),
+            client: None,
             rate: 1.0,
             effect: Effect::Latency(delay),
+        });
+        self
+    }
+
+    /// Never answers the matching requests of `client` (any client when `None`): to that client the
+    /// server hangs, while it serves everyone else. Nothing of a hung request is served or counted.
+    #[must_use]
+    pub fn hang(mut self, verb: Option<Verb>, resource: Option<&str>, client: Option<&str>) -> Self {
+        self.rules.push(FaultRule {
+            verb,
+            resource: resource.map(str::to_owned),
+            client: client.map(str::to_owned),
+            rate: 1.0,
+            effect: Effect::Hang,
         });
         self
     }
@@ -259,6 +300,7 @@ impl Faults {
         self.rules.push(FaultRule {
             verb: None,
             resource: Some(resource.to_owned()),
+            client: None,
             rate: 1.0,
             effect: Effect::WatchDelay(delay),
         });
@@ -276,13 +318,11 @@ impl Faults {
 impl fmt::Display for FaultRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let verb = self.verb.map_or("any".to_owned(), |v| v.to_string());
-        write!(
-            f,
-            "{verb} {} at rate {}: {:?}",
-            self.resource.as_deref().unwrap_or("any"),
-            self.rate,
-            self.effect
-        )
+        write!(f, "{verb} {}", self.resource.as_deref().unwrap_or("any"))?;
+        if let Some(client) = &self.client {
+            write!(f, " of {client}")?;
+        }
+        write!(f, " at rate {}: {:?}", self.rate, self.effect)
     }
 }
 
@@ -291,6 +331,8 @@ impl fmt::Display for FaultRule {
 pub(crate) struct Decision {
     pub(crate) latency: Duration,
     pub(crate) error: Option<InjectedError>,
+    /// Never answer.
+    pub(crate) hang: bool,
 }
 
 #[derive(Debug, Default)]
@@ -322,7 +364,7 @@ impl WatchDelay {
             .filter(|rule| rule.resource.as_deref().is_none_or(|r| r == self.resource))
             .filter_map(|rule| match rule.effect {
                 Effect::WatchDelay(delay) => Some(delay),
-                Effect::Error(_) | Effect::Latency(_) => None,
+                Effect::Error(_) | Effect::Latency(_) | Effect::Hang => None,
             })
             .max()
             .unwrap_or_default()
@@ -335,11 +377,12 @@ impl FaultInjector {
         *self.0.write().unwrap_or_else(PoisonError::into_inner) = Active { faults, counters };
     }
 
-    pub(crate) fn decide(&self, verb: Verb, resource: &str) -> Decision {
+    /// What happens to a request of `verb` on `resource` by `client` (its accounting label).
+    pub(crate) fn decide(&self, verb: Verb, resource: &str, client: &str) -> Decision {
         let active = self.0.read().unwrap_or_else(PoisonError::into_inner);
         let mut decision = Decision::default();
         for (index, rule) in active.faults.rules.iter().enumerate() {
-            if !rule.matches(verb, resource) || matches!(rule.effect, Effect::WatchDelay(_)) {
+            if !rule.matches(verb, resource, client) || matches!(rule.effect, Effect::WatchDelay(_)) {
                 continue;
             }
             let n = active.counters[index].fetch_add(1, Ordering::Relaxed);
@@ -349,6 +392,7 @@ impl FaultInjector {
             }
             match rule.effect {
                 Effect::Latency(delay) => decision.latency += delay,
+                Effect::Hang => decision.hang = true,
                 Effect::WatchDelay(_) => {}
                 Effect::Error(error) => {
                     decision.error.get_or_insert(error);
@@ -383,7 +427,7 @@ mod tests {
         let injector = FaultInjector::default();
         injector.set(faults);
         (0..requests)
-            .map(|_| injector.decide(Verb::Patch, "nodes").error.is_some())
+            .map(|_| injector.decide(Verb::Patch, "nodes", "any").error.is_some())
             .collect()
     }
 
@@ -403,11 +447,11 @@ mod tests {
         let injector = FaultInjector::default();
         injector.set(Faults::new(0).error(Some(Verb::Patch), Some("nodes"), 1.0, InjectedError::Conflict));
         assert_eq!(
-            injector.decide(Verb::Patch, "nodes").error,
+            injector.decide(Verb::Patch, "nodes", "any").error,
             Some(InjectedError::Conflict)
         );
-        assert_eq!(injector.decide(Verb::Get, "nodes").error, None);
-        assert_eq!(injector.decide(Verb::Patch, "pods").error, None);
+        assert_eq!(injector.decide(Verb::Get, "nodes", "any").error, None);
+        assert_eq!(injector.decide(Verb::Patch, "pods", "any").error, None);
     }
 
     #[test]
@@ -422,7 +466,39 @@ mod tests {
             "an open stream sees new faults"
         );
         assert_eq!(injector.watch_delay("pods").current(), Duration::ZERO);
-        assert_eq!(injector.decide(Verb::Watch, "nodes"), Decision::default());
+        assert_eq!(injector.decide(Verb::Watch, "nodes", "any"), Decision::default());
+    }
+
+    #[test]
+    fn a_hang_hits_only_its_client_verb_and_resource() {
+        let injector = FaultInjector::default();
+        injector.set(Faults::new(0).hang(Some(Verb::Update), Some("leases"), Some("replica-a")));
+        assert!(injector.decide(Verb::Update, "leases", "replica-a").hang);
+        assert!(
+            injector.decide(Verb::Update, "leases", "replica-a/v1").hang,
+            "the product matches whatever version follows it"
+        );
+        assert!(!injector.decide(Verb::Update, "leases", "replica-b").hang);
+        assert!(!injector.decide(Verb::Get, "leases", "replica-a").hang);
+        assert!(!injector.decide(Verb::Update, "configmaps", "replica-a").hang);
+        let rule: FaultRule = "resource=leases,client=replica-a,hang".parse().expect("parses");
+        assert_eq!(
+            rule,
+            FaultRule {
+                verb: None,
+                resource: Some("leases".into()),
+                client: Some("replica-a".into()),
+                rate: 1.0,
+                effect: Effect::Hang,
+            }
+        );
+        for bad in [
+            "resource=leases,hang,code=500",
+            "resource=leases,hang,watch-delay-ms=5",
+        ] {
+            let error = bad.parse::<FaultRule>().expect_err(bad).to_string();
+            assert!(error.contains("hang"), "{bad}: {error}");
+        }
     }
 
     #[test]
@@ -435,6 +511,7 @@ mod tests {
             FaultRule {
                 verb: Some(Verb::Patch),
                 resource: Some("nodes".into()),
+                client: None,
                 rate: 0.5,
                 effect: Effect::Error(InjectedError::TooManyRequests {
                     retry_after_seconds: 3
@@ -449,6 +526,7 @@ mod tests {
             FaultRule {
                 verb: None,
                 resource: Some("nodes".into()),
+                client: None,
                 rate: 1.0,
                 effect: Effect::WatchDelay(Duration::from_secs(3)),
             }

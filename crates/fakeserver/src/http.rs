@@ -233,6 +233,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Ok(None)
     };
     let route = route(&shared.store, parts.uri.path());
+    let mut object: (Option<String>, Option<String>) = (None, None);
     let mut key = RequestKey {
         verb: Verb::Get,
         group: String::new(),
@@ -256,9 +257,14 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
                 (None, None) => "cluster",
             }
             .to_owned();
-            let decision = shared.faults.decide(key.verb, &target.info.plural);
+            object = (target.namespace.clone(), target.name.clone());
+            let decision = shared.faults.decide(key.verb, &target.info.plural, &key.client);
             if !decision.latency.is_zero() && admitted.is_ok() {
                 tokio::time::sleep(decision.latency).await;
+            }
+            if decision.hang && admitted.is_ok() {
+                // Until the client gives up and the request is dropped: served, answered and counted never.
+                std::future::pending::<()>().await;
             }
             match (admitted, decision.error) {
                 (Err(refused), _) => error_response(&refused),
@@ -295,6 +301,9 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         }
     };
     key.code = response.status().as_u16();
+    shared
+        .requests
+        .record_write(&key, object.0.as_deref(), object.1.as_deref());
     shared.requests.record(key);
     response
 }

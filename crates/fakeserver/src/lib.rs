@@ -76,7 +76,7 @@ use std::time::Duration;
 use ::http::HeaderValue;
 use serde_json::Value;
 
-pub use accounting::{RequestCounts, RequestKey, Verb};
+pub use accounting::{RequestCounts, RequestKey, Verb, WriteRecord};
 pub use authz::Authorization;
 pub use authz::report::{AuthorizationReport, Denial, GrantedRule, UserReport};
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -107,6 +107,7 @@ pub struct Builder {
     pod_termination: PodTermination,
     faults: Faults,
     authorization: Authorization,
+    record_writes: bool,
 }
 
 impl Default for Builder {
@@ -122,6 +123,7 @@ impl Default for Builder {
             pod_termination: PodTermination::Immediate,
             faults: Faults::default(),
             authorization: Authorization::AlwaysAllow,
+            record_writes: false,
         }
     }
 }
@@ -185,6 +187,13 @@ impl Builder {
         self
     }
 
+    /// Keeps every write request in the order answered, for [`FakeServer::writes`] (off by default: the
+    /// record grows with every write).
+    pub fn record_writes(mut self) -> Self {
+        self.record_writes = true;
+        self
+    }
+
     /// The server, holding the system namespaces and priority classes every cluster has (and in rbac mode
     /// the bootstrap ClusterRoles and bindings).
     pub fn build(self) -> FakeServer {
@@ -214,7 +223,11 @@ impl Builder {
         FakeServer {
             shared: Arc::new(Shared {
                 store,
-                requests: RequestLog::default(),
+                requests: if self.record_writes {
+                    RequestLog::recording_writes()
+                } else {
+                    RequestLog::default()
+                },
                 faults,
                 bookmark_interval: self.bookmark_interval,
                 watch_timeout: self.watch_timeout,
@@ -396,7 +409,13 @@ impl FakeServer {
         self.shared.requests.snapshot()
     }
 
-    /// Zeroes the request counters.
+    /// Every write request answered so far, in order, when the server was built with
+    /// [`Builder::record_writes`]; empty otherwise. Hung requests ([`Faults::hang`]) are never answered.
+    pub fn writes(&self) -> Vec<WriteRecord> {
+        self.shared.requests.writes()
+    }
+
+    /// Zeroes the request counters (and forgets the recorded writes).
     pub fn reset_requests(&self) {
         self.shared.requests.reset();
     }

@@ -385,14 +385,33 @@ pub fn run_config(args: RunArgs, identity: String, image_defaults: ImageDefaults
 
 /// A client from the kubeconfig or the in-cluster config that names itself in `User-Agent`, so that API
 /// server audit logs and request metrics tell the operator's requests from everyone else's.
+///
+/// The connection and every read on it are bounded, so that no request waits forever on a server that
+/// stopped answering: connecting within [`CONNECT_TIMEOUT`], and no read waiting longer than
+/// [`READ_TIMEOUT`]. The read timeout applies to watch streams too, which are quiet for minutes by design
+/// (kube-runtime's watcher asks the server to end them after 290 s), so it must be longer than that; the
+/// tighter bound on every other request is [`crate::api_client`]'s, and on lease requests the election's.
 async fn client() -> Result<kube::Client, Box<dyn std::error::Error>> {
     let mut config = kube::Config::infer().await?;
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
+    config.read_timeout = Some(READ_TIMEOUT);
+    // The read timeout counts from when a request is written, not from when its pooled connection last
+    // carried anything.
+    config.reset_reader_on_write = true;
     config.headers.push((
         http::header::USER_AGENT,
         http::HeaderValue::from_static(crate::USER_AGENT),
     ));
     Ok(kube::Client::try_from(config)?)
 }
+
+/// How long connecting to the API server may take.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The longest a read on a connection may wait: longer than the 290 s after which the server ends
+/// kube-runtime's watches (and than the watcher's own 295 s idle limit), so that only a dead connection
+/// trips it.
+pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Resolves on SIGINT or SIGTERM.
 async fn shutdown_signal() {

@@ -240,6 +240,12 @@ pub async fn run_policies(context: Arc<Context>, shutdown: CancellationToken) {
                 failures = 0;
                 wait = next;
             }
+            // The leadership ended mid-pass (a write found it over): nothing failed, the leader does the rest.
+            Err(error) if crate::lease::is_not_leader(&error) => {
+                tracing::debug!(%error, "pass stopped: this replica no longer leads");
+                failures = 0;
+                wait = RESYNC;
+            }
             Err(error) => {
                 failures += 1;
                 wait = Duration::from_millis(250 * 2u64.pow(failures.min(8))).min(Duration::from_secs(60));
@@ -924,9 +930,14 @@ pub async fn run_labeller(
             async move {
                 let mut failed = Vec::new();
                 for name in chunk {
-                    if let Err(error) = label_node(&context, name, policy.as_ref()).await {
-                        warn!(node = %name, %error, "cannot label node; retrying");
-                        failed.push(name.clone());
+                    match label_node(&context, name, policy.as_ref()).await {
+                        Ok(()) => {}
+                        // No longer the leader: the leader labels it.
+                        Err(error) if crate::lease::is_not_leader(&error) => break,
+                        Err(error) => {
+                            warn!(node = %name, %error, "cannot label node; retrying");
+                            failed.push(name.clone());
+                        }
                     }
                 }
                 failed

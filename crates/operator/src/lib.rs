@@ -5,11 +5,12 @@
 //! write and prune), [`diff_live`] (what taking over a cluster would change); the upgrade decision itself
 //! is `gpuop_api::upgrade::decide`. Thin I/O around them: [`caches`] (reflectors), [`controller`] (the
 //! policy reconciler and the node labeller), [`pod_security`] (the namespace's Pod Security labels),
-//! [`upgrade`] (the driver upgrade controller), [`lease`] (leader election), [`run`] (process wiring,
-//! metrics and health endpoints). Commands that install and remove the operator's footprint:
+//! [`upgrade`] (the driver upgrade controller), [`lease`] (leader election), [`api_client`] (every request
+//! bounded in time, every write gated on leadership), [`run`] (process wiring, metrics and health endpoints). Commands that install and remove the operator's footprint:
 //! [`crd_install`] (`crd --apply`) and [`uninstall`].
 //! The `gpu-operator` binary is a thin wrapper around [`cli`].
 
+pub mod api_client;
 pub mod apply;
 pub mod caches;
 pub mod check;

@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::api_client;
 use crate::caches::{Caches, Changes};
 use crate::controller::{Context, run_labeller, run_policies};
 use crate::lease::{self, Leadership, Timing};
@@ -104,6 +105,9 @@ impl Running {
 /// Why the operator could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// The leader election's timing would let two replicas write at once.
+    #[error(transparent)]
+    Timing(#[from] lease::TimingError),
     /// An HTTP endpoint could not be bound.
     #[error("cannot listen on {address}: {source}")]
     Listen {
@@ -115,10 +119,32 @@ pub enum StartError {
     },
 }
 
-/// Starts the operator on a client.
+/// Starts the operator on a client. Every controller talks through [`api_client::gated`]: each request
+/// bounded in time, each write sent only while this replica leads; the election uses `client` itself, its
+/// requests bounded by the lease timing.
 pub async fn start(client: Client, config: Config) -> Result<Running, StartError> {
+    let timing = match &config.leader_election {
+        Some(election) => Some(election.timing.validate()?),
+        None => None,
+    };
     let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
+    let leadership = match (&config.leader_election, timing) {
+        (Some(election), Some(timing)) => {
+            let api: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
+            let (leadership, task) = lease::elect(
+                api,
+                election.lease_name.clone(),
+                election.identity.clone(),
+                timing,
+                shutdown.clone(),
+            );
+            tasks.push(task);
+            leadership
+        }
+        _ => Leadership::always(),
+    };
+    let client = api_client::gated(client, leadership.clone());
     let service_monitor_crd = service_monitor_crd(&client).await;
     let changed = Arc::new(Changes::default());
     let (caches, node_events) = Caches::start(
@@ -128,21 +154,6 @@ pub async fn start(client: Client, config: Config) -> Result<Running, StartError
         &changed,
         &shutdown,
     );
-    let leadership = match &config.leader_election {
-        None => Leadership::always(),
-        Some(election) => {
-            let api: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
-            let (leadership, task) = lease::elect(
-                api,
-                election.lease_name.clone(),
-                election.identity.clone(),
-                election.timing,
-                shutdown.clone(),
-            );
-            tasks.push(task);
-            leadership
-        }
-    };
     let metrics = Arc::new(Metrics::default());
     let context = Arc::new(Context::new(
         client,

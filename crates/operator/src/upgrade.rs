@@ -422,6 +422,8 @@ async fn carry_out(
                         next = next.min(Duration::from_secs(2));
                     }
                 }
+                // No longer the leader: the leader carries the upgrade on.
+                Err(error) if crate::lease::is_not_leader(&error) => return RESYNC,
                 Err(error) => {
                     warn!(node = %step.node, pool = %pool.owner, %error, "driver upgrade step failed; retrying");
                     next = next.min(Duration::from_secs(2));

@@ -60,7 +60,10 @@ impl Cluster {
     }
 
     pub(crate) async fn without_operator(pools: Vec<NodePool>) -> Self {
-        let server = FakeServer::new();
+        Self::without_operator_on(FakeServer::new(), pools).await
+    }
+
+    async fn without_operator_on(server: FakeServer, pools: Vec<NodePool>) -> Self {
         let client = server.client_as(gpuop_sim::USER_AGENT);
         install(&client).await.expect("CRDs and namespace install");
         let spec = ClusterSpec {
@@ -87,6 +90,7 @@ impl Cluster {
                 identity: identity.into(),
                 timing: lease::Timing {
                     lease_duration: Duration::from_secs(2),
+                    renew_deadline: Duration::from_millis(1500),
                     retry_period: Duration::from_millis(200),
                 },
             }),
@@ -781,6 +785,90 @@ async fn only_the_leader_writes_and_a_second_replica_takes_over_when_it_stops() 
         .await;
     assert_eq!(cluster.lease_holder().await.as_deref(), Some("replica-b"));
     assert!(cluster.server.requests().writes_by("replica-b") > 0);
+    second.stop().await;
+    cluster.stop().await;
+}
+
+/// A leader whose lease requests hang (the API server answers everything else) stops writing before the
+/// other replica may take over: once the other's takeover of the Lease is answered, the server answers no
+/// write of the old leader, although its caches keep showing it the changes it would act on. Before
+/// leadership was a deadline, the old leader's election waited on its hung request forever, leading all
+/// the while, and wrote alongside the new one.
+#[tokio::test]
+async fn a_leader_whose_renewals_hang_writes_nothing_once_another_takes_over() {
+    /// Longer than every window in which the operator trusts or retries a write: its 10 s wait for an
+    /// unconfirmed write to show in the caches, its 2 s retries, the lease's 2 s duration.
+    const QUIET: Duration = Duration::from_secs(12);
+    let server = FakeServer::builder().record_writes().build();
+    let cluster = Cluster::without_operator_on(server, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+    let first = cluster.replica("replica-a").await;
+    cluster
+        .until("replica-a holds the lease", || async {
+            match cluster.lease_holder().await.as_deref() {
+                Some("replica-a") => Ok(()),
+                other => Err(format!("holder {other:?}")),
+            }
+        })
+        .await;
+    let second = cluster.replica("replica-b").await;
+    cluster.apply(DEFAULT_POLICY).await;
+    cluster.converged("cluster-policy").await;
+
+    cluster
+        .server
+        .set_faults(Faults::new(0).hang(None, Some("leases"), Some("replica-a")));
+    cluster
+        .until("replica-b takes the lease over", || async {
+            match cluster.lease_holder().await.as_deref() {
+                Some("replica-b") => Ok(()),
+                other => Err(format!("holder {other:?}")),
+            }
+        })
+        .await;
+    // A change both replicas see in their caches: only a leader acts on it.
+    cluster
+        .patch_policy("cluster-policy", json!({ "gfd": { "enabled": false } }))
+        .await;
+    cluster
+        .until("the new leader prunes feature discovery", || async {
+            let managed = cluster.managed().await;
+            if managed.contains("DaemonSet/gpu-feature-discovery") {
+                Err(format!("{managed:?}"))
+            } else {
+                Ok(())
+            }
+        })
+        .await;
+    tokio::time::sleep(QUIET).await;
+
+    let writes = cluster.server.writes();
+    let takeover = writes
+        .iter()
+        .find(|w| w.by("replica-b") && w.resource == "leases" && w.code < 300)
+        .expect("replica-b's takeover of the lease is recorded");
+    let late: Vec<_> = writes
+        .iter()
+        .filter(|w| w.by("replica-a") && w.sequence > takeover.sequence)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "replica-a wrote after replica-b took over (write {}): {late:#?}",
+        takeover.sequence
+    );
+    assert!(
+        writes
+            .iter()
+            .any(|w| w.by("replica-a") && w.resource != "leases" && w.sequence < takeover.sequence),
+        "replica-a wrote while it led"
+    );
+    assert!(
+        writes
+            .iter()
+            .any(|w| w.by("replica-b") && w.resource != "leases" && w.sequence > takeover.sequence),
+        "replica-b acted on the change"
+    );
+    cluster.server.set_faults(Faults::new(0));
+    first.stop().await;
     second.stop().await;
     cluster.stop().await;
 }
