@@ -183,7 +183,8 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
-    /// Facts: a resource the caches cannot list or watch (a missing CRD, a forbidden list).
+    /// Facts: a resource the caches cannot list or watch (a missing CRD, a forbidden list). Objects of
+    /// that resource are not written until it can be watched.
     #[error("cannot watch {resource} ({reason}): {message}")]
     Watch {
         /// The resource (`nvidiadrivers.nvidia.com`).
@@ -812,6 +813,20 @@ async fn apply_rendered(
         policy: policy.name_any(),
         message: error.to_string(),
     })?;
+    // Objects of a kind the caches cannot watch are not written: nothing would tell what is live, so each
+    // pass would write them again. The status already names the resource (ReconcileError::Watch).
+    let unwatched: BTreeSet<String> = context
+        .caches
+        .unavailable_required()
+        .into_iter()
+        .map(|u| u.resource)
+        .collect();
+    plan.apply.retain(|((kind, _, _), _, _)| {
+        apply::MANAGED_KINDS
+            .iter()
+            .find(|k| k.kind == *kind)
+            .is_none_or(|k| !unwatched.contains(&k.resource()))
+    });
     let wanted = plan.apply.len() + plan.delete.len();
     let now = Instant::now();
     {

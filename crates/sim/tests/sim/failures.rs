@@ -28,7 +28,7 @@ use crate::operator::pool;
 /// Generous: a failure guard on a loaded two-core machine, not a performance assertion.
 const PATIENCE: Duration = Duration::from_secs(90);
 
-/// A simulated cluster of one T4 node on `server` (installed with `crds`), and the operator on `operator`.
+/// A simulated cluster (driven by `admin`) and the operator (on `operator`), serving `/readyz`.
 struct Setup {
     admin: Client,
     simulation: Simulation,
@@ -36,7 +36,7 @@ struct Setup {
 }
 
 impl Setup {
-    async fn start(server: &FakeServer, admin: Client, operator: Client, pools: Vec<NodePool>) -> Self {
+    async fn start(admin: Client, operator: Client, pools: Vec<NodePool>) -> Self {
         let spec = ClusterSpec {
             nfd: true,
             node_pools: pools,
@@ -49,7 +49,6 @@ impl Setup {
             health_address: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
             ..Config::in_process(NAMESPACE)
         };
-        let _ = server;
         let operator = run::start(operator, config).await.expect("operator starts");
         Self {
             admin,
@@ -138,13 +137,15 @@ async fn http_get(address: SocketAddr, path: &'static str) -> Result<(String, St
     .map_err(|e| e.to_string())?
 }
 
-#[tokio::test]
-async fn a_refused_write_is_in_the_status_and_the_states_that_do_not_need_it_are_applied() {
-    let server = FakeServer::builder().authorization(Authorization::Rbac).build();
-    let admin = server.client_as(gpuop_sim::USER_AGENT);
-    install(&admin).await.expect("CRDs and namespace install");
-    // The operator may do everything but write Services: the DCGM exporter's Service is refused.
-    let grant = |object: serde_json::Value| {
+/// A client for the operator's ServiceAccount on an RBAC server, allowed everything the operator does but
+/// writing the core resources `read_only`, and listing or watching the resources `hidden` (of any group).
+async fn operator_allowed(
+    server: &FakeServer,
+    admin: &Client,
+    read_only: &[&str],
+    hidden: &[&str],
+) -> Client {
+    let create = |object: serde_json::Value| {
         let api: Api<DynamicObject> = Api::all_with(
             admin.clone(),
             &ApiResource::from_gvk(&GroupVersionKind::gvk(
@@ -168,37 +169,89 @@ async fn a_refused_write_is_in_the_status_and_the_states_that_do_not_need_it_are
         )
         .await
         .expect("service account created");
-    grant(json!({
+    let shown = |resources: &[&str]| -> Vec<String> {
+        resources
+            .iter()
+            .filter(|r| !hidden.contains(r))
+            .map(|r| (*r).to_owned())
+            .collect()
+    };
+    let grouped: [(&str, &[&str]); 12] = [
+        ("apps", &["daemonsets", "controllerrevisions"]),
+        (
+            "rbac.authorization.k8s.io",
+            &["clusterroles", "clusterrolebindings", "roles", "rolebindings"],
+        ),
+        ("node.k8s.io", &["runtimeclasses"]),
+        (
+            "nvidia.com",
+            &[
+                "clusterpolicies",
+                "clusterpolicies/status",
+                "clusterpolicies/finalizers",
+                "nvidiadrivers",
+                "nvidiadrivers/status",
+                "nvidiadrivers/finalizers",
+            ],
+        ),
+        ("coordination.k8s.io", &["leases"]),
+        ("events.k8s.io", &["events"]),
+        ("apiextensions.k8s.io", &["customresourcedefinitions"]),
+        ("monitoring.coreos.com", &["servicemonitors"]),
+        ("nfd.k8s-sigs.io", &["nodefeatures"]),
+        ("security.openshift.io", &["securitycontextconstraints"]),
+        ("config.openshift.io", &["clusterversions"]),
+        ("resource.k8s.io", &["resourceclaims"]),
+    ];
+    let mut rules: Vec<serde_json::Value> = grouped
+        .iter()
+        .map(
+            |(group, resources)| json!({"apiGroups": [group], "resources": shown(resources), "verbs": ["*"]}),
+        )
+        .collect();
+    let core = [
+        "nodes",
+        "pods",
+        "pods/eviction",
+        "configmaps",
+        "serviceaccounts",
+        "namespaces",
+        "events",
+        "services",
+    ];
+    let writable: Vec<&str> = core.iter().copied().filter(|r| !read_only.contains(r)).collect();
+    rules.push(json!({"apiGroups": [""], "resources": shown(&writable), "verbs": ["*"]}));
+    rules.push(json!({"apiGroups": [""], "resources": shown(read_only), "verbs": ["get", "list", "watch"]}));
+    // The unlisted ones may still be written: only the operator's own judgement keeps it from writing them.
+    rules.extend(hidden.iter().map(|resource| {
+        json!({"apiGroups": ["*"], "resources": [resource], "verbs": ["get", "create", "patch", "update", "delete"]})
+    }));
+    rules.retain(|rule| rule["resources"].as_array().is_some_and(|r| !r.is_empty()));
+    create(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": "gpu-operator-but-services"},
-        "rules": [
-            {"apiGroups": ["apps", "rbac.authorization.k8s.io", "node.k8s.io", "nvidia.com", "coordination.k8s.io",
-                           "events.k8s.io", "apiextensions.k8s.io", "monitoring.coreos.com", "nfd.k8s-sigs.io",
-                           "security.openshift.io", "config.openshift.io", "resource.k8s.io"],
-             "resources": ["*"], "verbs": ["*"]},
-            {"apiGroups": [""],
-             "resources": ["nodes", "pods", "pods/eviction", "configmaps", "serviceaccounts", "namespaces", "events"],
-             "verbs": ["*"]},
-            {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]},
-        ],
+        "metadata": {"name": "gpu-operator-test"},
+        "rules": rules,
     }))
     .await;
-    grant(json!({
+    create(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "gpu-operator-but-services"},
+        "metadata": {"name": "gpu-operator-test"},
         "subjects": [{"kind": "ServiceAccount", "name": "gpu-operator", "namespace": NAMESPACE}],
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpu-operator-but-services"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpu-operator-test"},
     }))
     .await;
     let token = server.token_for(NAMESPACE, "gpu-operator").expect("a token");
-    let operator = server.client_with(Some(gpuop_operator::USER_AGENT), Some(&token));
-    let setup = Setup::start(
-        &server,
-        admin.clone(),
-        operator,
-        vec![pool("gpu", 1, Some(GpuModel::T4))],
-    )
-    .await;
+    server.client_with(Some(gpuop_operator::USER_AGENT), Some(&token))
+}
+
+#[tokio::test]
+async fn a_refused_write_is_in_the_status_and_the_states_that_do_not_need_it_are_applied() {
+    let server = FakeServer::builder().authorization(Authorization::Rbac).build();
+    let admin = server.client_as(gpuop_sim::USER_AGENT);
+    install(&admin).await.expect("CRDs and namespace install");
+    // The operator may do everything but write Services: the DCGM exporter's Service is refused.
+    let operator = operator_allowed(&server, &admin, &["services"], &[]).await;
+    let setup = Setup::start(admin.clone(), operator, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
     let name = apply_policy(&admin, DEFAULT_POLICY)
         .await
         .expect("policy applies");
@@ -232,6 +285,60 @@ async fn a_refused_write_is_in_the_status_and_the_states_that_do_not_need_it_are
 }
 
 #[tokio::test]
+async fn a_forbidden_list_is_reported_per_resource_and_its_kind_is_not_written() {
+    // RuntimeClasses may be written but not listed or watched.
+    let server = FakeServer::builder().authorization(Authorization::Rbac).build();
+    let admin = server.client_as(gpuop_sim::USER_AGENT);
+    install(&admin).await.expect("CRDs and namespace install");
+    let operator = operator_allowed(&server, &admin, &[], &["runtimeclasses"]).await;
+    let setup = Setup::start(admin.clone(), operator, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+    let name = apply_policy(&admin, DEFAULT_POLICY)
+        .await
+        .expect("policy applies");
+    until(
+        "the forbidden resource is named in the status and on /readyz, the driver runs",
+        || async {
+            let policy = setup.policy(&name).await?;
+            let error = error_condition(&policy).ok_or("no Error condition yet")?;
+            let operands = setup.operands_on("gpu-0").await?;
+            let (status, body) = http_get(setup.health(), "/readyz").await?;
+            if error.status == "True"
+                && error.reason == "Forbidden"
+                && error
+                    .message
+                    .contains("cannot watch runtimeclasses.node.k8s.io (Forbidden)")
+                && operands.contains("driver")
+                && status.contains("503")
+                && body.contains("runtimeclasses.node.k8s.io: Forbidden")
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "Error condition {error:?}, operands {operands:?}, /readyz {status}: {body}"
+                ))
+            }
+        },
+    )
+    .await;
+    // The pass that wrote this status made its writes before it: none was a RuntimeClass.
+    let runtime_classes: Api<DynamicObject> = Api::all_with(
+        admin.clone(),
+        &ApiResource::from_gvk(&GroupVersionKind::gvk("node.k8s.io", "v1", "RuntimeClass")),
+    );
+    let written = runtime_classes
+        .list(&ListParams::default())
+        .await
+        .expect("runtime classes list")
+        .items;
+    assert!(
+        written.is_empty(),
+        "a kind the operator cannot watch is not written: {:?}",
+        written.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
+    );
+    setup.stop().await;
+}
+
+#[tokio::test]
 async fn a_missing_crd_is_reported_and_everything_else_keeps_working_until_it_is_installed() {
     let server = FakeServer::new();
     let admin = server.client_as(gpuop_sim::USER_AGENT);
@@ -252,13 +359,7 @@ async fn a_missing_crd_is_reported_and_everything_else_keeps_working_until_it_is
         .await
         .expect("namespace created");
     let operator = server.client_as(gpuop_operator::USER_AGENT);
-    let setup = Setup::start(
-        &server,
-        admin.clone(),
-        operator,
-        vec![pool("gpu", 1, Some(GpuModel::T4))],
-    )
-    .await;
+    let setup = Setup::start(admin.clone(), operator, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
     let name = apply_policy(&admin, DEFAULT_POLICY)
         .await
         .expect("policy applies");
@@ -363,13 +464,7 @@ async fn a_policy_that_does_not_decode_is_reported_on_itself_and_the_other_is_se
         .await
         .expect("config map created");
     let operator = server.client_as(gpuop_operator::USER_AGENT);
-    let setup = Setup::start(
-        &server,
-        admin.clone(),
-        operator,
-        vec![pool("gpu", 1, Some(GpuModel::T4))],
-    )
-    .await;
+    let setup = Setup::start(admin.clone(), operator, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
     until(
         "the readable policy is served and the other says why it is not",
         || async {
