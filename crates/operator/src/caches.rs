@@ -6,8 +6,9 @@
 //! Each resource's access is tracked on its own ([`Availability`]): one the API refuses to list (a missing
 //! CRD: `NotFound`; a missing permission: `Forbidden`) is reported by name and reason, in the log, on
 //! `/readyz` and in the ClusterPolicy's status, while every other cache syncs and the controllers run with
-//! what they have. ClusterPolicies are read through [`DeserializeGuard`], so one that does not decode is
-//! kept (as its metadata and the decoding error) instead of failing the whole list.
+//! what they have. ClusterPolicies are read through [`Decoded`] (kube's `DeserializeGuard`, with the
+//! field's path in the error), so one that does not decode is kept as its metadata and the error instead
+//! of failing the whole list.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,11 +20,13 @@ use gpuop_api::upgrade::observe::is_driver;
 use gpuop_api::{ClusterPolicy, NVIDIADriver};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
-use kube::core::DeserializeGuard;
+use kube::core::error_boundary::InvalidObject;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
+use serde::de::Error as _;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -51,7 +54,7 @@ impl Changes {
 #[derive(Clone, Debug)]
 pub struct Caches {
     /// ClusterPolicies, each decoded or, when it does not decode, its metadata and why.
-    pub policies: Store<DeserializeGuard<ClusterPolicy>>,
+    pub policies: Store<Decoded<ClusterPolicy>>,
     /// NVIDIADrivers.
     pub drivers: Store<NVIDIADriver>,
     /// Nodes, trimmed.
@@ -85,7 +88,7 @@ impl Caches {
         let policies = spawn(
             Api::all(client.clone()),
             watcher::Config::default(),
-            |policy: &mut DeserializeGuard<ClusterPolicy>| {
+            |policy: &mut Decoded<ClusterPolicy>| {
                 kube::Resource::meta_mut(policy).managed_fields = None;
             },
             availability.track("clusterpolicies.nvidia.com", false),
@@ -195,6 +198,61 @@ impl Caches {
     /// Resources the operator needs but cannot read, each with the API's reason.
     pub fn unavailable_required(&self) -> Vec<Unavailable> {
         self.availability.unavailable(false)
+    }
+}
+
+/// An object as read: decoded, or, when it does not decode, its metadata and what does not decode, with
+/// the field's path (`spec.driver.enabled: invalid type: string "yes", expected a boolean`). Like kube's
+/// `DeserializeGuard`, whose error names no field.
+#[derive(Clone, Debug)]
+pub struct Decoded<K>(pub Result<K, InvalidObject>);
+
+impl<'de, K: serde::de::DeserializeOwned> serde::Deserialize<'de> for Decoded<K> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(deserializer)?;
+        let metadata = value.get("metadata").cloned();
+        match serde_path_to_error::deserialize::<_, K>(value) {
+            Ok(object) => Ok(Self(Ok(object))),
+            Err(error) => {
+                let metadata: ObjectMeta = serde_json::from_value(metadata.unwrap_or_default())
+                    .map_err(|e| D::Error::custom(format!("metadata: {e}")))?;
+                Ok(Self(Err(InvalidObject {
+                    error: format!("{}: {}", error.path(), error.inner()),
+                    metadata,
+                })))
+            }
+        }
+    }
+}
+
+impl<K: kube::Resource> kube::Resource for Decoded<K> {
+    type DynamicType = K::DynamicType;
+    type Scope = K::Scope;
+
+    fn kind(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
+        K::kind(dt)
+    }
+
+    fn group(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
+        K::group(dt)
+    }
+
+    fn version(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
+        K::version(dt)
+    }
+
+    fn plural(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
+        K::plural(dt)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        self.0.as_ref().map_or_else(|invalid| &invalid.metadata, K::meta)
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        self.0
+            .as_mut()
+            .map_or_else(|invalid| &mut invalid.metadata, K::meta_mut)
     }
 }
 
@@ -675,5 +733,30 @@ mod tests {
             "Forbidden",
             "a forbidden list after the first one is reported too"
         );
+    }
+
+    #[test]
+    fn a_policy_that_does_not_decode_keeps_its_metadata_and_names_the_field() {
+        let decoded: Decoded<ClusterPolicy> = serde_json::from_value(serde_json::json!({
+            "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+            "metadata": {"name": "p", "uid": "u"},
+            "spec": {"driver": {"enabled": "yes please"}},
+        }))
+        .expect("the guard itself decodes");
+        let invalid = decoded.0.expect_err("the spec does not decode");
+        assert_eq!(invalid.metadata.name.as_deref(), Some("p"));
+        assert!(
+            invalid
+                .error
+                .starts_with("spec.driver.enabled: invalid type: string"),
+            "{}",
+            invalid.error
+        );
+        let fine: Decoded<ClusterPolicy> = serde_json::from_value(serde_json::json!({
+            "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+            "metadata": {"name": "q"}, "spec": {},
+        }))
+        .unwrap();
+        assert!(fine.0.is_ok());
     }
 }

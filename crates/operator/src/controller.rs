@@ -29,7 +29,6 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
-use kube::core::DeserializeGuard;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::{mpsc, watch};
@@ -38,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::apply::{self, ApplyPlan, ObjectKey, Owned, Prune};
-use crate::caches::{Caches, Changes};
+use crate::caches::{Caches, Changes, Decoded};
 use crate::drivers::{self, DriverOutcome, DriverPlan, DriversInput};
 use crate::facts::{FactsInput, NodeFacts, cluster_facts};
 use crate::labeler::{LabelPolicy, NodePatch, desired_labels};
@@ -326,7 +325,7 @@ pub async fn run_policies(context: Arc<Context>, shutdown: CancellationToken) {
 pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
     let leader = context.leadership.is_leader();
     context.metrics.leader(leader);
-    let mut policies: Vec<Arc<DeserializeGuard<ClusterPolicy>>> = context
+    let mut policies: Vec<Arc<Decoded<ClusterPolicy>>> = context
         .caches
         .policies
         .state()
@@ -954,7 +953,7 @@ struct Target<'a> {
 }
 
 impl<'a> Target<'a> {
-    fn of(policy: &'a DeserializeGuard<ClusterPolicy>) -> Self {
+    fn of(policy: &'a Decoded<ClusterPolicy>) -> Self {
         match &policy.0 {
             Ok(policy) => Self::policy(policy),
             Err(invalid) => Self {
@@ -1020,7 +1019,7 @@ async fn write_status(
         }
     }
     // Guarded: the answer is the object itself, which need not decode.
-    let api: Api<DeserializeGuard<ClusterPolicy>> = Api::all(context.client.clone());
+    let api: Api<Decoded<ClusterPolicy>> = Api::all(context.client.clone());
     let patch = serde_json::json!({
         "apiVersion": ClusterPolicy::api_version(&()),
         "kind": ClusterPolicy::kind(&()),

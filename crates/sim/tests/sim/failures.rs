@@ -410,13 +410,10 @@ async fn a_missing_crd_is_reported_and_everything_else_keeps_working_until_it_is
     setup.stop().await;
 }
 
-#[tokio::test]
-async fn a_policy_that_does_not_decode_is_reported_on_itself_and_the_other_is_served() {
-    let server = FakeServer::new();
-    let admin = server.client_as(gpuop_sim::USER_AGENT);
-    install(&admin).await.expect("CRDs and namespace install");
-    // A ClusterPolicy CRD whose schema does not check the spec (as one of another version or vendor may
-    // not): the API server stores what the operator's types cannot decode.
+/// Installs a ClusterPolicy CRD whose schema does not check the spec (as one of another version or vendor
+/// may not), so that the API server stores what the operator's types cannot decode; returns an API for
+/// ClusterPolicies as plain objects.
+async fn loose_policies(admin: &Client) -> Api<DynamicObject> {
     let mut crd = serde_json::to_value(gpuop_api::crd::cluster_policy_crd()).expect("CRD serializes");
     for version in crd["spec"]["versions"].as_array_mut().expect("versions") {
         version["schema"]["openAPIV3Schema"]["properties"]["spec"] =
@@ -430,14 +427,22 @@ async fn a_policy_that_does_not_decode_is_reported_on_itself_and_the_other_is_se
         )
         .await
         .expect("the looser CRD applies");
+    Api::all_with(
+        admin.clone(),
+        &ApiResource::from_gvk(&GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy")),
+    )
+}
+
+#[tokio::test]
+async fn a_policy_that_does_not_decode_is_reported_on_itself_and_the_other_is_served() {
+    let server = FakeServer::new();
+    let admin = server.client_as(gpuop_sim::USER_AGENT);
+    install(&admin).await.expect("CRDs and namespace install");
+    let policies = loose_policies(&admin).await;
     let name = apply_policy(&admin, DEFAULT_POLICY)
         .await
         .expect("policy applies");
     // Newer (the name breaks a tie of creation seconds), and `driver.enabled` is not a boolean.
-    let policies: Api<DynamicObject> = Api::all_with(
-        admin.clone(),
-        &ApiResource::from_gvk(&GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy")),
-    );
     let unreadable: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
         "metadata": {"name": "zz-unreadable"},
@@ -505,6 +510,61 @@ async fn a_policy_that_does_not_decode_is_reported_on_itself_and_the_other_is_se
             .expect("config maps read")
             .is_some(),
         "an object of another ClusterPolicy is not pruned"
+    );
+    setup.stop().await;
+}
+
+#[tokio::test]
+async fn an_active_policy_that_does_not_decode_is_reported_and_nothing_is_applied() {
+    let server = FakeServer::new();
+    let admin = server.client_as(gpuop_sim::USER_AGENT);
+    install(&admin).await.expect("CRDs and namespace install");
+    let policies = loose_policies(&admin).await;
+    let unreadable: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+        "metadata": {"name": "cluster-policy"},
+        "spec": {"driver": {"enabled": "yes please"}},
+    }))
+    .unwrap();
+    policies
+        .create(&PostParams::default(), &unreadable)
+        .await
+        .expect("the server stores it");
+    let operator = server.client_as(gpuop_operator::USER_AGENT);
+    let setup = Setup::start(admin.clone(), operator, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+    until("the policy says why it cannot be read", || async {
+        let policy = policies.get("cluster-policy").await.map_err(|e| e.to_string())?;
+        let status = &policy.data["status"];
+        let error = status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == CONDITION_ERROR)
+            .cloned()
+            .unwrap_or_default();
+        if status["state"] == "notReady"
+            && error["status"] == "True"
+            && error["reason"] == "ReconcileFailed"
+            && error["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("cannot be read") && m.contains("driver.enabled"))
+        {
+            Ok(())
+        } else {
+            Err(format!("status {status}"))
+        }
+    })
+    .await;
+    // The pass that wrote the status applied nothing before it.
+    let managed = Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(admin.clone(), NAMESPACE)
+        .list(&ListParams::default().labels(&format!("{}=gpu-operator", gpuop_api::labels::MANAGED_BY)))
+        .await
+        .expect("daemonsets list")
+        .items;
+    assert!(
+        managed.is_empty(),
+        "nothing is applied for a policy that cannot be read: {:?}",
+        managed.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
     );
     setup.stop().await;
 }
