@@ -586,8 +586,12 @@ async fn reconcile_active(
         failures: errors.iter().map(ReconcileError::failure).collect(),
     };
     let written = write_status(context, &Target::policy(active), &outcome, leader).await?;
-    if let Some(error) = errors.into_iter().next() {
-        // Told in the status; the pass comes back with back-off.
+    // Told in the status; the pass comes back with back-off. A resource the caches cannot watch needs no
+    // retry from here: its reflector retries, and the pass runs again once it lists.
+    if let Some(error) = errors
+        .into_iter()
+        .find(|error| !matches!(error, ReconcileError::Watch { .. }))
+    {
         return Err(error);
     }
     let reconciliation = match written.status.state {
