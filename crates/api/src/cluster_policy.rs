@@ -966,14 +966,25 @@ impl ClusterPolicy {
     /// without a creation time (never stored by an API server, e.g. in a hand-written snapshot) counts as
     /// the newest. The first of them not being deleted is the one the operator acts on.
     pub fn activation_order(a: &ClusterPolicy, b: &ClusterPolicy) -> std::cmp::Ordering {
-        let created = |p: &ClusterPolicy| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        Self::activation_order_of(&a.metadata, &b.metadata)
+    }
+
+    /// [`Self::activation_order`] by metadata alone, for policies whose spec cannot be read: one that does
+    /// not decode still takes its place, so that it never hands the cluster to a newer one.
+    pub fn activation_order_of(
+        a: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+        b: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ) -> std::cmp::Ordering {
+        let created = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+            m.creation_timestamp.as_ref().map(|t| t.0)
+        };
         let by_age = match (created(a), created(b)) {
             (Some(x), Some(y)) => x.cmp(&y),
             (Some(_), None) => std::cmp::Ordering::Less,
             (None, Some(_)) => std::cmp::Ordering::Greater,
             (None, None) => std::cmp::Ordering::Equal,
         };
-        by_age.then_with(|| a.metadata.name.cmp(&b.metadata.name))
+        by_age.then_with(|| a.name.cmp(&b.name))
     }
 
     /// The ClusterPolicy the operator acts on: the first in [`Self::activation_order`] not being deleted.

@@ -4,12 +4,20 @@
 //! "Changed" is decided without reading the live object's body: every applied object carries the hash of
 //! its desired state in the annotation [`APPLIED_HASH`], and a metadata-only cache of every managed object
 //! (selected by `app.kubernetes.io/managed-by=gpu-operator`) says what was applied last. In steady state
-//! this makes zero writes, also right after a restart. Pruning deletes, by label, managed objects owned by a
-//! ClusterPolicy that the last render did not produce; it never runs for an invalid policy.
+//! this makes zero writes, also right after a restart. Pruning deletes, by label, managed objects that the
+//! last render did not produce and whose owner reference is the active ClusterPolicy (or one of the
+//! NVIDIADrivers rendered with it), by uid: objects of another ClusterPolicy, or of an earlier one of the
+//! same name, are left to their owner and to Kubernetes' garbage collector. It never runs for an invalid
+//! policy.
+//!
+//! A refused write stops only what depends on it: the rest of its state, and the states of operands that
+//! require its operand on the node (the catalogue's `requires`), of the same owner. Every other state is
+//! still applied, and every refusal is returned with the object and the API's reason.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
 
+use gpuop_api::Operand;
 use gpuop_api::labels::{FIELD_MANAGER, MANAGED_BY, MANAGED_BY_VALUE, NVIDIA_DRIVER_NAME};
 use gpuop_api::upgrade::observe::is_driver;
 use gpuop_render::{Manifest, Rendered};
@@ -20,7 +28,7 @@ use kube::api::{
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::Value;
-use tracing::info;
+use tracing::{info, warn};
 
 /// Annotation holding the hash of the desired state last applied to an object.
 pub const APPLIED_HASH: &str = "nvidia.com/last-applied-hash";
@@ -112,6 +120,14 @@ impl ManagedKind {
             .find(|k| k.api_version == api_version && k.kind == kind)
     }
 
+    /// The resource as the API and `kubectl` name it: `plural.group`, or `plural` for the core group.
+    pub fn resource(&self) -> String {
+        match self.api_version.rsplit_once('/') {
+            Some((group, _)) => format!("{}.{group}", self.plural),
+            None => self.plural.to_owned(),
+        }
+    }
+
     /// kube's description of the resource.
     pub fn api_resource(&self) -> ApiResource {
         let (group, version) = self
@@ -149,18 +165,60 @@ pub enum ApplyError {
         name: String,
     },
     /// The API server refused a write.
-    #[error("{verb} {kind} {name:?}: {source}")]
+    #[error("cannot {verb} {}: {source}", object_name(kind, namespace, name))]
     Api {
-        /// `apply` or `delete`.
+        /// `apply`, `take over` or `delete`.
         verb: &'static str,
         /// Kind.
         kind: &'static str,
+        /// Namespace; empty for cluster-scoped kinds.
+        namespace: String,
         /// Name.
         name: String,
         /// The API error.
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
+}
+
+impl ApplyError {
+    /// The API's reason for the refusal (`Forbidden`, `Invalid`, `NotFound`, ...), or `RequestFailed` when
+    /// no answer came (a connection error, a timeout), or `UnknownKind`.
+    pub fn reason(&self) -> String {
+        match self {
+            Self::UnknownKind { .. } => "UnknownKind".to_owned(),
+            Self::Api { source, .. } => api_reason(source),
+        }
+    }
+}
+
+/// The API's reason in a kube error: the `Status` reason when the server answered one, else a reason made
+/// of its HTTP code (`Code502`), else `RequestFailed` (no answer: a connection error, a timeout).
+pub fn api_reason(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) if is_reason(&status.reason) => status.reason.clone(),
+        kube::Error::Api(status) => format!("Code{}", status.code),
+        _ => "RequestFailed".to_owned(),
+    }
+}
+
+/// Whether `reason` can be a condition's reason (`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`).
+fn is_reason(reason: &str) -> bool {
+    let mut chars = reason.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && reason
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ',' | ':'))
+        && !reason.ends_with([',', ':'])
+}
+
+/// `Kind namespace/name`, or `Kind name` for cluster-scoped objects.
+pub fn object_name(kind: &str, namespace: &str, name: &str) -> String {
+    if namespace.is_empty() {
+        format!("{kind} {name}")
+    } else {
+        format!("{kind} {namespace}/{name}")
+    }
 }
 
 /// The desired object with its owner and the hash of its desired state.
@@ -223,10 +281,12 @@ pub fn live_hashes(caches: &BTreeMap<&'static str, Store<DynamicObject>>) -> BTr
                 key,
                 LiveObject {
                     hash: object.annotations().get(APPLIED_HASH).cloned(),
-                    owned_by_policy: object
+                    owners: object
                         .owner_references()
                         .iter()
-                        .any(|o| OWNER_KINDS.contains(&o.kind.as_str())),
+                        .filter(|o| OWNER_KINDS.contains(&o.kind.as_str()))
+                        .map(|o| o.uid.clone())
+                        .collect(),
                     managed: object
                         .labels()
                         .get(MANAGED_BY)
@@ -248,8 +308,8 @@ const OWNER_KINDS: &[&str] = &["ClusterPolicy", "NVIDIADriver"];
 pub struct LiveObject {
     /// Its applied-hash annotation.
     pub hash: Option<String>,
-    /// Whether a ClusterPolicy or an NVIDIADriver owns it.
-    pub owned_by_policy: bool,
+    /// The uids of the ClusterPolicies and NVIDIADrivers its owner references name.
+    pub owners: Vec<String>,
     /// Whether it carries the managed-by label.
     pub managed: bool,
     /// Whether it is a driver's (`app.kubernetes.io/component: nvidia-driver`).
@@ -283,13 +343,45 @@ pub fn key_of(manifest: &Manifest) -> Option<ObjectKey> {
 /// The decisions of one apply pass: which objects to write, which to delete.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ApplyPlan {
-    /// Objects to server-side apply, in render order, with their hashes.
-    pub apply: Vec<(ObjectKey, Value)>,
+    /// Objects to server-side apply, in render order, with their hashes and where they belong.
+    pub apply: Vec<(ObjectKey, Value, Step)>,
     /// Objects to delete, in [`MANAGED_KINDS`] order.
     pub delete: Vec<ObjectKey>,
     /// Of those, the ones deleted with their dependents left behind (driver DaemonSets whose pods the
     /// upgrade controller replaces node by node).
     pub orphan: BTreeSet<ObjectKey>,
+}
+
+/// Where a rendered object belongs: which owner rendered it (its index in the `owned` list given to
+/// [`plan`]), its ClusterPolicy state and its operand. A refused write skips what depends on it
+/// ([`Step::depends_on`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// Index of its owner in [`plan`]'s `owned`: 0 is the ClusterPolicy, then the NVIDIADrivers.
+    pub owner: usize,
+    /// Its state (`state-driver`, `pre-requisites`, ...).
+    pub state: &'static str,
+    /// Its operand; none for RuntimeClasses and the operator's own metrics objects.
+    pub operand: Option<Operand>,
+}
+
+impl Step {
+    /// Whether an object of this step must wait for `failed`: it is of the same owner and either in the
+    /// same state (a DaemonSet whose ServiceAccount or Role was refused) or of an operand that requires
+    /// `failed`'s operand on the node (the toolkit needs the driver). Objects of other owners, and of
+    /// operands that do not need it, go ahead.
+    pub fn depends_on(&self, failed: &Step) -> bool {
+        if self.owner != failed.owner {
+            return false;
+        }
+        if self.state == failed.state {
+            return true;
+        }
+        match (self.operand, failed.operand) {
+            (Some(operand), Some(required)) => operand.requires_transitively().contains(&required),
+            _ => false,
+        }
+    }
 }
 
 /// How managed objects that were not rendered are pruned.
@@ -302,8 +394,10 @@ pub struct Prune<'a> {
     pub keep_drivers: &'a BTreeSet<String>,
 }
 
-/// Decides what to write: rendered objects whose hash differs from the live one, and managed objects owned by
-/// a ClusterPolicy or an NVIDIADriver that were not rendered (see [`Prune`]).
+/// Decides what to write: rendered objects whose hash differs from the live one, and managed objects that
+/// were not rendered and whose owner reference is one of `owned`'s owners, by uid (see [`Prune`]): an object
+/// of another ClusterPolicy, or of a deleted one that garbage collection has not reached yet, is not ours to
+/// delete.
 pub fn plan(
     owned: &[Owned<'_>],
     live: &BTreeMap<ObjectKey, LiveObject>,
@@ -311,9 +405,15 @@ pub fn plan(
 ) -> Result<ApplyPlan, ApplyError> {
     let mut plan = ApplyPlan::default();
     let mut wanted = BTreeSet::new();
-    for (manifest, owner) in owned
+    let owners: BTreeSet<&str> = owned
         .iter()
-        .flat_map(|set| set.rendered.objects.iter().map(|m| (m, set.owner)))
+        .map(|set| set.owner.uid.as_str())
+        .filter(|uid| !uid.is_empty())
+        .collect();
+    for (index, manifest, owner) in owned
+        .iter()
+        .enumerate()
+        .flat_map(|(index, set)| set.rendered.objects.iter().map(move |m| (index, m, set.owner)))
     {
         let key = key_of(manifest).ok_or_else(|| ApplyError::UnknownKind {
             api_version: manifest.object["apiVersion"]
@@ -325,7 +425,12 @@ pub fn plan(
         })?;
         let (object, hash) = prepared(manifest, owner);
         if live.get(&key).and_then(|l| l.hash.as_deref()) != Some(hash.as_str()) {
-            plan.apply.push((key.clone(), object));
+            let step = Step {
+                owner: index,
+                state: manifest.state,
+                operand: manifest.operand,
+            };
+            plan.apply.push((key.clone(), object, step));
         }
         wanted.insert(key);
     }
@@ -338,7 +443,8 @@ pub fn plan(
                 .nvidia_driver
                 .as_ref()
                 .is_some_and(|name| rules.keep_drivers.contains(name));
-            if object.managed && object.owned_by_policy && !wanted.contains(key) && !kept {
+            let ours = object.owners.iter().any(|uid| owners.contains(uid.as_str()));
+            if object.managed && ours && !wanted.contains(key) && !kept {
                 if rules.orphan_drivers && object.driver && key.0 == "DaemonSet" {
                     plan.orphan.insert(key.clone());
                 }
@@ -415,26 +521,45 @@ fn merge_field_sets(into: &mut Value, from: &Value) {
     }
 }
 
-/// How far [`execute`] got: the first `applied` entries of the plan's applies and the first `deleted` of its
-/// deletions were carried out, in order.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Executed {
-    /// Objects applied.
-    pub applied: usize,
-    /// Objects deleted (or found already gone).
-    pub deleted: usize,
+/// A write the API server refused.
+#[derive(Debug)]
+pub struct Refusal {
+    /// Where the refused object belongs; `None` for a deletion (pruning).
+    pub step: Option<Step>,
+    /// The object and the API's answer.
+    pub error: ApplyError,
+    /// Objects not written because they depend on the refused one ([`Step::depends_on`]), in order.
+    pub skipped: Vec<ObjectKey>,
 }
 
-/// Carries out a plan in order, stopping at the first refused write: objects later in the state order may
-/// depend on earlier ones. Returns how far it got, and the refusal if there was one.
-pub async fn execute(
-    client: &Client,
-    namespace: &str,
-    plan: &ApplyPlan,
-) -> (Executed, Result<(), ApplyError>) {
+/// What [`execute`] did.
+#[derive(Debug, Default)]
+pub struct Executed {
+    /// Objects applied.
+    pub applied: Vec<ObjectKey>,
+    /// Objects deleted (or found already gone).
+    pub deleted: Vec<ObjectKey>,
+    /// Writes refused, in the order they were tried, each with what it held back.
+    pub refused: Vec<Refusal>,
+}
+
+/// Carries out a plan in order. A refused write holds back only what depends on it (the rest of its state
+/// and the states of operands that require its operand, see [`Step::depends_on`]); everything else is still
+/// applied, and every deletion is still tried. Each refusal is logged with the object and the API's reason,
+/// and returned.
+pub async fn execute(client: &Client, namespace: &str, plan: &ApplyPlan) -> Executed {
     let mut done = Executed::default();
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    for ((kind, object_namespace, name), object) in &plan.apply {
+    for (key, object, step) in &plan.apply {
+        let (kind, object_namespace, name) = key;
+        if let Some(refusal) = done
+            .refused
+            .iter_mut()
+            .find(|r| r.step.is_some_and(|failed| step.depends_on(&failed)))
+        {
+            refusal.skipped.push(key.clone());
+            continue;
+        }
         let managed = MANAGED_KINDS
             .iter()
             .find(|k| k.kind == *kind)
@@ -445,31 +570,24 @@ pub async fn execute(
             namespace
         };
         let api = managed.api(client.clone(), namespace);
-        let refused = |verb, source| ApplyError::Api {
-            verb,
-            kind,
-            name: name.clone(),
-            source,
-        };
-        let live = match api.patch(name, &params, &Patch::Apply(object)).await {
-            Ok(live) => live,
-            Err(source) => return (done, Err(refused("apply", source))),
-        };
-        if let Some(takeover) = ownership_takeover(&live) {
-            // Fields NVIDIA's operator wrote stay its own under server-side apply, so a field it set that
-            // we do not render would stay forever. Make them ours, then apply again: what we do not render
-            // goes, what we render stays as it is (no change, no restart).
-            let plain = PatchParams::default();
-            if let Err(source) = api.patch(name, &plain, &Patch::Merge(&takeover)).await {
-                return (done, Err(refused("take over", source)));
+        match apply_one(&api, kind, name, object, &params).await {
+            Ok(()) => done.applied.push(key.clone()),
+            Err((verb, source)) => {
+                let error = ApplyError::Api {
+                    verb,
+                    kind,
+                    namespace: object_namespace.clone(),
+                    name: name.clone(),
+                    source: Box::new(source),
+                };
+                warn!(kind, namespace = %object_namespace, name = %name, state = step.state, reason = %error.reason(), %error, "write refused; what depends on it waits");
+                done.refused.push(Refusal {
+                    step: Some(*step),
+                    error,
+                    skipped: Vec::new(),
+                });
             }
-            if let Err(source) = api.patch(name, &params, &Patch::Apply(object)).await {
-                return (done, Err(refused("apply", source)));
-            }
-            info!(kind, name = %name, "adopted: the fields NVIDIA's operator wrote are ours now");
         }
-        info!(kind, name = %name, "applied");
-        done.applied += 1;
     }
     for key in &plan.delete {
         let (kind, object_namespace, name) = key;
@@ -498,15 +616,50 @@ pub async fn execute(
                 let error = ApplyError::Api {
                     verb: "delete",
                     kind,
+                    namespace: object_namespace.clone(),
                     name: name.clone(),
-                    source,
+                    source: Box::new(source),
                 };
-                return (done, Err(error));
+                warn!(kind, namespace = %object_namespace, name = %name, reason = %error.reason(), %error, "prune refused");
+                done.refused.push(Refusal {
+                    step: None,
+                    error,
+                    skipped: Vec::new(),
+                });
+                continue;
             }
         }
-        done.deleted += 1;
+        done.deleted.push(key.clone());
     }
-    (done, Ok(()))
+    done
+}
+
+/// Applies one object, taking over the fields NVIDIA's operator wrote; on a refusal, says which call.
+async fn apply_one(
+    api: &Api<DynamicObject>,
+    kind: &str,
+    name: &str,
+    object: &Value,
+    params: &PatchParams,
+) -> Result<(), (&'static str, kube::Error)> {
+    let live = api
+        .patch(name, params, &Patch::Apply(object))
+        .await
+        .map_err(|e| ("apply", e))?;
+    if let Some(takeover) = ownership_takeover(&live) {
+        // Fields NVIDIA's operator wrote stay its own under server-side apply, so a field it set that
+        // we do not render would stay forever. Make them ours, then apply again: what we do not render
+        // goes, what we render stays as it is (no change, no restart).
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&takeover))
+            .await
+            .map_err(|e| ("take over", e))?;
+        api.patch(name, params, &Patch::Apply(object))
+            .await
+            .map_err(|e| ("apply", e))?;
+        info!(kind, name = %name, "adopted: the fields NVIDIA's operator wrote are ours now");
+    }
+    info!(kind, name = %name, "applied");
+    Ok(())
 }
 
 #[cfg(test)]
@@ -561,7 +714,7 @@ mod tests {
                     key_of(m).unwrap(),
                     LiveObject {
                         hash: Some(hash),
-                        owned_by_policy: true,
+                        owners: vec!["u".into()],
                         managed: true,
                         driver: false,
                         nvidia_driver: None,
@@ -620,7 +773,7 @@ mod tests {
             ("ConfigMap", "gpu-operator".into(), "user".into()),
             LiveObject {
                 hash: None,
-                owned_by_policy: false,
+                owners: Vec::new(),
                 managed: true,
                 driver: false,
                 nvidia_driver: None,
@@ -646,7 +799,7 @@ mod tests {
             key.clone(),
             LiveObject {
                 hash: None,
-                owned_by_policy: true,
+                owners: vec!["u".into()],
                 managed: true,
                 driver: true,
                 nvidia_driver: None,
@@ -757,5 +910,88 @@ mod tests {
                 .plural,
             "runtimeclasses"
         );
+    }
+
+    #[test]
+    fn only_objects_of_the_active_policy_are_pruned() {
+        let empty = Rendered { objects: vec![] };
+        let object = |uid: &str| LiveObject {
+            hash: None,
+            owners: vec![uid.to_owned()],
+            managed: true,
+            driver: false,
+            nvidia_driver: None,
+        };
+        let key = |name: &str| ("ConfigMap", "gpu-operator".to_owned(), name.to_owned());
+        let live = BTreeMap::from([
+            (key("ours"), object("u")),
+            (key("another-policys"), object("other-uid")),
+            (key("a-deleted-policys"), object("old-uid-of-p")),
+        ]);
+        let plan = plan(&one(&empty), &live, NONE).unwrap();
+        assert_eq!(
+            plan.delete,
+            [key("ours")],
+            "objects owned by another ClusterPolicy uid are left to it and to garbage collection"
+        );
+    }
+
+    #[test]
+    fn a_refused_state_holds_back_only_its_own_rest_and_the_operands_that_require_it() {
+        let step = |owner, state, operand| Step {
+            owner,
+            state,
+            operand,
+        };
+        let driver = step(0, "state-driver", Some(Operand::Driver));
+        let toolkit = step(0, "state-container-toolkit", Some(Operand::ContainerToolkit));
+        let plugin = step(0, "state-device-plugin", Some(Operand::DevicePlugin));
+        let exporter = step(0, "state-dcgm-exporter", Some(Operand::DcgmExporter));
+        let gfd = step(0, "gpu-feature-discovery", Some(Operand::GpuFeatureDiscovery));
+        let runtime_classes = step(0, "pre-requisites", None);
+        assert!(toolkit.depends_on(&driver));
+        assert!(plugin.depends_on(&driver), "transitively, through the toolkit");
+        assert!(plugin.depends_on(&toolkit));
+        assert!(!driver.depends_on(&toolkit));
+        assert!(
+            !gfd.depends_on(&exporter),
+            "feature discovery does not need the exporter"
+        );
+        assert!(!plugin.depends_on(&exporter));
+        assert!(exporter.depends_on(&exporter), "the rest of its own state waits");
+        assert!(!plugin.depends_on(&runtime_classes));
+        let pool_driver = step(1, "state-driver", Some(Operand::Driver));
+        assert!(
+            !toolkit.depends_on(&pool_driver),
+            "an NVIDIADriver's refusal does not stop the ClusterPolicy's states"
+        );
+    }
+
+    #[test]
+    fn refusals_carry_the_apis_reason() {
+        let refused = |code: u16, reason: &str| ApplyError::Api {
+            verb: "apply",
+            kind: "Service",
+            namespace: "gpu-operator".into(),
+            name: "nvidia-dcgm-exporter".into(),
+            source: Box::new(kube::Error::Api(Box::new(kube::core::Status {
+                status: Some(kube::core::response::StatusSummary::Failure),
+                code,
+                message: "services \"nvidia-dcgm-exporter\" is forbidden".into(),
+                reason: reason.into(),
+                details: None,
+                metadata: None,
+            }))),
+        };
+        let forbidden = refused(403, "Forbidden");
+        assert_eq!(forbidden.reason(), "Forbidden");
+        assert!(
+            forbidden
+                .to_string()
+                .starts_with("cannot apply Service gpu-operator/nvidia-dcgm-exporter: "),
+            "{forbidden}"
+        );
+        assert_eq!(refused(502, "").reason(), "Code502");
+        assert_eq!(refused(400, "not a reason!").reason(), "Code400");
     }
 }

@@ -2,6 +2,13 @@
 //! decisions need. Nodes keep their labels, annotations, taints, cordon flag and node info (no images, no
 //! managed fields); pods of the operator namespace keep their owner, node and readiness; managed objects of
 //! every other kind keep only their metadata. Every change wakes the policy reconciler.
+//!
+//! Each resource's access is tracked on its own ([`Availability`]): one the API refuses to list (a missing
+//! CRD: `NotFound`; a missing permission: `Forbidden`) is reported by name and reason, in the log, on
+//! `/readyz` and in the ClusterPolicy's status, while every other cache syncs and the controllers run with
+//! what they have. ClusterPolicies are read through [`Decoded`] (kube's `DeserializeGuard`, with the
+//! field's path in the error), so one that does not decode is kept as its metadata and the error instead
+//! of failing the whole list.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,10 +20,13 @@ use gpuop_api::upgrade::observe::is_driver;
 use gpuop_api::{ClusterPolicy, NVIDIADriver};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
+use kube::core::error_boundary::InvalidObject;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
+use serde::de::Error as _;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -43,8 +53,8 @@ impl Changes {
 /// Every cache the operator reads.
 #[derive(Clone, Debug)]
 pub struct Caches {
-    /// ClusterPolicies.
-    pub policies: Store<ClusterPolicy>,
+    /// ClusterPolicies, each decoded or, when it does not decode, its metadata and why.
+    pub policies: Store<Decoded<ClusterPolicy>>,
     /// NVIDIADrivers.
     pub drivers: Store<NVIDIADriver>,
     /// Nodes, trimmed.
@@ -57,8 +67,10 @@ pub struct Caches {
     pub revisions: Store<ControllerRevision>,
     /// Managed objects of every rendered kind, metadata only, by kind.
     pub managed: BTreeMap<&'static str, Store<DynamicObject>>,
-    /// True once every store has listed.
-    synced: watch::Receiver<bool>,
+    /// Which resources can be read.
+    pub availability: Availability,
+    /// Stops the reflectors.
+    shutdown: CancellationToken,
 }
 
 impl Caches {
@@ -72,10 +84,14 @@ impl Caches {
         shutdown: &CancellationToken,
     ) -> (Self, mpsc::UnboundedReceiver<String>) {
         let managed_label = format!("{MANAGED_BY}={MANAGED_BY_VALUE}");
+        let availability = Availability::default();
         let policies = spawn(
             Api::all(client.clone()),
             watcher::Config::default(),
-            |_| {},
+            |policy: &mut Decoded<ClusterPolicy>| {
+                kube::Resource::meta_mut(policy).managed_fields = None;
+            },
+            availability.track("clusterpolicies.nvidia.com", false),
             changed,
             shutdown,
         );
@@ -83,15 +99,18 @@ impl Caches {
             Api::all(client.clone()),
             watcher::Config::default(),
             |driver: &mut NVIDIADriver| driver.metadata.managed_fields = None,
+            availability.track("nvidiadrivers.nvidia.com", false),
             changed,
             shutdown,
         );
         let (node_names, node_events) = mpsc::unbounded_channel();
         let (nodes, node_writer) = reflector::store();
+        let node_tracker = availability.track("nodes", false);
         let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
             .default_backoff()
             .modify(trim_node)
             .reflect(node_writer)
+            .inspect(move |item| node_tracker.observe(item))
             .touched_objects()
             .map(move |node| {
                 if let Ok(node) = &node {
@@ -104,6 +123,7 @@ impl Caches {
             Api::namespaced(client.clone(), namespace),
             watcher::Config::default().labels(&managed_label),
             |ds: &mut DaemonSet| ds.metadata.managed_fields = None,
+            availability.track("daemonsets.apps", false),
             changed,
             shutdown,
         );
@@ -111,6 +131,7 @@ impl Caches {
             Api::namespaced(client.clone(), namespace),
             watcher::Config::default(),
             trim_pod,
+            availability.track("pods", false),
             changed,
             shutdown,
         );
@@ -121,6 +142,7 @@ impl Caches {
                 revision.data = None;
                 revision.metadata.managed_fields = None;
             },
+            availability.track("controllerrevisions.apps", false),
             changed,
             shutdown,
         );
@@ -131,6 +153,7 @@ impl Caches {
             }
             let writer = reflector::store::Writer::new(kind.api_resource());
             let reader = writer.as_reader();
+            let tracker = availability.track(&kind.resource(), kind.kind == "ServiceMonitor");
             let stream = watcher(
                 kind.api(client.clone(), namespace),
                 watcher::Config::default().labels(&managed_label),
@@ -140,11 +163,11 @@ impl Caches {
                 object.data = serde_json::Value::Null;
                 object.metadata.managed_fields = None;
             })
-            .reflect(writer);
+            .reflect(writer)
+            .inspect(move |item| tracker.observe(item));
             run(stream, changed, shutdown);
             managed.insert(kind.kind, reader);
         }
-        let (synced_sender, synced) = watch::channel(false);
         let caches = Self {
             policies,
             drivers,
@@ -153,50 +176,312 @@ impl Caches {
             pods,
             revisions,
             managed,
-            synced,
+            availability,
+            shutdown: shutdown.clone(),
         };
-        caches.signal_when_synced(synced_sender);
         (caches, node_events)
     }
 
-    /// Waits until every cache has listed once, and says whether they did: `false` when the caches were
-    /// stopped first (shutdown before the API server ever answered), so that nothing acts, or claims to be
-    /// ready, on stores that never listed. Any number of tasks may wait.
+    /// Waits until every cache has listed once or been refused for good (a missing CRD, a forbidden list:
+    /// see [`Availability`]), and says whether they did: `false` when the caches were stopped first
+    /// (shutdown before the API server ever answered), so that nothing acts, or claims to be ready, on
+    /// stores that never listed. Any number of tasks may wait.
     pub async fn ready(&self) -> bool {
-        let mut synced = self.synced.clone();
-        synced.wait_for(|synced| *synced).await.is_ok()
+        let mut access = self.availability.subscribe();
+        tokio::select! {
+            biased;
+            settled = access.wait_for(settled) => settled.is_ok(),
+            () = self.shutdown.cancelled() => false,
+        }
     }
 
-    /// Signals `synced` once every store has listed. kube's `Store::wait_until_ready` wakes only the last
-    /// of several concurrent waiters, so exactly one task waits on the stores and the rest on the signal.
-    fn signal_when_synced(&self, synced: watch::Sender<bool>) {
-        let stores = self.clone();
-        // A store whose reflector stopped before listing (shutdown) answers with an error: then `synced` is
-        // dropped unset, which tells every waiter the caches never synced.
-        tokio::spawn(async move {
-            let listed = async {
-                stores.policies.wait_until_ready().await?;
-                stores.drivers.wait_until_ready().await?;
-                stores.nodes.wait_until_ready().await?;
-                stores.daemonsets.wait_until_ready().await?;
-                stores.pods.wait_until_ready().await?;
-                stores.revisions.wait_until_ready().await?;
-                for store in stores.managed.values() {
-                    store.wait_until_ready().await?;
-                }
-                Ok::<(), kube::runtime::reflector::store::WriterDropped>(())
-            };
-            if listed.await.is_ok() {
-                synced.send_replace(true);
+    /// Resources the operator needs but cannot read, each with the API's reason.
+    pub fn unavailable_required(&self) -> Vec<Unavailable> {
+        self.availability.unavailable(false)
+    }
+}
+
+/// An object as read: decoded, or, when it does not decode, its metadata and what does not decode, with
+/// the field's path (`spec.driver.enabled: invalid type: string "yes", expected a boolean`). Like kube's
+/// `DeserializeGuard`, whose error names no field.
+#[derive(Clone, Debug)]
+pub struct Decoded<K>(pub Result<K, InvalidObject>);
+
+impl<'de, K: serde::de::DeserializeOwned> serde::Deserialize<'de> for Decoded<K> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(deserializer)?;
+        let metadata = value.get("metadata").cloned();
+        match serde_path_to_error::deserialize::<_, K>(value) {
+            Ok(object) => Ok(Self(Ok(object))),
+            Err(error) => {
+                let metadata: ObjectMeta = serde_json::from_value(metadata.unwrap_or_default())
+                    .map_err(|e| D::Error::custom(format!("metadata: {e}")))?;
+                Ok(Self(Err(InvalidObject {
+                    error: format!("{}: {}", error.path(), error.inner()),
+                    metadata,
+                })))
             }
+        }
+    }
+}
+
+impl<K: kube::Resource> kube::Resource for Decoded<K> {
+    type DynamicType = K::DynamicType;
+    type Scope = K::Scope;
+
+    fn kind(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
+        K::kind(dt)
+    }
+
+    fn group(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
+        K::group(dt)
+    }
+
+    fn version(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
+        K::version(dt)
+    }
+
+    fn plural(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
+        K::plural(dt)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        self.0.as_ref().map_or_else(|invalid| &invalid.metadata, K::meta)
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        self.0
+            .as_mut()
+            .map_or_else(|invalid| &mut invalid.metadata, K::meta_mut)
+    }
+}
+
+/// Whether a resource's cache can be filled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Not listed yet (or the last list failed for a reason that may pass: a timeout, a 5xx).
+    Listing,
+    /// Listed; its cache follows the watch.
+    Listed,
+    /// The API refuses it (`NotFound`: the CRD is not installed; `Forbidden`: the operator may not list or
+    /// watch it). The reflector keeps retrying with back-off and recovers once it is served.
+    Refused {
+        /// The API's reason.
+        reason: String,
+        /// The API's message.
+        message: String,
+    },
+}
+
+/// One resource's access, as tracked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tracked {
+    /// Whether the operator does its job without it (the ServiceMonitor CRD comes with the Prometheus
+    /// Operator, which many clusters do not run).
+    pub optional: bool,
+    /// Its access.
+    pub access: Access,
+}
+
+/// A resource the operator cannot read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unavailable {
+    /// The resource, `plural.group` (`nvidiadrivers.nvidia.com`, `pods`).
+    pub resource: String,
+    /// The API's reason.
+    pub reason: String,
+    /// The API's message.
+    pub message: String,
+}
+
+/// The access of every resource the caches read, by resource; shared by the reflectors (which update it),
+/// the controllers (which wait for it to settle) and `/readyz` (which reports it).
+#[derive(Clone, Debug, Default)]
+pub struct Availability {
+    resources: Arc<watch::Sender<BTreeMap<String, Tracked>>>,
+}
+
+impl Availability {
+    /// Starts tracking a resource, as not listed yet.
+    pub fn track(&self, resource: &str, optional: bool) -> Tracker {
+        self.resources.send_modify(|resources| {
+            resources.insert(
+                resource.to_owned(),
+                Tracked {
+                    optional,
+                    access: Access::Listing,
+                },
+            );
+        });
+        Tracker {
+            resource: resource.to_owned(),
+            resources: self.resources.clone(),
+        }
+    }
+
+    /// Every tracked resource.
+    pub fn resources(&self) -> BTreeMap<String, Tracked> {
+        self.resources.borrow().clone()
+    }
+
+    fn subscribe(&self) -> watch::Receiver<BTreeMap<String, Tracked>> {
+        self.resources.subscribe()
+    }
+
+    /// The resources refused, required ones only unless `optional` too.
+    pub fn unavailable(&self, optional: bool) -> Vec<Unavailable> {
+        unavailable(&self.resources.borrow(), optional)
+    }
+
+    /// What `/readyz` answers now.
+    pub fn readiness(&self) -> Readiness {
+        readiness(&self.resources.borrow())
+    }
+}
+
+/// What `/readyz` answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Readiness {
+    /// Whether every resource the operator needs is listed.
+    pub ready: bool,
+    /// One line per resource that is not, with its reason; `ok` first when ready.
+    pub body: String,
+}
+
+/// Ready when every required resource is listed; the body names each one that is not, with the API's
+/// reason, and each optional one that is refused.
+pub fn readiness(resources: &BTreeMap<String, Tracked>) -> Readiness {
+    let mut lines = Vec::new();
+    let mut ready = true;
+    for (resource, tracked) in resources {
+        match (&tracked.access, tracked.optional) {
+            (Access::Listed, _) => {}
+            (Access::Listing, false) => {
+                ready = false;
+                lines.push(format!("{resource}: not listed yet"));
+            }
+            (Access::Listing, true) => {}
+            (Access::Refused { reason, message }, false) => {
+                ready = false;
+                lines.push(format!("{resource}: {reason}: {message}"));
+            }
+            (Access::Refused { reason, .. }, true) => {
+                lines.push(format!("{resource}: {reason} (optional: not used)"));
+            }
+        }
+    }
+    if ready {
+        lines.insert(0, "ok".to_owned());
+    }
+    Readiness {
+        ready,
+        body: lines.join("\n") + "\n",
+    }
+}
+
+fn unavailable(resources: &BTreeMap<String, Tracked>, optional: bool) -> Vec<Unavailable> {
+    resources
+        .iter()
+        .filter(|(_, tracked)| optional || !tracked.optional)
+        .filter_map(|(resource, tracked)| match &tracked.access {
+            Access::Refused { reason, message } => Some(Unavailable {
+                resource: resource.clone(),
+                reason: reason.clone(),
+                message: message.clone(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether every resource has listed or been refused.
+fn settled(resources: &BTreeMap<String, Tracked>) -> bool {
+    resources
+        .values()
+        .all(|tracked| !matches!(tracked.access, Access::Listing))
+}
+
+/// Updates one resource's access from its reflector's stream.
+#[derive(Clone, Debug)]
+pub struct Tracker {
+    resource: String,
+    resources: Arc<watch::Sender<BTreeMap<String, Tracked>>>,
+}
+
+impl Tracker {
+    /// Takes in one item of the reflector's stream: a completed list or a watch event means listed; a
+    /// refusal the API will repeat (403, 404) means refused, logged once with the API's reason; any other
+    /// error is logged and retried with back-off.
+    pub fn observe<K>(&self, item: &Result<watcher::Event<K>, watcher::Error>) {
+        let access = match item {
+            Ok(watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                Access::Listed
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => return,
+            Err(error) => match refusal(error) {
+                Some((reason, message)) => Access::Refused { reason, message },
+                None => {
+                    tracing::warn!(resource = %self.resource, %error, "watch failed; retrying with back-off");
+                    return;
+                }
+            },
+        };
+        self.resources.send_if_modified(|resources| {
+            let Some(tracked) = resources.get_mut(&self.resource) else {
+                return false;
+            };
+            if tracked.access == access {
+                return false;
+            }
+            match (&tracked.access, &access) {
+                (_, Access::Refused { reason, message }) if tracked.optional => {
+                    tracing::info!(resource = %self.resource, %reason, %message, "optional resource not served; not used");
+                }
+                (_, Access::Refused { reason, message }) => {
+                    tracing::warn!(resource = %self.resource, %reason, %message, "cannot list or watch; the operator runs without it and is not ready");
+                }
+                (Access::Refused { .. }, Access::Listed) => {
+                    tracing::info!(resource = %self.resource, "listed again");
+                }
+                _ => {}
+            }
+            tracked.access = access;
+            true
         });
     }
+}
+
+/// The API's reason and message when a watcher error is a refusal that retrying will not change by
+/// itself: 404 (the resource is not served: its CRD is missing) or 403 (forbidden).
+fn refusal(error: &watcher::Error) -> Option<(String, String)> {
+    let (watcher::Error::InitialListFailed(kube::Error::Api(status))
+    | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+    | watcher::Error::WatchFailed(kube::Error::Api(status))
+    | watcher::Error::WatchError(status)) = error
+    else {
+        return None;
+    };
+    if !matches!(status.code, 403 | 404) {
+        return None;
+    }
+    let reason = if status.reason.is_empty() {
+        if status.code == 403 {
+            "Forbidden"
+        } else {
+            "NotFound"
+        }
+        .to_owned()
+    } else {
+        status.reason.clone()
+    };
+    Some((reason, status.message.clone()))
 }
 
 fn spawn<K>(
     api: Api<K>,
     config: watcher::Config,
     trim: impl FnMut(&mut K) + Send + 'static,
+    tracker: Tracker,
     changed: &Arc<Changes>,
     shutdown: &CancellationToken,
 ) -> Store<K>
@@ -213,7 +498,8 @@ where
     let stream = watcher(api, config)
         .default_backoff()
         .modify(trim)
-        .reflect(writer);
+        .reflect(writer)
+        .inspect(move |item| tracker.observe(item));
     run(stream, changed, shutdown);
     reader
 }
@@ -222,7 +508,7 @@ fn run<S, T, E>(stream: S, changed: &Arc<Changes>, shutdown: &CancellationToken)
 where
     S: futures::Stream<Item = Result<T, E>> + Send + 'static,
     T: Send,
-    E: std::fmt::Display + Send,
+    E: Send,
 {
     let changed = changed.clone();
     let shutdown = shutdown.clone();
@@ -233,7 +519,8 @@ where
                 () = shutdown.cancelled() => break,
                 item = stream.next() => match item {
                     Some(Ok(_)) => changed.notify(),
-                    Some(Err(error)) => tracing::warn!(%error, "watch failed; retrying with back-off"),
+                    // The tracker logged it, with the resource.
+                    Some(Err(_)) => {}
                     None => break,
                 },
             }
@@ -376,5 +663,100 @@ mod tests {
             plugin.status.as_ref().unwrap().conditions.is_some(),
             "readiness stays"
         );
+    }
+
+    fn refused(code: u16, reason: &str) -> Result<watcher::Event<()>, watcher::Error> {
+        Err(watcher::Error::InitialListFailed(kube::Error::Api(Box::new(
+            kube::core::Status {
+                status: Some(kube::core::response::StatusSummary::Failure),
+                code,
+                message: format!("refused with {code}"),
+                reason: reason.into(),
+                details: None,
+                metadata: None,
+            },
+        ))))
+    }
+
+    #[test]
+    fn a_refused_resource_is_named_with_its_reason_and_an_optional_one_keeps_the_operator_ready() {
+        let availability = Availability::default();
+        let drivers = availability.track("nvidiadrivers.nvidia.com", false);
+        let monitors = availability.track("servicemonitors.monitoring.coreos.com", true);
+        let pods = availability.track("pods", false);
+        let listed: Result<watcher::Event<()>, watcher::Error> = Ok(watcher::Event::InitDone);
+        pods.observe(&listed);
+        assert!(
+            !settled(&availability.resources()),
+            "the driver list has not answered"
+        );
+        monitors.observe(&refused(404, "NotFound"));
+        drivers.observe(&refused(500, "InternalError"));
+        assert!(
+            !settled(&availability.resources()),
+            "a 5xx may pass: the controllers keep waiting for the list"
+        );
+        drivers.observe(&refused(404, "NotFound"));
+        assert!(
+            settled(&availability.resources()),
+            "the controllers run with what they have"
+        );
+        assert_eq!(
+            availability.readiness(),
+            Readiness {
+                ready: false,
+                body: "nvidiadrivers.nvidia.com: NotFound: refused with 404\n\
+                       servicemonitors.monitoring.coreos.com: NotFound (optional: not used)\n"
+                    .into(),
+            }
+        );
+        assert_eq!(
+            availability.unavailable(false),
+            [Unavailable {
+                resource: "nvidiadrivers.nvidia.com".into(),
+                reason: "NotFound".into(),
+                message: "refused with 404".into(),
+            }]
+        );
+        drivers.observe(&listed);
+        assert_eq!(
+            availability.readiness(),
+            Readiness {
+                ready: true,
+                body: "ok\nservicemonitors.monitoring.coreos.com: NotFound (optional: not used)\n".into(),
+            },
+            "a missing optional CRD never makes the operator unready"
+        );
+        pods.observe(&refused(403, ""));
+        assert_eq!(
+            availability.unavailable(false)[0].reason,
+            "Forbidden",
+            "a forbidden list after the first one is reported too"
+        );
+    }
+
+    #[test]
+    fn a_policy_that_does_not_decode_keeps_its_metadata_and_names_the_field() {
+        let decoded: Decoded<ClusterPolicy> = serde_json::from_value(serde_json::json!({
+            "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+            "metadata": {"name": "p", "uid": "u"},
+            "spec": {"driver": {"enabled": "yes please"}},
+        }))
+        .expect("the guard itself decodes");
+        let invalid = decoded.0.expect_err("the spec does not decode");
+        assert_eq!(invalid.metadata.name.as_deref(), Some("p"));
+        assert!(
+            invalid
+                .error
+                .starts_with("spec.driver.enabled: invalid type: string"),
+            "{}",
+            invalid.error
+        );
+        let fine: Decoded<ClusterPolicy> = serde_json::from_value(serde_json::json!({
+            "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+            "metadata": {"name": "q"}, "spec": {},
+        }))
+        .unwrap();
+        assert!(fine.0.is_ok());
     }
 }

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpuop_api::labels::GpuDetection;
-use gpuop_api::status::{PolicyStatus, State};
+use gpuop_api::status::{CONDITION_ERROR, PolicyStatus, State};
 use gpuop_api::upgrade::UpgradePolicy;
 use gpuop_api::upgrade::observe::PoolScope;
 use gpuop_api::validate::{ImageDefaults, validate_with};
@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::apply::{self, ApplyPlan, ObjectKey, Owned, Prune};
-use crate::caches::{Caches, Changes};
+use crate::caches::{Caches, Changes, Decoded};
 use crate::drivers::{self, DriverOutcome, DriverPlan, DriversInput};
 use crate::facts::{FactsInput, NodeFacts, cluster_facts};
 use crate::labeler::{LabelPolicy, NodePatch, desired_labels};
@@ -45,6 +45,7 @@ use crate::lease::Leadership;
 use crate::metrics::{Metrics, ReconciliationStatus};
 use crate::pod_security;
 use crate::readiness::{Observed, observe};
+use crate::status::Failure;
 use crate::status::{
     OperandObservation, Outcome, bounded_note, driver_status, only_counts_differ, policy_status, transition,
 };
@@ -156,23 +157,71 @@ impl Context {
     }
 }
 
-/// Why a reconcile pass failed; the next pass retries with back-off.
+/// Why a step of a reconcile pass failed, one kind per step, each naming the object and carrying the API's
+/// answer. A failed step is written to the active ClusterPolicy's status (`Error=True`, with
+/// [`ReconcileError::reason`]); the pass is retried with back-off.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    /// Applying or pruning an object failed.
-    #[error(transparent)]
-    Apply(#[from] apply::ApplyError),
-    /// Writing an NVIDIADriver's status failed.
-    #[error("cannot write the status of NVIDIADriver {name:?}: {source}")]
-    DriverStatus {
-        /// The NVIDIADriver.
+    /// Validate: the active ClusterPolicy does not decode into the API's types.
+    #[error(
+        "ClusterPolicy {name:?} cannot be read, so it was not applied; running operands are unchanged: {error}"
+    )]
+    Undecodable {
+        /// The policy.
         name: String,
+        /// What does not decode.
+        error: String,
+    },
+    /// Facts: reading an object the rendering depends on failed (a ConfigMap the policy names, a live
+    /// driver DaemonSet).
+    #[error("cannot read {object}: {source}")]
+    Facts {
+        /// `Kind namespace/name`.
+        object: String,
         /// The API error.
         #[source]
         source: kube::Error,
     },
+    /// Facts: a resource the caches cannot list or watch (a missing CRD, a forbidden list). Objects of
+    /// that resource are not written until it can be watched.
+    #[error("cannot watch {resource} ({reason}): {message}")]
+    Watch {
+        /// The resource (`nvidiadrivers.nvidia.com`).
+        resource: String,
+        /// The API's reason (`NotFound`, `Forbidden`).
+        reason: String,
+        /// The API's message.
+        message: String,
+    },
+    /// Render: the policy cannot be turned into objects.
+    #[error("cannot render ClusterPolicy {policy:?}: {message}")]
+    Render {
+        /// The policy.
+        policy: String,
+        /// Why.
+        message: String,
+    },
+    /// Apply of a state: the API server refused an object of it; the states that depend on it were
+    /// held back, the others applied.
+    #[error("apply of {state} refused: {source}{}", held_back(skipped))]
+    Apply {
+        /// The state (`state-dcgm-exporter`).
+        state: &'static str,
+        /// The refused object and the API's answer.
+        #[source]
+        source: apply::ApplyError,
+        /// Objects not applied because of it.
+        skipped: Vec<ObjectKey>,
+    },
+    /// Prune: deleting an object no longer rendered was refused.
+    #[error("prune refused: {source}")]
+    Prune {
+        /// The object and the API's answer.
+        #[source]
+        source: apply::ApplyError,
+    },
     /// Labelling the operator's namespace for Pod Security (`spec.psa`) failed.
-    #[error("cannot set the pod security labels of namespace {namespace:?}: {source}")]
+    #[error("cannot set the pod security labels of Namespace {namespace}: {source}")]
     PodSecurity {
         /// The namespace.
         namespace: String,
@@ -180,35 +229,51 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
-    /// Writing a status failed.
-    #[error("cannot write the status of ClusterPolicy {name:?}: {source}")]
+    /// Status: writing a ClusterPolicy's or an NVIDIADriver's status failed.
+    #[error("cannot write the status of {object}: {source}")]
     Status {
-        /// The policy.
-        name: String,
+        /// `ClusterPolicy name` or `NVIDIADriver name`.
+        object: String,
         /// The API error.
         #[source]
         source: kube::Error,
     },
-    /// Reading a live object the rendering depends on failed.
-    #[error("cannot read {kind} {name:?}: {source}")]
-    ReadLive {
-        /// Its kind.
-        kind: &'static str,
-        /// Its name.
-        name: String,
-        /// The API error.
-        #[source]
-        source: kube::Error,
-    },
-    /// Reading a ConfigMap the policy names failed.
-    #[error("cannot read ConfigMap {name:?}: {source}")]
-    ConfigMap {
-        /// The ConfigMap.
-        name: String,
-        /// The API error.
-        #[source]
-        source: kube::Error,
-    },
+}
+
+impl ReconcileError {
+    /// The `Error` condition's reason: the API's (`Forbidden`, `Invalid`, `NotFound`, ...), or the step's
+    /// own when no API answered (`ReconcileFailed` for a policy that does not decode, `RenderFailed`).
+    pub fn reason(&self) -> String {
+        match self {
+            Self::Undecodable { .. } => gpuop_api::status::reason::RECONCILE_FAILED.to_owned(),
+            Self::Render { .. } => "RenderFailed".to_owned(),
+            Self::Watch { reason, .. } => reason.clone(),
+            Self::Facts { source, .. } | Self::PodSecurity { source, .. } | Self::Status { source, .. } => {
+                apply::api_reason(source)
+            }
+            Self::Apply { source, .. } | Self::Prune { source } => source.reason(),
+        }
+    }
+
+    /// The failure as the ClusterPolicy's status tells it.
+    pub fn failure(&self) -> Failure {
+        Failure {
+            reason: self.reason(),
+            message: self.to_string(),
+        }
+    }
+}
+
+/// "; held back: DaemonSet ns/a, ..." for objects not applied because of a refusal.
+fn held_back(skipped: &[ObjectKey]) -> String {
+    if skipped.is_empty() {
+        return String::new();
+    }
+    let names: Vec<String> = skipped
+        .iter()
+        .map(|(kind, namespace, name)| apply::object_name(kind, namespace, name))
+        .collect();
+    format!("; not applied until it is: {}", names.join(", "))
 }
 
 /// Runs the policy reconciler until `shutdown`.
@@ -259,17 +324,21 @@ pub async fn run_policies(context: Arc<Context>, shutdown: CancellationToken) {
 }
 
 /// One reconcile pass over every ClusterPolicy; returns how long to wait for a change before the next.
+///
+/// A ClusterPolicy that does not decode keeps its place in the activation order (so that it never hands
+/// the cluster to a newer one): as the active one it is reported like an invalid policy and changes
+/// nothing that runs; as another one it is reported ignored, with why it cannot be read.
 pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
     let leader = context.leadership.is_leader();
     context.metrics.leader(leader);
-    let mut policies: Vec<Arc<ClusterPolicy>> = context
+    let mut policies: Vec<Arc<Decoded<ClusterPolicy>>> = context
         .caches
         .policies
         .state()
         .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.meta().deletion_timestamp.is_none())
         .collect();
-    policies.sort_by(|a, b| ClusterPolicy::activation_order(a, b));
+    policies.sort_by(|a, b| ClusterPolicy::activation_order_of(a.meta(), b.meta()));
     let Some((active, others)) = policies.split_first() else {
         context
             .labelling
@@ -286,18 +355,51 @@ pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
         return Ok(RESYNC);
     };
     // A status put off for an ignored policy must be written too: the pass comes back for the earliest.
+    // One that cannot be written does not keep the active policy from being served.
     let mut next_for_ignored: Option<Duration> = None;
+    let mut first_error = None;
     for ignored in others {
         let outcome = Outcome::Ignored {
             active: active.name_any(),
+            unreadable: ignored.0.as_ref().err().map(|invalid| invalid.error.clone()),
         };
-        let written = write_status(context, ignored, &outcome, leader).await?;
-        if let Some(deferred) = written.deferred {
-            next_for_ignored = Some(next_for_ignored.map_or(deferred, |wait| wait.min(deferred)));
+        match write_status(context, &Target::of(ignored), &outcome, leader).await {
+            Ok(written) => {
+                if let Some(deferred) = written.deferred {
+                    next_for_ignored = Some(next_for_ignored.map_or(deferred, |wait| wait.min(deferred)));
+                }
+            }
+            Err(error) => {
+                warn!(reason = %error.reason(), %error, "cannot mark a ClusterPolicy ignored");
+                first_error.get_or_insert(error);
+            }
         }
     }
-    let next = reconcile_active(context, active, leader).await?;
-    Ok(next_for_ignored.map_or(next, |wait| wait.min(next)))
+    let next = match &active.0 {
+        Ok(policy) => reconcile_active(context, policy, leader).await?,
+        Err(invalid) => {
+            let error = ReconcileError::Undecodable {
+                name: active.name_any(),
+                error: invalid.error.clone(),
+            };
+            warn!(policy = %active.name_any(), %error, "the active ClusterPolicy cannot be read; nothing is changed");
+            let written = write_status(
+                context,
+                &Target::of(active),
+                &Outcome::Failed(error.failure()),
+                leader,
+            )
+            .await?;
+            context
+                .metrics
+                .reconciled(ReconciliationStatus::PolicyUnavailable, now_seconds());
+            written.deferred.unwrap_or(RESYNC)
+        }
+    };
+    match first_error {
+        Some(error) => Err(error),
+        None => Ok(next_for_ignored.map_or(next, |wait| wait.min(next))),
+    }
 }
 
 /// Makes the namespace's Pod Security labels what the policy's `psa.enabled` says.
@@ -332,8 +434,20 @@ async fn reconcile_active(
             return Ok(next);
         }
     };
-    if leader {
-        label_namespace(context, validated.spec.psa_enabled()).await?;
+    // Steps that failed while the pass went on; each is in the status, the first is returned for back-off.
+    let mut errors: Vec<ReconcileError> = context
+        .caches
+        .unavailable_required()
+        .into_iter()
+        .map(|u| ReconcileError::Watch {
+            resource: u.resource,
+            reason: u.reason,
+            message: u.message,
+        })
+        .collect();
+    if leader && let Err(error) = label_namespace(context, validated.spec.psa_enabled()).await {
+        warn!(reason = %error.reason(), %error, "cannot label the namespace for Pod Security; applying the rest");
+        errors.push(error);
     }
     let nvidia_drivers_on = validated.spec.driver.use_nvidia_driver_crd();
     let drivers = context.caches.drivers.state();
@@ -370,13 +484,24 @@ async fn reconcile_active(
     if nvidia_drivers_on {
         census.gpu_nodes_without_driver = routing.unmatched.iter().cloned().collect();
     }
-    facts.config_map_keys = config_map_keys(context, policy_config_maps(&validated.spec)).await?;
     let driver_config_maps: Vec<String> = if nvidia_drivers_on {
         drivers.iter().flat_map(|d| drivers::config_maps(d)).collect()
     } else {
         Vec::new()
     };
-    let driver_config_map_keys = config_map_keys(context, driver_config_maps).await?;
+    let read = async {
+        let policy = config_map_keys(context, policy_config_maps(&validated.spec)).await?;
+        let drivers = config_map_keys(context, driver_config_maps).await?;
+        Ok::<_, ReconcileError>((policy, drivers))
+    };
+    let driver_config_map_keys = match read.await {
+        Ok((policy, drivers)) => {
+            facts.config_map_keys = policy;
+            drivers
+        }
+        // Without the facts nothing can be rendered right: nothing is changed, and the status says why.
+        Err(error) => return Err(failed(context, active, error, leader).await),
+    };
     context.metrics.census(census.gpu_nodes, census.nfd_labels);
     context
         .metrics
@@ -385,8 +510,12 @@ async fn reconcile_active(
     let rendered = match render(&validated, &facts) {
         Ok(rendered) => rendered,
         Err(error) => {
-            let outcome = Outcome::Failed(error.to_string());
-            let written = write_status(context, active, &outcome, leader).await?;
+            let error = ReconcileError::Render {
+                policy: active.name_any(),
+                message: error.to_string(),
+            };
+            let outcome = Outcome::Failed(error.failure());
+            let written = write_status(context, &Target::policy(active), &outcome, leader).await?;
             context
                 .metrics
                 .reconciled(ReconciliationStatus::OperatorError, now_seconds());
@@ -411,7 +540,17 @@ async fn reconcile_active(
     );
     let mut pools = upgrade_pools(context, &validated, &rendered);
     pools.extend(driver_plans.iter().filter_map(|plan| plan.pool.clone()));
-    let awaiting_echo = leader && apply_rendered(context, active, &rendered, &driver_plans, &pools).await?;
+    let awaiting_echo = if leader {
+        match apply_rendered(context, active, &rendered, &driver_plans, &pools).await {
+            Ok(applied) => {
+                errors.extend(applied.refused);
+                applied.awaiting_echo
+            }
+            Err(error) => return Err(failed(context, active, error, leader).await),
+        }
+    } else {
+        false
+    };
     context
         .upgrade_pools
         .send_if_modified(|current| replace(current, Some(Upgrades::Pools(pools))));
@@ -438,12 +577,29 @@ async fn reconcile_active(
         let observation = observe(&plan.rendered, observed, &context.detection)
             .into_iter()
             .next();
-        if let Some(deferred) = write_driver_status(context, plan, observation.as_ref(), leader).await? {
-            next = next.min(deferred);
+        match write_driver_status(context, plan, observation.as_ref(), leader).await {
+            Ok(Some(deferred)) => next = next.min(deferred),
+            Ok(None) => {}
+            Err(error) => {
+                warn!(reason = %error.reason(), %error, "cannot write an NVIDIADriver's status");
+                errors.push(error);
+            }
         }
     }
-    let outcome = Outcome::Applied { operands, census };
-    let written = write_status(context, active, &outcome, leader).await?;
+    let outcome = Outcome::Applied {
+        operands,
+        census,
+        failures: errors.iter().map(ReconcileError::failure).collect(),
+    };
+    let written = write_status(context, &Target::policy(active), &outcome, leader).await?;
+    // Told in the status; the pass comes back with back-off. A resource the caches cannot watch needs no
+    // retry from here: its reflector retries, and the pass runs again once it lists.
+    if let Some(error) = errors
+        .into_iter()
+        .find(|error| !matches!(error, ReconcileError::Watch { .. }))
+    {
+        return Err(error);
+    }
     let reconciliation = match written.status.state {
         State::Ready => ReconciliationStatus::Success,
         _ => ReconciliationStatus::NotReady,
@@ -494,8 +650,8 @@ async fn write_driver_status(
         &Patch::Merge(serde_json::json!({ "status": status })),
     )
     .await
-    .map_err(|source| ReconcileError::DriverStatus {
-        name: name.clone(),
+    .map_err(|source| ReconcileError::Status {
+        object: format!("NVIDIADriver {name}"),
         source,
     })?;
     context
@@ -585,8 +741,34 @@ async fn invalid(
     leader: bool,
 ) -> Result<Duration, ReconcileError> {
     let outcome = Outcome::Invalid(errors);
-    let written = write_status(context, policy, &outcome, leader).await?;
+    let written = write_status(context, &Target::policy(policy), &outcome, leader).await?;
     Ok(written.deferred.unwrap_or(RESYNC))
+}
+
+/// Writes the status of a policy whose pass stopped at `error` (nothing was applied or pruned); returns the
+/// error to retry with, or the status write's own when that fails too.
+async fn failed(
+    context: &Context,
+    policy: &ClusterPolicy,
+    error: ReconcileError,
+    leader: bool,
+) -> ReconcileError {
+    let outcome = Outcome::Failed(error.failure());
+    match write_status(context, &Target::policy(policy), &outcome, leader).await {
+        Ok(_) => error,
+        Err(status) => {
+            warn!(reason = %error.reason(), %error, "a step failed and its status cannot be written");
+            status
+        }
+    }
+}
+
+/// What [`apply_rendered`] did.
+struct AppliedPass {
+    /// Some writes were skipped as not echoed yet: the pass must come back.
+    awaiting_echo: bool,
+    /// Writes refused, one error per refused object.
+    refused: Vec<ReconcileError>,
 }
 
 /// Applies what changed and prunes what is gone, skipping writes the caches have not echoed yet. Returns
@@ -602,7 +784,7 @@ async fn apply_rendered(
     rendered: &Rendered,
     drivers: &[DriverPlan],
     pools: &[UpgradePool],
-) -> Result<bool, ReconcileError> {
+) -> Result<AppliedPass, ReconcileError> {
     let owner = apply::owner_reference(policy);
     let driver_owners: Vec<_> = drivers
         .iter()
@@ -636,7 +818,24 @@ async fn apply_rendered(
         orphan_drivers: pools.iter().any(|pool| pool.policy.is_some()),
         keep_drivers: &keep,
     };
-    let mut plan = apply::plan(&owned, &live, rules)?;
+    let mut plan = apply::plan(&owned, &live, rules).map_err(|error| ReconcileError::Render {
+        policy: policy.name_any(),
+        message: error.to_string(),
+    })?;
+    // Objects of a kind the caches cannot watch are not written: nothing would tell what is live, so each
+    // pass would write them again. The status already names the resource (ReconcileError::Watch).
+    let unwatched: BTreeSet<String> = context
+        .caches
+        .unavailable_required()
+        .into_iter()
+        .map(|u| u.resource)
+        .collect();
+    plan.apply.retain(|((kind, _, _), _, _)| {
+        apply::MANAGED_KINDS
+            .iter()
+            .find(|k| k.kind == *kind)
+            .is_none_or(|k| !unwatched.contains(&k.resource()))
+    });
     let wanted = plan.apply.len() + plan.delete.len();
     let now = Instant::now();
     {
@@ -645,7 +844,7 @@ async fn apply_rendered(
             .applied
             .retain(|_, (_, at)| now.duration_since(*at) < IN_FLIGHT);
         recent.deleted.retain(|_, at| now.duration_since(*at) < IN_FLIGHT);
-        plan.apply.retain(|(key, object)| {
+        plan.apply.retain(|(key, object, _)| {
             recent
                 .applied
                 .get(key)
@@ -655,22 +854,42 @@ async fn apply_rendered(
     }
     let awaiting_echo = plan.apply.len() + plan.delete.len() < wanted;
     if plan == ApplyPlan::default() {
-        return Ok(awaiting_echo);
+        return Ok(AppliedPass {
+            awaiting_echo,
+            refused: Vec::new(),
+        });
     }
-    let (done, result) = apply::execute(&context.client, &context.namespace, &plan).await;
-    // Remember what was written, even when a later write failed, so that it is not written twice; what
-    // was refused or never tried is tried again on the next pass.
+    let done = apply::execute(&context.client, &context.namespace, &plan).await;
+    // Remember what was written, even when another write failed, so that it is not written twice; what
+    // was refused or held back is tried again on the next pass.
     let mut recent = context.recent();
-    for (key, object) in &plan.apply[..done.applied] {
+    let applied: BTreeSet<&ObjectKey> = done.applied.iter().collect();
+    for (key, object, _) in plan.apply.iter().filter(|(key, _, _)| applied.contains(key)) {
         recent
             .applied
             .insert(key.clone(), (applied_hash(object).to_owned(), now));
     }
-    for key in &plan.delete[..done.deleted] {
+    for key in &done.deleted {
         recent.deleted.insert(key.clone(), now);
     }
-    result?;
-    Ok(awaiting_echo)
+    let refused = done
+        .refused
+        .into_iter()
+        .map(|refusal| match refusal.step {
+            Some(step) => ReconcileError::Apply {
+                state: step.state,
+                source: refusal.error,
+                skipped: refusal.skipped,
+            },
+            None => ReconcileError::Prune {
+                source: refusal.error,
+            },
+        })
+        .collect();
+    Ok(AppliedPass {
+        awaiting_echo,
+        refused,
+    })
 }
 
 /// Keeps the `DRIVER_CONFIG_DIGEST` of live driver DaemonSets that install what was rendered (see
@@ -699,9 +918,8 @@ async fn keep_live_driver_digests(context: &Context, rendered: &mut Rendered) ->
             None => Api::<DaemonSet>::namespaced(context.client.clone(), &namespace)
                 .get_opt(&name)
                 .await
-                .map_err(|source| ReconcileError::ReadLive {
-                    kind: "DaemonSet",
-                    name: name.clone(),
+                .map_err(|source| ReconcileError::Facts {
+                    object: apply::object_name("DaemonSet", &namespace, &name),
                     source,
                 })?,
         };
@@ -731,28 +949,65 @@ struct StatusWrite {
     deferred: Option<Duration>,
 }
 
+/// The ClusterPolicy whose status is written: what of it the status depends on, also for one that does
+/// not decode (its metadata still does).
+struct Target<'a> {
+    name: String,
+    generation: Option<i64>,
+    /// The stored status; `None` when there is none or the object does not decode.
+    stored: Option<&'a PolicyStatus>,
+    /// Whether the object decoded: one that does not has no stored status to compare with, so the last
+    /// status written is trusted for as long as the operator runs.
+    decoded: bool,
+    reference: k8s_openapi::api::core::v1::ObjectReference,
+}
+
+impl<'a> Target<'a> {
+    fn of(policy: &'a Decoded<ClusterPolicy>) -> Self {
+        match &policy.0 {
+            Ok(policy) => Self::policy(policy),
+            Err(invalid) => Self {
+                name: invalid.metadata.name.clone().unwrap_or_default(),
+                generation: invalid.metadata.generation,
+                stored: None,
+                decoded: false,
+                reference: policy.object_ref(&()),
+            },
+        }
+    }
+
+    fn policy(policy: &'a ClusterPolicy) -> Self {
+        Self {
+            name: policy.name_any(),
+            generation: policy.metadata.generation,
+            stored: policy.status.as_ref(),
+            decoded: true,
+            reference: policy.object_ref(&()),
+        }
+    }
+}
+
 /// Writes a policy's status when it differs from the stored one, at most once per [`STATUS_INTERVAL`]
 /// unless the state or a condition changes.
 async fn write_status(
     context: &Context,
-    policy: &ClusterPolicy,
+    policy: &Target<'_>,
     outcome: &Outcome,
     leader: bool,
 ) -> Result<StatusWrite, ReconcileError> {
-    let name = policy.name_any();
-    let status = policy_status(
-        outcome,
-        &context.namespace,
-        policy.metadata.generation,
-        policy.status.as_ref(),
-        &now(),
-    );
-    let stored = policy.status.as_ref();
+    let name = policy.name.clone();
     let last_write = context.recent().statuses.get(&name).cloned();
+    let stored = policy.stored;
+    let previous = if policy.decoded {
+        stored
+    } else {
+        last_write.as_ref().map(|(written, _)| written)
+    };
+    let status = policy_status(outcome, &context.namespace, policy.generation, previous, &now());
     let unchanged = stored == Some(&status)
         || last_write
             .as_ref()
-            .is_some_and(|(written, at)| *written == status && at.elapsed() < IN_FLIGHT);
+            .is_some_and(|(written, at)| *written == status && (!policy.decoded || at.elapsed() < IN_FLIGHT));
     if unchanged || !leader {
         return Ok(StatusWrite {
             status,
@@ -773,7 +1028,8 @@ async fn write_status(
             });
         }
     }
-    let api: Api<ClusterPolicy> = Api::all(context.client.clone());
+    // Guarded: the answer is the object itself, which need not decode.
+    let api: Api<Decoded<ClusterPolicy>> = Api::all(context.client.clone());
     let patch = serde_json::json!({
         "apiVersion": ClusterPolicy::api_version(&()),
         "kind": ClusterPolicy::kind(&()),
@@ -786,14 +1042,16 @@ async fn write_status(
     )
     .await
     .map_err(|source| ReconcileError::Status {
-        name: name.clone(),
+        object: format!("ClusterPolicy {name}"),
         source,
     })?;
     context
         .recent()
         .statuses
         .insert(name.clone(), (status.clone(), Instant::now()));
-    if baseline.map(|b| b.state) != Some(status.state) {
+    if baseline.map(|b| b.state) != Some(status.state)
+        || condition_reason(baseline, CONDITION_ERROR) != condition_reason(Some(&status), CONDITION_ERROR)
+    {
         transition_event(context, policy, outcome, &status).await;
     }
     Ok(StatusWrite {
@@ -802,15 +1060,20 @@ async fn write_status(
     })
 }
 
+/// The status and reason of a status's condition of this type.
+fn condition_reason<'a>(status: Option<&'a PolicyStatus>, type_: &str) -> Option<(&'a str, &'a str)> {
+    status?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.as_str(), c.reason.as_str()))
+}
+
 /// Publishes an event when a policy's state changes, with the condition's reason and a short note.
-async fn transition_event(
-    context: &Context,
-    policy: &ClusterPolicy,
-    outcome: &Outcome,
-    status: &PolicyStatus,
-) {
+async fn transition_event(context: &Context, policy: &Target<'_>, outcome: &Outcome, status: &PolicyStatus) {
     let transition = transition(outcome, status);
-    info!(policy = %policy.name_any(), state = ?status.state, reason = %transition.reason, "policy state changed");
+    info!(policy = %policy.name, state = ?status.state, reason = %transition.reason, "policy state changed");
     let event = Event {
         type_: if transition.warning {
             EventType::Warning
@@ -822,7 +1085,7 @@ async fn transition_event(
         action: "Reconcile".into(),
         secondary: None,
     };
-    if let Err(error) = context.recorder.publish(&event, &policy.object_ref(&())).await {
+    if let Err(error) = context.recorder.publish(&event, &policy.reference).await {
         warn!(%error, "cannot publish an event");
     }
 }
@@ -871,13 +1134,10 @@ pub(crate) async fn read_config_map_keys(
         if keys.contains_key(&name) {
             continue;
         }
-        let found = api
-            .get_opt(&name)
-            .await
-            .map_err(|source| ReconcileError::ConfigMap {
-                name: name.clone(),
-                source,
-            })?;
+        let found = api.get_opt(&name).await.map_err(|source| ReconcileError::Facts {
+            object: apply::object_name("ConfigMap", namespace, &name),
+            source,
+        })?;
         if let Some(config_map) = found {
             let mut names: Vec<String> = config_map.data.iter().flatten().map(|(k, _)| k.clone()).collect();
             names.extend(config_map.binary_data.iter().flatten().map(|(k, _)| k.clone()));

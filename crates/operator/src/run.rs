@@ -4,7 +4,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::http::StatusCode;
@@ -18,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::api_client;
-use crate::caches::{Caches, Changes};
+use crate::caches::{Caches, Changes, Readiness};
 use crate::controller::{Context, run_labeller, run_policies};
 use crate::lease::{self, Leadership, Timing};
 use crate::metrics::Metrics;
@@ -167,7 +166,6 @@ pub async fn start(client: Client, config: Config) -> Result<Running, StartError
         changed,
         config.upgrade_validation_timeout_seconds,
     ));
-    let ready = Arc::new(AtomicBool::new(false));
     let mut bound = Vec::new();
     if let Some(address) = config.metrics_address {
         let metrics = metrics.clone();
@@ -175,16 +173,24 @@ pub async fn start(client: Client, config: Config) -> Result<Running, StartError
         bound.push(serve(address, router, &shutdown, &mut tasks).await?);
     }
     if let Some(address) = config.health_address {
-        let router = health_router(ready.clone());
+        let availability = context.caches.availability.clone();
+        let router = health_router(move || availability.readiness());
         bound.push(serve(address, router, &shutdown, &mut tasks).await?);
     }
     {
         let context = context.clone();
-        let ready = ready.clone();
         tasks.push(tokio::spawn(async move {
             if context.caches.ready().await {
-                ready.store(true, Ordering::Relaxed);
-                info!("caches synced; operator ready");
+                let unavailable = context.caches.unavailable_required();
+                if unavailable.is_empty() {
+                    info!("caches synced; operator ready");
+                } else {
+                    let resources: Vec<String> = unavailable
+                        .iter()
+                        .map(|u| format!("{} ({})", u.resource, u.reason))
+                        .collect();
+                    warn!(unavailable = %resources.join(", "), "caches synced but for resources the API refuses; the controllers run without them and the operator is not ready");
+                }
             }
         }));
     }
@@ -205,18 +211,21 @@ pub async fn start(client: Client, config: Config) -> Result<Running, StartError
     })
 }
 
-/// `/healthz` answers while the process runs; `/readyz` once every cache has synced.
-pub fn health_router(ready: Arc<AtomicBool>) -> Router {
+/// `/healthz` answers while the process runs; `/readyz` with 200 once every cache the operator needs has
+/// listed, else 503; its body names each resource that has not, with the API's reason (see
+/// [`crate::caches::readiness`]).
+pub fn health_router(readiness: impl Fn() -> Readiness + Clone + Send + Sync + 'static) -> Router {
     Router::new().route("/healthz", get(|| async { "ok" })).route(
         "/readyz",
         get(move || {
-            let ready = ready.clone();
+            let readiness = readiness();
             async move {
-                if ready.load(Ordering::Relaxed) {
-                    (StatusCode::OK, "ok")
+                let code = if readiness.ready {
+                    StatusCode::OK
                 } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "caches are not synced yet")
-                }
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                (code, readiness.body)
             }
         }),
     )
@@ -266,21 +275,33 @@ mod tests {
 
     #[tokio::test]
     async fn readiness_follows_the_caches_and_health_is_always_ok() {
-        let ready = Arc::new(AtomicBool::new(false));
-        let router = health_router(ready.clone());
-        let status = |router: Router, path: &'static str| async move {
-            router
+        let availability = crate::caches::Availability::default();
+        let pods = availability.track("pods", false);
+        let router = {
+            let availability = availability.clone();
+            health_router(move || availability.readiness())
+        };
+        let answer = |router: Router, path: &'static str| async move {
+            let response = router
                 .oneshot(Request::get(path).body(Body::empty()).unwrap())
                 .await
-                .unwrap()
-                .status()
+                .unwrap();
+            let status = response.status();
+            let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+            (status, String::from_utf8_lossy(&body).into_owned())
         };
-        assert_eq!(status(router.clone(), "/healthz").await, StatusCode::OK);
+        assert_eq!(answer(router.clone(), "/healthz").await.0, StatusCode::OK);
         assert_eq!(
-            status(router.clone(), "/readyz").await,
-            StatusCode::SERVICE_UNAVAILABLE
+            answer(router.clone(), "/readyz").await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "pods: not listed yet\n".to_owned()
+            )
         );
-        ready.store(true, Ordering::Relaxed);
-        assert_eq!(status(router, "/readyz").await, StatusCode::OK);
+        pods.observe::<()>(&Ok(kube::runtime::watcher::Event::InitDone));
+        assert_eq!(
+            answer(router, "/readyz").await,
+            (StatusCode::OK, "ok\n".to_owned())
+        );
     }
 }

@@ -30,24 +30,39 @@ pub struct OperandObservation {
     pub excluded: BTreeSet<String>,
 }
 
+/// A step of the pass that failed, as the status tells it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The `Error` condition's reason: the API's (`Forbidden`, `Invalid`, `NotFound`, ...) or the step's
+    /// own (`RenderFailed`).
+    pub reason: String,
+    /// What failed, naming the object, and what was held back because of it.
+    pub message: String,
+}
+
 /// What the last reconcile amounted to.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
-    /// Everything was applied; readiness is in the observations.
+    /// The policy was applied; readiness is in the observations.
     Applied {
         /// Every enabled operand, in catalogue order.
         operands: Vec<OperandObservation>,
         /// GPU and NFD census of the nodes.
         census: Census,
+        /// Steps that failed while the rest went ahead (refused writes, resources that cannot be watched);
+        /// any makes the policy `notReady` with `Error=True`.
+        failures: Vec<Failure>,
     },
     /// The policy is invalid: nothing was applied and running operands were left alone.
     Invalid(Vec<FieldError>),
-    /// Applying failed (API errors); the message says which object and why.
-    Failed(String),
+    /// A step the whole pass depends on failed (facts, render): nothing was applied or pruned.
+    Failed(Failure),
     /// Another ClusterPolicy is the active one.
     Ignored {
         /// Name of the active ClusterPolicy.
         active: String,
+        /// Why this one cannot be read, when it does not decode.
+        unreadable: Option<String>,
     },
 }
 
@@ -71,45 +86,84 @@ pub fn policy_status(
     now: &Time,
 ) -> PolicyStatus {
     let (state, ready, error, operands) = match outcome {
-        Outcome::Applied { operands, census } => {
+        Outcome::Applied {
+            operands,
+            census,
+            failures,
+        } => {
             let statuses: Vec<OperandStatus> = operands.iter().filter_map(operand_status).collect();
-            let (state, ready) = readiness(operands, &statuses, census, MAX_LISTED_NODES);
-            (
-                state,
-                ready,
-                (false, reason::READY, String::new()),
-                Some(statuses),
-            )
+            match failures.first() {
+                None => {
+                    let (state, (ready, reason, message)) =
+                        readiness(operands, &statuses, census, MAX_LISTED_NODES);
+                    (
+                        state,
+                        (ready, reason.to_owned(), message),
+                        (false, reason::READY.to_owned(), String::new()),
+                        Some(statuses),
+                    )
+                }
+                // What runs is still counted per operand; the conditions say what failed.
+                Some(first) => (
+                    State::NotReady,
+                    (false, reason::RECONCILE_FAILED.to_owned(), failure(outcome)),
+                    (true, first.reason.clone(), failure(outcome)),
+                    Some(statuses),
+                ),
+            }
         }
         // `Ready` says why too (NVIDIA leaves it at reason `Error` with no message): it is the condition
         // people and `kubectl wait` read first.
         Outcome::Invalid(_) => (
             State::NotReady,
-            (false, reason::RECONCILE_FAILED, failure(outcome)),
-            (true, reason::RECONCILE_FAILED, failure(outcome)),
+            (false, reason::RECONCILE_FAILED.to_owned(), failure(outcome)),
+            (true, reason::RECONCILE_FAILED.to_owned(), failure(outcome)),
             None,
         ),
-        Outcome::Failed(_) => (
+        Outcome::Failed(failed) => (
             State::NotReady,
-            (false, reason::RECONCILE_FAILED, failure(outcome)),
-            (true, reason::RECONCILE_FAILED, failure(outcome)),
+            (false, reason::RECONCILE_FAILED.to_owned(), failure(outcome)),
+            (true, failed.reason.clone(), failure(outcome)),
             previous.and_then(|p| p.operands.clone()),
         ),
-        Outcome::Ignored { active } => {
+        Outcome::Ignored { active, unreadable } => {
             let message =
                 format!("ClusterPolicy {active:?} is the active one (the oldest); this one is ignored");
+            let error = match unreadable {
+                None => (false, reason::READY.to_owned(), String::new()),
+                Some(why) => (
+                    true,
+                    reason::RECONCILE_FAILED.to_owned(),
+                    bounded(
+                        &format!("this ClusterPolicy cannot be read: {why}"),
+                        CONDITION_MESSAGE_LIMIT,
+                    ),
+                ),
+            };
             (
                 State::Ignored,
-                (false, "Ignored", message),
-                (false, reason::READY, String::new()),
+                (false, "Ignored".to_owned(), message),
+                error,
                 None,
             )
         }
     };
     let previous_conditions = previous.and_then(|p| p.conditions.as_deref()).unwrap_or_default();
     let conditions = vec![
-        condition(CONDITION_READY, ready, generation, previous_conditions, now),
-        condition(CONDITION_ERROR, error, generation, previous_conditions, now),
+        condition(
+            CONDITION_READY,
+            (ready.0, &ready.1, ready.2),
+            generation,
+            previous_conditions,
+            now,
+        ),
+        condition(
+            CONDITION_ERROR,
+            (error.0, &error.1, error.2),
+            generation,
+            previous_conditions,
+            now,
+        ),
     ];
     PolicyStatus {
         state,
@@ -243,14 +297,20 @@ pub struct Transition {
 pub fn transition(outcome: &Outcome, status: &PolicyStatus) -> Transition {
     let condition = |type_: &str| status.conditions.iter().flatten().find(|c| c.type_ == type_);
     let (warning, reason, note) = match outcome {
-        Outcome::Applied { operands, census } => {
-            let statuses = status.operands.as_deref().unwrap_or_default();
-            let (_, (_, reason, note)) = readiness(operands, statuses, census, EVENT_LISTED_NODES);
-            (false, reason.to_owned(), note)
-        }
-        Outcome::Invalid(_) | Outcome::Failed(_) => {
-            (true, reason::RECONCILE_FAILED.to_owned(), failure(outcome))
-        }
+        Outcome::Applied {
+            operands,
+            census,
+            failures,
+        } => match failures.first() {
+            None => {
+                let statuses = status.operands.as_deref().unwrap_or_default();
+                let (_, (_, reason, note)) = readiness(operands, statuses, census, EVENT_LISTED_NODES);
+                (false, reason.to_owned(), note)
+            }
+            Some(first) => (true, first.reason.clone(), failure(outcome)),
+        },
+        Outcome::Invalid(_) => (true, reason::RECONCILE_FAILED.to_owned(), failure(outcome)),
+        Outcome::Failed(failed) => (true, failed.reason.clone(), failure(outcome)),
         Outcome::Ignored { .. } => {
             let ready = condition(CONDITION_READY);
             (
@@ -378,8 +438,12 @@ fn failure(outcome: &Outcome) -> String {
                 problems.join("; ")
             )
         }
-        Outcome::Failed(message) => message.clone(),
-        Outcome::Applied { .. } | Outcome::Ignored { .. } => String::new(),
+        Outcome::Failed(failed) => failed.message.clone(),
+        Outcome::Applied { failures, .. } => {
+            let messages: Vec<&str> = failures.iter().map(|f| f.message.as_str()).collect();
+            messages.join("; ")
+        }
+        Outcome::Ignored { .. } => String::new(),
     };
     bounded(&message, CONDITION_MESSAGE_LIMIT)
 }
@@ -519,6 +583,7 @@ mod tests {
     #[test]
     fn all_ready_is_reconciled() {
         let outcome = Outcome::Applied {
+            failures: Vec::new(),
             operands: vec![observation(Operand::Driver, &["a", "b"], &["a", "b"])],
             census: census(2),
         };
@@ -558,6 +623,7 @@ mod tests {
         let mut plugin = observation(Operand::DevicePlugin, &["a", "b", "c"], &["a"]);
         plugin.excluded = nodes(&["tainted"]);
         let outcome = Outcome::Applied {
+            failures: Vec::new(),
             operands: vec![plugin],
             census: census(4),
         };
@@ -586,6 +652,7 @@ mod tests {
         let expected: Vec<String> = (0..50).map(|i| format!("node-{i:02}")).collect();
         let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
         let outcome = Outcome::Applied {
+            failures: Vec::new(),
             operands: vec![observation(Operand::Driver, &expected, &[])],
             census: census(50),
         };
@@ -601,6 +668,7 @@ mod tests {
         let mut driver = observation(Operand::Driver, &["a"], &["a"]);
         driver.excluded = nodes(&["reserved"]);
         let outcome = Outcome::Applied {
+            failures: Vec::new(),
             operands: vec![driver],
             census: census(2),
         };
@@ -614,6 +682,7 @@ mod tests {
     #[test]
     fn no_gpu_nodes_and_no_nfd_have_nvidias_reasons() {
         let none = Outcome::Applied {
+            failures: Vec::new(),
             operands: vec![],
             census: Census {
                 gpu_nodes: 0,
@@ -626,6 +695,7 @@ mod tests {
             "NoGPUNodes"
         );
         let no_nfd = Outcome::Applied {
+            failures: Vec::new(),
             operands: vec![],
             census: Census::default(),
         };
@@ -668,6 +738,7 @@ mod tests {
         let status = policy_status(
             &Outcome::Ignored {
                 active: "cluster-policy".into(),
+                unreadable: None,
             },
             "ns",
             None,
@@ -685,10 +756,12 @@ mod tests {
     #[test]
     fn transition_times_move_only_when_a_condition_changes() {
         let ready = Outcome::Applied {
+            failures: Vec::new(),
             operands: vec![observation(Operand::Driver, &["a"], &["a"])],
             census: census(1),
         };
         let not_ready = Outcome::Applied {
+            failures: Vec::new(),
             operands: vec![observation(Operand::Driver, &["a"], &[])],
             census: census(1),
         };
@@ -710,6 +783,7 @@ mod tests {
     #[test]
     fn failed_upgrades_and_unserved_nodes_keep_the_policy_not_ready_with_the_reason() {
         let outcome = Outcome::Applied {
+            failures: Vec::new(),
             operands: vec![observation(Operand::Driver, &["a", "b"], &["a", "b"])],
             census: Census {
                 upgrade_failures: vec![("b".into(), "the validator did not pass within 600s".into())],
@@ -806,6 +880,7 @@ mod tests {
     fn gpu_nodes_without_their_labels_keep_the_policy_not_ready() {
         // The first pass of a fresh cluster: no deploy label is visible yet, so no operand expects a node.
         let outcome = Outcome::Applied {
+            failures: Vec::new(),
             operands: vec![observation(Operand::Driver, &[], &[])],
             census: Census {
                 gpu_nodes: 2,
@@ -831,6 +906,7 @@ mod tests {
             .collect();
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         let outcome = Outcome::Applied {
+            failures: Vec::new(),
             operands: gpuop_api::OPERANDS
                 .iter()
                 .map(|info| observation(info.operand, &names, &[]))
@@ -879,6 +955,7 @@ mod tests {
     fn only_counts_and_messages_can_wait() {
         let progress = |ready: &[&str], generation| {
             let outcome = Outcome::Applied {
+                failures: Vec::new(),
                 operands: vec![observation(Operand::Driver, &["a", "b", "c"], ready)],
                 census: census(3),
             };
@@ -897,5 +974,48 @@ mod tests {
         );
         let invalid = policy_status(&Outcome::Invalid(vec![]), "ns", Some(1), None, &time(1));
         assert!(!only_counts_differ(&one, &invalid), "the Error condition changed");
+    }
+
+    #[test]
+    fn a_refused_write_is_an_error_with_the_apis_reason_and_what_runs_is_still_counted() {
+        let outcome = Outcome::Applied {
+            operands: vec![observation(Operand::Driver, &["a"], &["a"])],
+            census: census(1),
+            failures: vec![Failure {
+                reason: "Forbidden".into(),
+                message:
+                    "apply of state-dcgm-exporter refused: cannot apply Service gpu-operator/x: forbidden"
+                        .into(),
+            }],
+        };
+        let status = policy_status(&outcome, "ns", Some(3), None, &time(1));
+        assert_eq!(
+            status.state,
+            State::NotReady,
+            "all ready, yet a write was refused"
+        );
+        let error = error_condition(&status);
+        assert_eq!(
+            (error.status.as_str(), error.reason.as_str()),
+            ("True", "Forbidden")
+        );
+        assert!(
+            error.message.contains("Service gpu-operator/x"),
+            "{}",
+            error.message
+        );
+        let ready = ready_condition(&status);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "ReconcileFailed")
+        );
+        assert_eq!(
+            status.operands.as_ref().map(Vec::len),
+            Some(1),
+            "operands are still reported"
+        );
+        let event = transition(&outcome, &status);
+        assert!(event.warning);
+        assert_eq!(event.reason, "Forbidden");
     }
 }

@@ -9,6 +9,8 @@
 //! - `scenarios`: the simulator's actors on the fake API server, driven by hand-written objects and faults;
 //! - `migrate`: taking over a cluster NVIDIA's operator converged, without restarting its operand pods;
 //! - `operator`: the operator converging simulated clusters (controller-level tests of issue 5);
+//! - `failures`: refused writes, resources the operator cannot list and policies that do not decode, each
+//!   reported where users look while the rest keeps working;
 //! - `workloads`: GPU workloads, their disruption budgets and evictions, and scenario actions on objects;
 //! - `upgrade`: the operator upgrading drivers node by node under running workloads, and NVIDIADriver pools;
 //! - `docs`: every console example in `README.md` and `docs/` run as written, its shown output checked.
@@ -17,6 +19,8 @@
 mod cluster;
 #[path = "sim/docs.rs"]
 mod docs;
+#[path = "sim/failures.rs"]
+mod failures;
 #[path = "sim/helm.rs"]
 mod helm;
 #[path = "sim/install.rs"]

@@ -1,0 +1,570 @@
+//! Every failure visible where users look: a write the API server refuses, a resource the operator cannot
+//! list, and a ClusterPolicy that does not decode are each reported on the ClusterPolicy's status (and
+//! `/readyz`), while everything that does not depend on them keeps being applied.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use gpuop_api::ClusterPolicy;
+use gpuop_api::status::{CONDITION_ERROR, State};
+use gpuop_fakeserver::{Authorization, FakeServer};
+use gpuop_operator::run::{self, Config, Running};
+use gpuop_sim::cluster_spec::{ClusterSpec, NodePool};
+use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install};
+use gpuop_sim::hardware::GpuModel;
+use gpuop_sim::kubelet::Timing;
+use gpuop_sim::simulation::Simulation;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+use crate::operator::pool;
+
+/// Generous: a failure guard on a loaded two-core machine, not a performance assertion.
+const PATIENCE: Duration = Duration::from_secs(90);
+
+/// A simulated cluster (driven by `admin`) and the operator (on `operator`), serving `/readyz`.
+struct Setup {
+    admin: Client,
+    simulation: Simulation,
+    operator: Running,
+}
+
+impl Setup {
+    async fn start(admin: Client, operator: Client, pools: Vec<NodePool>) -> Self {
+        let spec = ClusterSpec {
+            nfd: true,
+            node_pools: pools,
+            workloads: Vec::new(),
+        };
+        let simulation = Simulation::start(admin.clone(), spec, Timing::instant())
+            .await
+            .expect("simulation starts");
+        let config = Config {
+            health_address: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            ..Config::in_process(NAMESPACE)
+        };
+        let operator = run::start(operator, config).await.expect("operator starts");
+        Self {
+            admin,
+            simulation,
+            operator,
+        }
+    }
+
+    async fn stop(self) {
+        self.operator.stop().await;
+        self.simulation.stop().await;
+    }
+
+    fn health(&self) -> SocketAddr {
+        *self.operator.bound.first().expect("the health endpoint is bound")
+    }
+
+    async fn policy(&self, name: &str) -> Result<ClusterPolicy, String> {
+        Api::<ClusterPolicy>::all(self.admin.clone())
+            .get(name)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Operand ids with a running pod on the node.
+    async fn operands_on(&self, node: &str) -> Result<BTreeSet<String>, String> {
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), NAMESPACE);
+        Ok(pods
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .into_iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| gpuop_sim::kubelet::operand_of(&p).map(|o| o.id().to_owned()))
+            .collect())
+    }
+}
+
+/// Waits until the check passes; panics with its last answer after [`PATIENCE`].
+async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let started = tokio::time::Instant::now();
+    loop {
+        match check().await {
+            Ok(()) => return,
+            Err(last) if started.elapsed() > PATIENCE => {
+                panic!("{what}: still not so after {PATIENCE:?}: {last}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+fn error_condition(policy: &ClusterPolicy) -> Option<&Condition> {
+    policy
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == CONDITION_ERROR)
+}
+
+/// The status line and body of a GET.
+async fn http_get(address: SocketAddr, path: &'static str) -> Result<(String, String), String> {
+    tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(address).map_err(|e| e.to_string())?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+            .map_err(|e| e.to_string())?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).map_err(|e| e.to_string())?;
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((answer.as_str(), ""));
+        Ok((
+            head.lines().next().unwrap_or_default().to_owned(),
+            body.to_owned(),
+        ))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// A client for the operator's ServiceAccount on an RBAC server, allowed everything the operator does but
+/// writing the core resources `read_only`, and listing or watching the resources `hidden` (of any group).
+async fn operator_allowed(
+    server: &FakeServer,
+    admin: &Client,
+    read_only: &[&str],
+    hidden: &[&str],
+) -> Client {
+    let create = |object: serde_json::Value| {
+        let api: Api<DynamicObject> = Api::all_with(
+            admin.clone(),
+            &ApiResource::from_gvk(&GroupVersionKind::gvk(
+                "rbac.authorization.k8s.io",
+                "v1",
+                object["kind"].as_str().unwrap_or_default(),
+            )),
+        );
+        async move {
+            let object: DynamicObject = serde_json::from_value(object).expect("an RBAC object");
+            api.create(&PostParams::default(), &object)
+                .await
+                .expect("RBAC object created");
+        }
+    };
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), NAMESPACE);
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "gpu-operator"}})).unwrap(),
+        )
+        .await
+        .expect("service account created");
+    let shown = |resources: &[&str]| -> Vec<String> {
+        resources
+            .iter()
+            .filter(|r| !hidden.contains(r))
+            .map(|r| (*r).to_owned())
+            .collect()
+    };
+    let grouped: [(&str, &[&str]); 12] = [
+        ("apps", &["daemonsets", "controllerrevisions"]),
+        (
+            "rbac.authorization.k8s.io",
+            &["clusterroles", "clusterrolebindings", "roles", "rolebindings"],
+        ),
+        ("node.k8s.io", &["runtimeclasses"]),
+        (
+            "nvidia.com",
+            &[
+                "clusterpolicies",
+                "clusterpolicies/status",
+                "clusterpolicies/finalizers",
+                "nvidiadrivers",
+                "nvidiadrivers/status",
+                "nvidiadrivers/finalizers",
+            ],
+        ),
+        ("coordination.k8s.io", &["leases"]),
+        ("events.k8s.io", &["events"]),
+        ("apiextensions.k8s.io", &["customresourcedefinitions"]),
+        ("monitoring.coreos.com", &["servicemonitors"]),
+        ("nfd.k8s-sigs.io", &["nodefeatures"]),
+        ("security.openshift.io", &["securitycontextconstraints"]),
+        ("config.openshift.io", &["clusterversions"]),
+        ("resource.k8s.io", &["resourceclaims"]),
+    ];
+    let mut rules: Vec<serde_json::Value> = grouped
+        .iter()
+        .map(
+            |(group, resources)| json!({"apiGroups": [group], "resources": shown(resources), "verbs": ["*"]}),
+        )
+        .collect();
+    let core = [
+        "nodes",
+        "pods",
+        "pods/eviction",
+        "configmaps",
+        "serviceaccounts",
+        "namespaces",
+        "events",
+        "services",
+    ];
+    let writable: Vec<&str> = core.iter().copied().filter(|r| !read_only.contains(r)).collect();
+    rules.push(json!({"apiGroups": [""], "resources": shown(&writable), "verbs": ["*"]}));
+    rules.push(json!({"apiGroups": [""], "resources": shown(read_only), "verbs": ["get", "list", "watch"]}));
+    // The unlisted ones may still be written: only the operator's own judgement keeps it from writing them.
+    rules.extend(hidden.iter().map(|resource| {
+        json!({"apiGroups": ["*"], "resources": [resource], "verbs": ["get", "create", "patch", "update", "delete"]})
+    }));
+    rules.retain(|rule| rule["resources"].as_array().is_some_and(|r| !r.is_empty()));
+    create(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "gpu-operator-test"},
+        "rules": rules,
+    }))
+    .await;
+    create(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "gpu-operator-test"},
+        "subjects": [{"kind": "ServiceAccount", "name": "gpu-operator", "namespace": NAMESPACE}],
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpu-operator-test"},
+    }))
+    .await;
+    let token = server.token_for(NAMESPACE, "gpu-operator").expect("a token");
+    server.client_with(Some(gpuop_operator::USER_AGENT), Some(&token))
+}
+
+#[tokio::test]
+async fn a_refused_write_is_in_the_status_and_the_states_that_do_not_need_it_are_applied() {
+    let server = FakeServer::builder().authorization(Authorization::Rbac).build();
+    let admin = server.client_as(gpuop_sim::USER_AGENT);
+    install(&admin).await.expect("CRDs and namespace install");
+    // The operator may do everything but write Services: the DCGM exporter's Service is refused.
+    let operator = operator_allowed(&server, &admin, &["services"], &[]).await;
+    let setup = Setup::start(admin.clone(), operator, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+    let name = apply_policy(&admin, DEFAULT_POLICY)
+        .await
+        .expect("policy applies");
+    let node = "gpu-0";
+    until(
+        "the refusal is in the status and feature discovery runs anyway",
+        || async {
+            let policy = setup.policy(&name).await?;
+            let error = error_condition(&policy).ok_or("no Error condition yet")?;
+            let operands = setup.operands_on(node).await?;
+            let state = policy.status.as_ref().map(|s| s.state);
+            if error.status == "True"
+                && error.reason == "Forbidden"
+                && error
+                    .message
+                    .contains("Service gpu-operator/nvidia-dcgm-exporter")
+                && state == Some(State::NotReady)
+                && operands.contains("gpu-feature-discovery")
+                && operands.contains("device-plugin")
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "state {state:?}, Error condition {error:?}, operands on {node}: {operands:?}"
+                ))
+            }
+        },
+    )
+    .await;
+    setup.stop().await;
+}
+
+#[tokio::test]
+async fn a_forbidden_list_is_reported_per_resource_and_its_kind_is_not_written() {
+    // RuntimeClasses may be written but not listed or watched.
+    let server = FakeServer::builder().authorization(Authorization::Rbac).build();
+    let admin = server.client_as(gpuop_sim::USER_AGENT);
+    install(&admin).await.expect("CRDs and namespace install");
+    let operator = operator_allowed(&server, &admin, &[], &["runtimeclasses"]).await;
+    let setup = Setup::start(admin.clone(), operator, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+    let name = apply_policy(&admin, DEFAULT_POLICY)
+        .await
+        .expect("policy applies");
+    until(
+        "the forbidden resource is named in the status and on /readyz, the driver runs",
+        || async {
+            let policy = setup.policy(&name).await?;
+            let error = error_condition(&policy).ok_or("no Error condition yet")?;
+            let operands = setup.operands_on("gpu-0").await?;
+            let (status, body) = http_get(setup.health(), "/readyz").await?;
+            if error.status == "True"
+                && error.reason == "Forbidden"
+                && error
+                    .message
+                    .contains("cannot watch runtimeclasses.node.k8s.io (Forbidden)")
+                && operands.contains("driver")
+                && status.contains("503")
+                && body.contains("runtimeclasses.node.k8s.io: Forbidden")
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "Error condition {error:?}, operands {operands:?}, /readyz {status}: {body}"
+                ))
+            }
+        },
+    )
+    .await;
+    // The pass that wrote this status made its writes before it: none was a RuntimeClass.
+    let runtime_classes: Api<DynamicObject> = Api::all_with(
+        admin.clone(),
+        &ApiResource::from_gvk(&GroupVersionKind::gvk("node.k8s.io", "v1", "RuntimeClass")),
+    );
+    let written = runtime_classes
+        .list(&ListParams::default())
+        .await
+        .expect("runtime classes list")
+        .items;
+    assert!(
+        written.is_empty(),
+        "a kind the operator cannot watch is not written: {:?}",
+        written.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
+    );
+    setup.stop().await;
+}
+
+#[tokio::test]
+async fn a_missing_crd_is_reported_and_everything_else_keeps_working_until_it_is_installed() {
+    let server = FakeServer::new();
+    let admin = server.client_as(gpuop_sim::USER_AGENT);
+    // Only the ClusterPolicy CRD: the NVIDIADriver one is missing.
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    crds.patch(
+        "clusterpolicies.nvidia.com",
+        &PatchParams::apply("test").force(),
+        &Patch::Apply(gpuop_api::crd::cluster_policy_crd()),
+    )
+    .await
+    .expect("ClusterPolicy CRD installs");
+    Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).unwrap(),
+        )
+        .await
+        .expect("namespace created");
+    let operator = server.client_as(gpuop_operator::USER_AGENT);
+    let setup = Setup::start(admin.clone(), operator, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+    let name = apply_policy(&admin, DEFAULT_POLICY)
+        .await
+        .expect("policy applies");
+    until(
+        "the operands run, the policy names the missing CRD, /readyz too",
+        || async {
+            let policy = setup.policy(&name).await?;
+            let error = error_condition(&policy).ok_or("no Error condition yet")?;
+            let operands = setup.operands_on("gpu-0").await?;
+            let (status, body) = http_get(setup.health(), "/readyz").await?;
+            if error.status == "True"
+                && error.reason == "NotFound"
+                && error.message.contains("nvidiadrivers.nvidia.com")
+                && operands.contains("device-plugin")
+                && status.contains("503")
+                && body.contains("nvidiadrivers.nvidia.com: NotFound")
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "Error condition {error:?}, operands {operands:?}, /readyz {status}: {body}"
+                ))
+            }
+        },
+    )
+    .await;
+    crds.patch(
+        "nvidiadrivers.nvidia.com",
+        &PatchParams::apply("test").force(),
+        &Patch::Apply(gpuop_api::crd::nvidia_driver_crd()),
+    )
+    .await
+    .expect("NVIDIADriver CRD installs");
+    until(
+        "once the CRD is there, the operator is ready and the error is gone",
+        || async {
+            let policy = setup.policy(&name).await?;
+            let error = error_condition(&policy).ok_or("no Error condition")?;
+            let (status, body) = http_get(setup.health(), "/readyz").await?;
+            if error.status == "False" && status.contains("200") && body.starts_with("ok") {
+                Ok(())
+            } else {
+                Err(format!("Error condition {error:?}, /readyz {status}: {body}"))
+            }
+        },
+    )
+    .await;
+    setup.stop().await;
+}
+
+/// Installs a ClusterPolicy CRD whose schema does not check the spec (as one of another version or vendor
+/// may not), so that the API server stores what the operator's types cannot decode; returns an API for
+/// ClusterPolicies as plain objects.
+async fn loose_policies(admin: &Client) -> Api<DynamicObject> {
+    let mut crd = serde_json::to_value(gpuop_api::crd::cluster_policy_crd()).expect("CRD serializes");
+    for version in crd["spec"]["versions"].as_array_mut().expect("versions") {
+        version["schema"]["openAPIV3Schema"]["properties"]["spec"] =
+            json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
+    }
+    Api::<CustomResourceDefinition>::all(admin.clone())
+        .patch(
+            "clusterpolicies.nvidia.com",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .expect("the looser CRD applies");
+    Api::all_with(
+        admin.clone(),
+        &ApiResource::from_gvk(&GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy")),
+    )
+}
+
+#[tokio::test]
+async fn a_policy_that_does_not_decode_is_reported_on_itself_and_the_other_is_served() {
+    let server = FakeServer::new();
+    let admin = server.client_as(gpuop_sim::USER_AGENT);
+    install(&admin).await.expect("CRDs and namespace install");
+    let policies = loose_policies(&admin).await;
+    let name = apply_policy(&admin, DEFAULT_POLICY)
+        .await
+        .expect("policy applies");
+    // Newer (the name breaks a tie of creation seconds), and `driver.enabled` is not a boolean.
+    let unreadable: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+        "metadata": {"name": "zz-unreadable"},
+        "spec": {"driver": {"enabled": "yes please"}},
+    }))
+    .unwrap();
+    let unreadable = policies
+        .create(&PostParams::default(), &unreadable)
+        .await
+        .expect("the server stores it");
+    // A managed object owned by the other ClusterPolicy: not the active one's to prune.
+    let foreign: ConfigMap = serde_json::from_value(json!({
+        "metadata": {
+            "name": "owned-by-another-policy",
+            "labels": {gpuop_api::labels::MANAGED_BY: "gpu-operator"},
+            "ownerReferences": [{"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": "zz-unreadable",
+                                 "uid": unreadable.uid().expect("a uid"), "controller": true}],
+        },
+    }))
+    .unwrap();
+    let config_maps: Api<ConfigMap> = Api::namespaced(admin.clone(), NAMESPACE);
+    config_maps
+        .create(&PostParams::default(), &foreign)
+        .await
+        .expect("config map created");
+    let operator = server.client_as(gpuop_operator::USER_AGENT);
+    let setup = Setup::start(admin.clone(), operator, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+    until(
+        "the readable policy is served and the other says why it is not",
+        || async {
+            let active = setup.policy(&name).await?;
+            let other = policies.get("zz-unreadable").await.map_err(|e| e.to_string())?;
+            let status = &other.data["status"];
+            let error = status["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == CONDITION_ERROR)
+                .cloned()
+                .unwrap_or_default();
+            let operands = setup.operands_on("gpu-0").await?;
+            let state = active.status.as_ref().map(|s| s.state);
+            if state == Some(State::Ready)
+                && operands.contains("device-plugin")
+                && status["state"] == "ignored"
+                && error["status"] == "True"
+                && error["reason"] == "ReconcileFailed"
+                && error["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("cannot be read"))
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "active {state:?}, operands {operands:?}, unreadable one's status {status}"
+                ))
+            }
+        },
+    )
+    .await;
+    assert!(
+        config_maps
+            .get_opt("owned-by-another-policy")
+            .await
+            .expect("config maps read")
+            .is_some(),
+        "an object of another ClusterPolicy is not pruned"
+    );
+    setup.stop().await;
+}
+
+#[tokio::test]
+async fn an_active_policy_that_does_not_decode_is_reported_and_nothing_is_applied() {
+    let server = FakeServer::new();
+    let admin = server.client_as(gpuop_sim::USER_AGENT);
+    install(&admin).await.expect("CRDs and namespace install");
+    let policies = loose_policies(&admin).await;
+    let unreadable: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+        "metadata": {"name": "cluster-policy"},
+        "spec": {"driver": {"enabled": "yes please"}},
+    }))
+    .unwrap();
+    policies
+        .create(&PostParams::default(), &unreadable)
+        .await
+        .expect("the server stores it");
+    let operator = server.client_as(gpuop_operator::USER_AGENT);
+    let setup = Setup::start(admin.clone(), operator, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+    until("the policy says why it cannot be read", || async {
+        let policy = policies.get("cluster-policy").await.map_err(|e| e.to_string())?;
+        let status = &policy.data["status"];
+        let error = status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == CONDITION_ERROR)
+            .cloned()
+            .unwrap_or_default();
+        if status["state"] == "notReady"
+            && error["status"] == "True"
+            && error["reason"] == "ReconcileFailed"
+            && error["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("cannot be read") && m.contains("driver.enabled"))
+        {
+            Ok(())
+        } else {
+            Err(format!("status {status}"))
+        }
+    })
+    .await;
+    // The pass that wrote the status applied nothing before it.
+    let managed = Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(admin.clone(), NAMESPACE)
+        .list(&ListParams::default().labels(&format!("{}=gpu-operator", gpuop_api::labels::MANAGED_BY)))
+        .await
+        .expect("daemonsets list")
+        .items;
+    assert!(
+        managed.is_empty(),
+        "nothing is applied for a policy that cannot be read: {:?}",
+        managed.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
+    );
+    setup.stop().await;
+}
