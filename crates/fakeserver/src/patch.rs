@@ -21,8 +21,12 @@ pub enum PatchType {
     Apply,
 }
 
+/// The patch types a custom resource accepts; built-in kinds also take strategic merge patches, listed
+/// before apply as kube-apiserver's installer lists them.
 const ACCEPTED: &str =
     "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml";
+const ACCEPTED_BUILTIN: &str = "application/json-patch+json, application/merge-patch+json, \
+application/strategic-merge-patch+json, application/apply-patch+yaml";
 
 impl PatchType {
     /// The patch type a request's `Content-Type` names.
@@ -39,7 +43,7 @@ impl PatchType {
             "application/strategic-merge-patch+json" => Ok(Self::Strategic),
             "application/apply-patch+yaml" | "application/apply-patch+json" => Ok(Self::Apply),
             _ => Err(ApiError::UnsupportedMediaType {
-                accepted: format!("{ACCEPTED}, application/strategic-merge-patch+json"),
+                accepted: ACCEPTED_BUILTIN.into(),
             }),
         }
     }
