@@ -179,4 +179,20 @@ mod tests {
         assert_eq!(parse_body(br#"{"a":1}"#).expect("json"), json!({"a": 1}));
         assert_eq!(parse_body(b"{").map_err(|e| e.code()), Err(400));
     }
+
+    #[test]
+    fn yaml_aliases_cannot_expand_a_small_body_into_a_huge_one() {
+        // "Billion laughs": nine levels of nine aliases, a few hundred bytes that expand to 9^9 strings.
+        let mut yaml = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x]\n");
+        for level in 1..10 {
+            let previous = format!("*a{}", level - 1);
+            let list = [previous.as_str(); 9].join(", ");
+            yaml.push_str(&format!("a{level}: &a{level} [{list}]\n"));
+        }
+        let error = parse_body(yaml.as_bytes()).expect_err("refused");
+        assert_eq!(error.code(), 400);
+        // A deep document is refused too, not walked into a stack overflow.
+        let deep = format!("{}x{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(parse_body(deep.as_bytes()).map_err(|e| e.code()), Err(400));
+    }
 }
