@@ -428,46 +428,71 @@ impl ResourceRequest<'_> {
         }
     }
 
+    /// The write's options, checked as `ValidateCreateOptions`, `ValidateUpdateOptions` and
+    /// `ValidatePatchOptions` check them: every problem in one 422 on `CreateOptions.meta.k8s.io ""` (or
+    /// `UpdateOptions`, `PatchOptions`).
     fn write_options(&self, status: bool, apply: bool) -> Result<WriteOptions, ApiError> {
-        let dry_run = match self.params.get("dryRun") {
-            None | Some("") => false,
-            Some("All") => true,
-            Some(other) => {
-                return Err(ApiError::BadRequest(format!(
-                    "Invalid dry run value: {other:?}: supported values: \"All\""
-                )));
-            }
-        };
-        let validation = match self.params.get("fieldValidation") {
-            None | Some("") | Some("Warn") => FieldValidation::Warn,
-            Some("Ignore") => FieldValidation::Ignore,
-            Some("Strict") => FieldValidation::Strict,
-            Some(other) => {
-                return Err(ApiError::BadRequest(format!(
-                    "fieldValidation: Unsupported value: {other:?}: supported values: \"Ignore\", \"Strict\", \"Warn\""
-                )));
-            }
-        };
+        let patching = matches!(self.key.verb, Verb::Patch | Verb::Apply);
+        let mut causes = Vec::new();
         let force = self.params.flag("force");
-        if force && !apply {
-            let kind = crate::error::GroupKind {
-                group: "meta.k8s.io".into(),
-                kind: "PatchOptions".into(),
-            };
-            return Err(ApiError::invalid_causes(
-                kind,
-                "",
-                vec![crate::validation::forbidden(
-                    "force",
-                    "may not be specified for non-apply patch",
-                )],
+        // Any `force`, even false, is a `*bool` set on a patch that is not an apply.
+        if patching && !apply && self.params.get("force").is_some() {
+            causes.push(crate::validation::forbidden(
+                "force",
+                "may not be specified for non-apply patch",
             ));
         }
         let manager = self.manager(apply);
         if manager.len() > 128 {
-            return Err(ApiError::BadRequest(
-                "fieldManager: Too long: may not be more than 128 bytes".into(),
+            causes.push(crate::error::Cause {
+                reason: "FieldValueTooLong".into(),
+                message: "Too long: may not be more than 128 bytes".into(),
+                field: "fieldManager".into(),
+            });
+        }
+        if manager.chars().any(char::is_control) {
+            causes.push(crate::validation::invalid(
+                "fieldManager",
+                &json!(manager),
+                "must only contain printable characters",
             ));
+        }
+        let dry_run = match self.params.get("dryRun") {
+            None | Some("") => false,
+            Some("All") => true,
+            Some(other) => {
+                causes.push(crate::error::Cause {
+                    reason: "FieldValueNotSupported".into(),
+                    message: format!("Unsupported value: []string{{{other:?}}}: supported values: \"All\""),
+                    field: "dryRun".into(),
+                });
+                false
+            }
+        };
+        let validation = match self.params.get("fieldValidation") {
+            None | Some("" | "Warn") => FieldValidation::Warn,
+            Some("Ignore") => FieldValidation::Ignore,
+            Some("Strict") => FieldValidation::Strict,
+            Some(other) => {
+                causes.push(crate::validation::unsupported(
+                    "fieldValidation",
+                    &json!(other),
+                    &["", "Ignore", "Strict", "Warn"],
+                ));
+                FieldValidation::Warn
+            }
+        };
+        if !causes.is_empty() {
+            let kind = crate::error::GroupKind {
+                group: "meta.k8s.io".into(),
+                kind: match self.key.verb {
+                    Verb::Create => "CreateOptions",
+                    Verb::Update => "UpdateOptions",
+                    _ => "PatchOptions",
+                }
+                .into(),
+            };
+            return Err(ApiError::invalid_causes(kind, "", causes));
         }
         Ok(WriteOptions {
             manager,
@@ -886,7 +911,10 @@ async fn review(request: &ResourceRequest<'_>, method: &Method, body: Body) -> R
     Ok(json_response(StatusCode::CREATED, &answer, &[]))
 }
 
+/// Delete options from the body, else the query, checked as `ValidateDeleteOptions` checks them (one 422
+/// on `DeleteOptions.meta.k8s.io ""`).
 fn delete_options(request: &ResourceRequest<'_>, body: &Value) -> Result<DeleteOptions, ApiError> {
+    let mut causes = Vec::new();
     let text = |key: &str| {
         body.get(key)
             .and_then(Value::as_str)
@@ -912,20 +940,50 @@ fn delete_options(request: &ResourceRequest<'_>, body: &Value) -> Result<DeleteO
         Some("Background") => Some(Propagation::Background),
         Some("Foreground") => Some(Propagation::Foreground),
         Some(other) => {
-            return Err(ApiError::BadRequest(format!(
-                "propagationPolicy: Unsupported value: {other:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
-            )));
+            causes.push(crate::validation::unsupported(
+                "propagationPolicy",
+                &json!(other),
+                &["Foreground", "Background", "Orphan", "nil"],
+            ));
+            None
         }
     };
     let grace = match body.get("gracePeriodSeconds").and_then(Value::as_i64) {
         Some(grace) => Some(grace),
         None => request.params.integer("gracePeriodSeconds")?,
     };
-    let dry_run = body
-        .get("dryRun")
-        .and_then(Value::as_array)
-        .is_some_and(|d| d.iter().any(|v| v == "All"))
-        || request.params.get("dryRun") == Some("All");
+    let dry_run: Vec<String> = match body.get("dryRun").and_then(Value::as_array) {
+        Some(values) => values
+            .iter()
+            .map(|v| v.as_str().unwrap_or_default().to_owned())
+            .collect(),
+        None => request
+            .params
+            .get("dryRun")
+            .filter(|d| !d.is_empty())
+            .map(str::to_owned)
+            .into_iter()
+            .collect(),
+    };
+    if dry_run.iter().any(|d| d != "All") {
+        let values: Vec<String> = dry_run.iter().map(|d| format!("{d:?}")).collect();
+        causes.push(crate::error::Cause {
+            reason: "FieldValueNotSupported".into(),
+            message: format!(
+                "Unsupported value: []string{{{}}}: supported values: \"All\"",
+                values.join(", ")
+            ),
+            field: "dryRun".into(),
+        });
+    }
+    if !causes.is_empty() {
+        let kind = crate::error::GroupKind {
+            group: "meta.k8s.io".into(),
+            kind: "DeleteOptions".into(),
+        };
+        return Err(ApiError::invalid_causes(kind, "", causes));
+    }
+    let dry_run = !dry_run.is_empty();
     Ok(DeleteOptions {
         propagation,
         grace_period_seconds: grace,
