@@ -171,8 +171,8 @@ pub enum ApiError {
     /// 406: the client accepts no media type the server can produce.
     #[error("only the following media types are accepted: application/json, application/yaml")]
     NotAcceptable,
-    /// 413: the body is too large.
-    #[error("the request body is larger than {0} bytes")]
+    /// 413: the body is larger than the limit (in bytes), worded as `NewRequestEntityTooLargeError`.
+    #[error("Request entity too large: limit is {0}")]
     TooLarge(usize),
     /// 415: the body's media type is not supported for this request.
     #[error("the body of the request was in an unknown format - accepted media types include: {accepted}")]

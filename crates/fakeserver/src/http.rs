@@ -68,32 +68,36 @@ impl Params {
         )
     }
 
+    /// The first value of `key`, as Go's `url.Values.Get` and the query conversions take it.
     fn get(&self, key: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .rev()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }
 
-    fn flag(&self, key: &str) -> Result<bool, ApiError> {
-        match self.get(key) {
-            None | Some("" | "false" | "0") => Ok(false),
-            Some("true" | "1") => Ok(true),
-            Some(other) => Err(ApiError::BadRequest(format!(
-                "invalid value {other:?} for {key}: want true or false"
-            ))),
-        }
+    /// A boolean parameter as kube-apiserver converts one (`Convert_Slice_string_To_bool`): absent,
+    /// `0` and `false` (any case) are false, anything else, the empty string included, is true.
+    fn flag(&self, key: &str) -> bool {
+        self.get(key)
+            .is_some_and(|value| value != "0" && !value.eq_ignore_ascii_case("false"))
     }
 
-    fn number<T: std::str::FromStr>(&self, key: &str) -> Result<Option<T>, ApiError> {
+    /// An integer parameter, refused as `strconv.ParseInt` refuses it (400 with Go's words).
+    fn integer(&self, key: &str) -> Result<Option<i64>, ApiError> {
         match self.get(key) {
             None | Some("") => Ok(None),
-            Some(text) => text.parse().map(Some).map_err(|_| {
-                ApiError::BadRequest(format!("invalid value {text:?} for {key}: want a number"))
-            }),
+            Some(text) => parse_int(text).map(Some),
         }
     }
+}
+
+/// `strconv.ParseInt(text, 10, 64)`, with its error messages.
+fn parse_int(text: &str) -> Result<i64, ApiError> {
+    text.parse::<i64>().map_err(|error| {
+        let why = match error.kind() {
+            std::num::IntErrorKind::PosOverflow | std::num::IntErrorKind::NegOverflow => "value out of range",
+            _ => "invalid syntax",
+        };
+        ApiError::BadRequest(format!("strconv.ParseInt: parsing {text:?}: {why}"))
+    })
 }
 
 /// What a path names.
@@ -127,22 +131,28 @@ fn percent_decode(segment: &str) -> String {
     if !segment.contains('%') {
         return segment.to_owned();
     }
+    // Bytes, not string slices: a `%` may be followed by anything, a multi-byte character included.
     let bytes = segment.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 3 <= bytes.len()
-            && let Ok(byte) = u8::from_str_radix(&segment[i + 1..i + 3], 16)
-        {
-            out.push(byte);
+    while let Some(&byte) = bytes.get(i) {
+        let escaped = match (byte, bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&high), Some(&low)) => hex_value(high).zip(hex_value(low)),
+            _ => None,
+        };
+        if let Some((high, low)) = escaped {
+            out.push(high << 4 | low);
             i += 3;
         } else {
-            out.push(bytes[i]);
+            out.push(byte);
             i += 1;
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+fn hex_value(digit: u8) -> Option<u8> {
+    char::from(digit).to_digit(16).and_then(|d| u8::try_from(d).ok())
 }
 
 fn route(store: &Store, path: &str) -> Route {
@@ -206,7 +216,7 @@ fn header(headers: &HeaderMap, name: http::header::HeaderName) -> Option<&str> {
 }
 
 fn verb_of(method: &Method, target: &Target, params: &Params, headers: &HeaderMap) -> Verb {
-    let watching = params.flag("watch").unwrap_or(false);
+    let watching = params.flag("watch");
     match *method {
         Method::GET if watching => Verb::Watch,
         Method::GET if target.name.is_none() => Verb::List,
@@ -427,46 +437,71 @@ impl ResourceRequest<'_> {
         }
     }
 
+    /// The write's options, checked as `ValidateCreateOptions`, `ValidateUpdateOptions` and
+    /// `ValidatePatchOptions` check them: every problem in one 422 on `CreateOptions.meta.k8s.io ""` (or
+    /// `UpdateOptions`, `PatchOptions`).
     fn write_options(&self, status: bool, apply: bool) -> Result<WriteOptions, ApiError> {
-        let dry_run = match self.params.get("dryRun") {
-            None | Some("") => false,
-            Some("All") => true,
-            Some(other) => {
-                return Err(ApiError::BadRequest(format!(
-                    "Invalid dry run value: {other:?}: supported values: \"All\""
-                )));
-            }
-        };
-        let validation = match self.params.get("fieldValidation") {
-            None | Some("") | Some("Warn") => FieldValidation::Warn,
-            Some("Ignore") => FieldValidation::Ignore,
-            Some("Strict") => FieldValidation::Strict,
-            Some(other) => {
-                return Err(ApiError::BadRequest(format!(
-                    "fieldValidation: Unsupported value: {other:?}: supported values: \"Ignore\", \"Strict\", \"Warn\""
-                )));
-            }
-        };
-        let force = self.params.flag("force")?;
-        if force && !apply {
-            let kind = crate::error::GroupKind {
-                group: "meta.k8s.io".into(),
-                kind: "PatchOptions".into(),
-            };
-            return Err(ApiError::invalid_causes(
-                kind,
-                "",
-                vec![crate::validation::forbidden(
-                    "force",
-                    "may not be specified for non-apply patch",
-                )],
+        let patching = matches!(self.key.verb, Verb::Patch | Verb::Apply);
+        let mut causes = Vec::new();
+        let force = self.params.flag("force");
+        // Any `force`, even false, is a `*bool` set on a patch that is not an apply.
+        if patching && !apply && self.params.get("force").is_some() {
+            causes.push(crate::validation::forbidden(
+                "force",
+                "may not be specified for non-apply patch",
             ));
         }
         let manager = self.manager(apply);
         if manager.len() > 128 {
-            return Err(ApiError::BadRequest(
-                "fieldManager: Too long: may not be more than 128 bytes".into(),
+            causes.push(crate::error::Cause {
+                reason: "FieldValueTooLong".into(),
+                message: "Too long: may not be more than 128 bytes".into(),
+                field: "fieldManager".into(),
+            });
+        }
+        if manager.chars().any(char::is_control) {
+            causes.push(crate::validation::invalid(
+                "fieldManager",
+                &json!(manager),
+                "must only contain printable characters",
             ));
+        }
+        let dry_run = match self.params.get("dryRun") {
+            None | Some("") => false,
+            Some("All") => true,
+            Some(other) => {
+                causes.push(crate::error::Cause {
+                    reason: "FieldValueNotSupported".into(),
+                    message: format!("Unsupported value: []string{{{other:?}}}: supported values: \"All\""),
+                    field: "dryRun".into(),
+                });
+                false
+            }
+        };
+        let validation = match self.params.get("fieldValidation") {
+            None | Some("" | "Warn") => FieldValidation::Warn,
+            Some("Ignore") => FieldValidation::Ignore,
+            Some("Strict") => FieldValidation::Strict,
+            Some(other) => {
+                causes.push(crate::validation::unsupported(
+                    "fieldValidation",
+                    &json!(other),
+                    &["", "Ignore", "Strict", "Warn"],
+                ));
+                FieldValidation::Warn
+            }
+        };
+        if !causes.is_empty() {
+            let kind = crate::error::GroupKind {
+                group: "meta.k8s.io".into(),
+                kind: match self.key.verb {
+                    Verb::Create => "CreateOptions",
+                    Verb::Update => "UpdateOptions",
+                    _ => "PatchOptions",
+                }
+                .into(),
+            };
+            return Err(ApiError::invalid_causes(kind, "", causes));
         }
         Ok(WriteOptions {
             manager,
@@ -521,18 +556,30 @@ impl ResourceRequest<'_> {
         }))
     }
 
+    /// The list options in kube-apiserver's order of refusals: what does not parse (400), then
+    /// `ListOptions` validation (422), then field labels the resource does not support (400).
     fn list_query(&self) -> Result<ListQuery, ApiError> {
+        let labels = self.labels()?;
+        let fields = self.field_selector()?;
+        // A limit of zero or less lists everything, as the storage layer pages only when it is positive.
+        let limit = self
+            .params
+            .integer("limit")?
+            .and_then(|limit| usize::try_from(limit).ok())
+            .filter(|limit| *limit > 0);
+        let version_match = self.version_match(false)?;
+        self.check_field_labels(&fields)?;
         Ok(ListQuery {
-            labels: self.labels()?,
-            fields: self.fields()?,
-            limit: self.params.number("limit")?,
+            labels,
+            fields,
+            limit,
             continue_token: self
                 .params
                 .get("continue")
                 .filter(|c| !c.is_empty())
                 .map(str::to_owned),
             resource_version: self.params.get("resourceVersion").map(str::to_owned),
-            version_match: self.version_match()?,
+            version_match,
         })
     }
 
@@ -541,25 +588,82 @@ impl ResourceRequest<'_> {
             .map_err(|e| ApiError::BadRequest(e.to_string()))
     }
 
-    fn fields(&self) -> Result<FieldSelector, ApiError> {
-        let fields = FieldSelector::parse(self.params.get("fieldSelector").unwrap_or_default())
-            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-        if let Some(unsupported) = fields.fields().find(|f| self.info().field_label(f).is_none()) {
-            return Err(ApiError::BadRequest(format!(
-                "field label not supported: {unsupported}"
-            )));
-        }
-        Ok(fields)
+    fn field_selector(&self) -> Result<FieldSelector, ApiError> {
+        FieldSelector::parse(self.params.get("fieldSelector").unwrap_or_default())
+            .map_err(|e| ApiError::BadRequest(e.to_string()))
     }
 
-    fn version_match(&self) -> Result<Option<VersionMatch>, ApiError> {
-        match self.params.get("resourceVersionMatch") {
-            None | Some("") => Ok(None),
-            Some("NotOlderThan") => Ok(Some(VersionMatch::NotOlderThan)),
-            Some("Exact") => Ok(Some(VersionMatch::Exact)),
-            Some(other) => Err(ApiError::BadRequest(format!(
-                "resourceVersionMatch: Unsupported value: {other:?}: supported values: \"Exact\", \"NotOlderThan\""
+    fn check_field_labels(&self, fields: &FieldSelector) -> Result<(), ApiError> {
+        match fields.fields().find(|f| self.info().field_label(f).is_none()) {
+            Some(unsupported) => Err(ApiError::BadRequest(format!(
+                "field label not supported: {unsupported}"
             ))),
+            None => Ok(()),
+        }
+    }
+
+    /// `resourceVersionMatch`, checked as `ValidateListOptions` checks it (422 on `ListOptions`): for a
+    /// list it needs a `resourceVersion`, no `continue`, and `Exact` not `0`; a watch takes only
+    /// `NotOlderThan`, and only with `sendInitialEvents`.
+    fn version_match(&self, watching: bool) -> Result<Option<VersionMatch>, ApiError> {
+        let text = self.params.get("resourceVersionMatch").unwrap_or_default();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let field = "resourceVersionMatch";
+        let value = json!(text);
+        let parsed = match text {
+            "NotOlderThan" => Some(VersionMatch::NotOlderThan),
+            "Exact" => Some(VersionMatch::Exact),
+            _ => None,
+        };
+        let mut causes = Vec::new();
+        if watching {
+            if self.params.get("sendInitialEvents").is_none() {
+                causes.push(crate::validation::forbidden(
+                    field,
+                    "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+                ));
+            }
+            if parsed != Some(VersionMatch::NotOlderThan) {
+                causes.push(crate::validation::unsupported(field, &value, &["NotOlderThan"]));
+            }
+        } else {
+            let version = self.params.get("resourceVersion").unwrap_or_default();
+            if version.is_empty() {
+                causes.push(crate::validation::forbidden(
+                    field,
+                    "resourceVersionMatch is forbidden unless resourceVersion is provided",
+                ));
+            }
+            if self.params.get("continue").is_some_and(|c| !c.is_empty()) {
+                causes.push(crate::validation::forbidden(
+                    field,
+                    "resourceVersionMatch is forbidden when continue is provided",
+                ));
+            }
+            if parsed.is_none() {
+                causes.push(crate::validation::unsupported(
+                    field,
+                    &value,
+                    &["Exact", "NotOlderThan", ""],
+                ));
+            }
+            if parsed == Some(VersionMatch::Exact) && version == "0" {
+                causes.push(crate::validation::forbidden(
+                    field,
+                    "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+                ));
+            }
+        }
+        if causes.is_empty() {
+            Ok(parsed)
+        } else {
+            let kind = crate::error::GroupKind {
+                group: "meta.k8s.io".into(),
+                kind: "ListOptions".into(),
+            };
+            Err(ApiError::invalid_causes(kind, "", causes))
         }
     }
 
@@ -627,7 +731,7 @@ async fn serve_resource(
     let target = &request.target;
     let subresource = target.subresource.as_deref();
     let info = request.info().clone();
-    let watching = request.params.flag("watch")?;
+    let watching = request.params.flag("watch");
     if info.create_only {
         return review(&request, method, body).await;
     }
@@ -655,17 +759,12 @@ async fn serve_resource(
             Ok(request.object_response(StatusCode::CREATED, &written.object, &written.warnings))
         }
         (Method::GET, true, Some("log")) if info.is("", "Pod") => {
+            let query = log_query(&request.params, request.name())?;
             let pod = request
                 .shared
                 .store
                 .get(&info, request.namespace(), request.name())?
                 .value();
-            let query = crate::logs::LogQuery {
-                container: request.params.get("container").map(str::to_owned),
-                previous: request.params.flag("previous")?,
-                tail_lines: request.params.number("tailLines")?,
-                limit_bytes: request.params.number("limitBytes")?,
-            };
             let log = crate::logs::pod_log(&pod, &query, &request.shared.logs)?;
             Ok((StatusCode::OK, [(CONTENT_TYPE, "text/plain")], log).into_response())
         }
@@ -821,7 +920,10 @@ async fn review(request: &ResourceRequest<'_>, method: &Method, body: Body) -> R
     Ok(json_response(StatusCode::CREATED, &answer, &[]))
 }
 
+/// Delete options from the body, else the query, checked as `ValidateDeleteOptions` checks them (one 422
+/// on `DeleteOptions.meta.k8s.io ""`).
 fn delete_options(request: &ResourceRequest<'_>, body: &Value) -> Result<DeleteOptions, ApiError> {
+    let mut causes = Vec::new();
     let text = |key: &str| {
         body.get(key)
             .and_then(Value::as_str)
@@ -847,20 +949,50 @@ fn delete_options(request: &ResourceRequest<'_>, body: &Value) -> Result<DeleteO
         Some("Background") => Some(Propagation::Background),
         Some("Foreground") => Some(Propagation::Foreground),
         Some(other) => {
-            return Err(ApiError::BadRequest(format!(
-                "propagationPolicy: Unsupported value: {other:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
-            )));
+            causes.push(crate::validation::unsupported(
+                "propagationPolicy",
+                &json!(other),
+                &["Foreground", "Background", "Orphan", "nil"],
+            ));
+            None
         }
     };
     let grace = match body.get("gracePeriodSeconds").and_then(Value::as_i64) {
         Some(grace) => Some(grace),
-        None => request.params.number("gracePeriodSeconds")?,
+        None => request.params.integer("gracePeriodSeconds")?,
     };
-    let dry_run = body
-        .get("dryRun")
-        .and_then(Value::as_array)
-        .is_some_and(|d| d.iter().any(|v| v == "All"))
-        || request.params.get("dryRun") == Some("All");
+    let dry_run: Vec<String> = match body.get("dryRun").and_then(Value::as_array) {
+        Some(values) => values
+            .iter()
+            .map(|v| v.as_str().unwrap_or_default().to_owned())
+            .collect(),
+        None => request
+            .params
+            .get("dryRun")
+            .filter(|d| !d.is_empty())
+            .map(str::to_owned)
+            .into_iter()
+            .collect(),
+    };
+    if dry_run.iter().any(|d| d != "All") {
+        let values: Vec<String> = dry_run.iter().map(|d| format!("{d:?}")).collect();
+        causes.push(crate::error::Cause {
+            reason: "FieldValueNotSupported".into(),
+            message: format!(
+                "Unsupported value: []string{{{}}}: supported values: \"All\"",
+                values.join(", ")
+            ),
+            field: "dryRun".into(),
+        });
+    }
+    if !causes.is_empty() {
+        let kind = crate::error::GroupKind {
+            group: "meta.k8s.io".into(),
+            kind: "DeleteOptions".into(),
+        };
+        return Err(ApiError::invalid_causes(kind, "", causes));
+    }
+    let dry_run = !dry_run.is_empty();
     Ok(DeleteOptions {
         propagation,
         grace_period_seconds: grace,
@@ -893,32 +1025,71 @@ fn list(request: &ResourceRequest<'_>) -> Result<Response, ApiError> {
     Ok(bytes_response(StatusCode::OK, body, &[]))
 }
 
+/// `PodLogOptions` from the query, checked as `ValidatePodLogOptions` checks them (422 on the pod's name).
+fn log_query(params: &Params, pod: &str) -> Result<crate::logs::LogQuery, ApiError> {
+    let tail_lines = params.integer("tailLines")?;
+    let limit_bytes = params.integer("limitBytes")?;
+    let mut causes = Vec::new();
+    if let Some(tail) = tail_lines.filter(|tail| *tail < 0) {
+        causes.push(crate::validation::invalid(
+            "tailLines",
+            &json!(tail),
+            "must be greater than or equal to 0",
+        ));
+    }
+    if let Some(limit) = limit_bytes.filter(|limit| *limit < 1) {
+        causes.push(crate::validation::invalid(
+            "limitBytes",
+            &json!(limit),
+            "must be greater than 0",
+        ));
+    }
+    if !causes.is_empty() {
+        let kind = crate::error::GroupKind {
+            group: String::new(),
+            kind: "PodLogOptions".into(),
+        };
+        return Err(ApiError::invalid_causes(kind, pod, causes));
+    }
+    Ok(crate::logs::LogQuery {
+        container: params.get("container").map(str::to_owned),
+        previous: params.flag("previous"),
+        tail_lines: tail_lines.and_then(|tail| u64::try_from(tail).ok()),
+        limit_bytes: limit_bytes.and_then(|limit| u64::try_from(limit).ok()),
+    })
+}
+
 fn watch(request: &ResourceRequest<'_>) -> Result<Response, ApiError> {
-    let mut fields = request.fields()?;
+    let labels = request.labels()?;
+    let mut fields = request.field_selector()?;
+    let version_match = request.version_match(true)?;
+    request.check_field_labels(&fields)?;
     if let Some(name) = request.target.name.as_deref() {
         // The legacy single-object watch: `.../pods/a?watch=true`.
         fields = FieldSelector::equals("metadata.name", name);
     }
     let query = WatchQuery {
-        labels: request.labels()?,
+        labels,
         fields: fields.clone(),
         resource_version: request.params.get("resourceVersion").map(str::to_owned),
-        version_match: request.version_match()?,
-        send_initial_events: match request.params.get("sendInitialEvents") {
-            None | Some("") => None,
-            Some(_) => Some(request.params.flag("sendInitialEvents")?),
-        },
-        bookmarks: request.params.flag("allowWatchBookmarks")?,
+        version_match,
+        send_initial_events: request
+            .params
+            .get("sendInitialEvents")
+            .map(|_| request.params.flag("sendInitialEvents")),
+        bookmarks: request.params.flag("allowWatchBookmarks"),
     };
     let info = request.info().clone();
+    // Read before the watch starts, so a bad value is a 400 and not a stream that never began.
+    let timeout = match request.params.integer("timeoutSeconds")? {
+        // kube-apiserver picks its own timeout for 0, and a negative one has passed already.
+        None | Some(0) => request.shared.watch_timeout,
+        Some(seconds) => Duration::from_secs(u64::try_from(seconds).unwrap_or(0)),
+    };
     let start = request
         .shared
         .store
         .watch(&info, request.target.namespace.as_deref(), &query)?;
-    let timeout = request
-        .params
-        .number::<u64>("timeoutSeconds")?
-        .map_or(request.shared.watch_timeout, Duration::from_secs);
     let spec = WatchSpec {
         info,
         namespace: request.target.namespace.clone(),
@@ -972,4 +1143,40 @@ fn error_response(error: &ApiError) -> Response {
             .insert(RETRY_AFTER, HeaderValue::from(seconds));
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_escapes_decode_and_anything_else_is_kept() {
+        assert_eq!(percent_decode("a%2Fb"), "a/b");
+        assert_eq!(percent_decode("%C3%A9"), "\u{e9}");
+        // A `%` before a multi-byte character, at the end, or before non-hex digits is data.
+        assert_eq!(percent_decode("%\u{e9}"), "%\u{e9}");
+        assert_eq!(percent_decode("a%"), "a%");
+        assert_eq!(percent_decode("%zz%4"), "%zz%4");
+    }
+
+    #[test]
+    fn flags_and_integers_convert_as_kube_apiserver_converts_them() {
+        let params = Params::parse(Some(
+            "a=&b=0&c=FALSE&d=yes&n=12&n=13&bad=1x&big=9223372036854775808",
+        ));
+        assert!(params.flag("a"));
+        assert!(!params.flag("b"));
+        assert!(!params.flag("c"));
+        assert!(params.flag("d"));
+        assert!(!params.flag("absent"));
+        assert_eq!(params.integer("n").ok(), Some(Some(12)));
+        assert_eq!(
+            params.integer("bad").map_err(|e| e.to_string()),
+            Err(r#"strconv.ParseInt: parsing "1x": invalid syntax"#.to_owned())
+        );
+        assert_eq!(
+            params.integer("big").map_err(|e| e.to_string()),
+            Err(r#"strconv.ParseInt: parsing "9223372036854775808": value out of range"#.to_owned())
+        );
+    }
 }

@@ -21,8 +21,12 @@ pub enum PatchType {
     Apply,
 }
 
+/// The patch types a custom resource accepts; built-in kinds also take strategic merge patches, listed
+/// before apply as kube-apiserver's installer lists them.
 const ACCEPTED: &str =
     "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml";
+const ACCEPTED_BUILTIN: &str = "application/json-patch+json, application/merge-patch+json, \
+application/strategic-merge-patch+json, application/apply-patch+yaml";
 
 impl PatchType {
     /// The patch type a request's `Content-Type` names.
@@ -39,7 +43,7 @@ impl PatchType {
             "application/strategic-merge-patch+json" => Ok(Self::Strategic),
             "application/apply-patch+yaml" | "application/apply-patch+json" => Ok(Self::Apply),
             _ => Err(ApiError::UnsupportedMediaType {
-                accepted: format!("{ACCEPTED}, application/strategic-merge-patch+json"),
+                accepted: ACCEPTED_BUILTIN.into(),
             }),
         }
     }
@@ -174,5 +178,28 @@ mod tests {
         );
         assert_eq!(parse_body(br#"{"a":1}"#).expect("json"), json!({"a": 1}));
         assert_eq!(parse_body(b"{").map_err(|e| e.code()), Err(400));
+    }
+
+    #[test]
+    fn yaml_aliases_cannot_expand_a_small_body_into_a_huge_one() {
+        // "Billion laughs": nine levels of nine aliases, a few hundred bytes that expand to 9^9 strings.
+        let mut yaml = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x]\n");
+        for level in 1..10 {
+            let previous = format!("*a{}", level - 1);
+            let list = [previous.as_str(); 9].join(", ");
+            yaml.push_str(&format!("a{level}: &a{level} [{list}]\n"));
+        }
+        let error = parse_body(yaml.as_bytes()).expect_err("refused");
+        assert_eq!(error.code(), 400);
+        // A deep document is refused too (past 128 levels, as JSON or as YAML), not walked into a stack
+        // overflow.
+        let nested = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+        assert!(parse_body(nested(100).as_bytes()).is_ok());
+        for depth in [200, 100_000] {
+            assert_eq!(
+                parse_body(nested(depth).as_bytes()).map_err(|e| e.code()),
+                Err(400)
+            );
+        }
     }
 }

@@ -137,9 +137,14 @@ fn is_ready(pod: &Value) -> bool {
 /// An `intstr` budget (`3` or `"50%"`) resolved against `total`, rounding up as the disruption controller does.
 fn resolve(budget: &Value, total: usize) -> Option<usize> {
     match budget {
-        Value::Number(n) => n.as_u64().map(|n| n as usize),
+        Value::Number(n) => n.as_u64().and_then(|n| usize::try_from(n).ok()),
         Value::String(text) => match text.strip_suffix('%') {
-            Some(percent) => percent.parse::<usize>().ok().map(|p| (p * total).div_ceil(100)),
+            // The budget is client input: a percentage too large to multiply resolves to no budget.
+            Some(percent) => percent
+                .parse::<usize>()
+                .ok()
+                .and_then(|p| p.checked_mul(total))
+                .map(|p| p.div_ceil(100)),
             None => text.parse().ok(),
         },
         _ => None,

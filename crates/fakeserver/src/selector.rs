@@ -4,13 +4,12 @@
 //! `a in (x,y)`, `a notin (x,y)`, `a`, `!a`, `a>1`, `a<1`, joined by commas (AND). Field selectors take
 //! `f=v`, `f==v`, `f!=v` with `\` escapes; which field labels a resource supports is the registry's business.
 
-use std::fmt;
-
 use serde_json::Value;
 
-/// A selector that could not be parsed; the API server answers 400 with this message.
+/// A selector that could not be parsed; the API server answers 400 `BadRequest` with this message, worded as
+/// `k8s.io/apimachinery`'s `labels.Parse` and `fields.ParseSelector` word theirs.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unable to parse requirement: {0}")]
+#[error("{0}")]
 pub struct SelectorError(String);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,27 +89,15 @@ pub struct LabelSelector {
 }
 
 impl LabelSelector {
-    /// Parses the `labelSelector` query parameter syntax.
+    /// Parses the `labelSelector` query parameter syntax, as `labels.Parse` does: same tokens, same
+    /// requirements, same errors.
     pub fn parse(text: &str) -> Result<Self, SelectorError> {
-        let mut lexer = Lexer::new(text);
-        let mut requirements = Vec::new();
-        loop {
-            match lexer.peek() {
-                Token::End => break,
-                _ => requirements.push(parse_requirement(&mut lexer)?),
-            }
-            match lexer.next() {
-                Token::End => break,
-                Token::Comma => {}
-                other => {
-                    return Err(SelectorError(format!(
-                        "found '{other}', expected: ',' or 'end of string'"
-                    )));
-                }
-            }
-        }
+        let mut parser = Parser {
+            tokens: scan(text),
+            position: 0,
+        };
         Ok(Self {
-            requirements,
+            requirements: parser.parse()?,
             nothing: false,
         })
     }
@@ -191,9 +178,9 @@ impl LabelSelector {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Token {
-    Identifier(String),
+    Identifier,
     Equals,
     DoubleEquals,
     NotEquals,
@@ -206,206 +193,326 @@ enum Token {
     Close,
     Comma,
     End,
-    Invalid(char),
 }
 
-impl fmt::Display for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Identifier(text) => f.write_str(text),
-            Self::Equals => f.write_str("="),
-            Self::DoubleEquals => f.write_str("=="),
-            Self::NotEquals => f.write_str("!="),
-            Self::Not => f.write_str("!"),
-            Self::In => f.write_str("in"),
-            Self::NotIn => f.write_str("notin"),
-            Self::GreaterThan => f.write_str(">"),
-            Self::LessThan => f.write_str("<"),
-            Self::Open => f.write_str("("),
-            Self::Close => f.write_str(")"),
-            Self::Comma => f.write_str(","),
-            Self::End => f.write_str("end of string"),
-            Self::Invalid(c) => write!(f, "{c}"),
-        }
-    }
+/// Whether `in` and `notin` read as operators (after a key) or as plain identifiers (keys and values).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Context {
+    KeyAndOperator,
+    Values,
 }
 
-struct Lexer<'a> {
-    rest: &'a str,
-    /// Whether `in`/`notin` read as keywords here (not right after a key's operator position).
-    peeked: Option<Token>,
+/// What the Go lexer treats as blank between tokens.
+fn is_whitespace(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\r' | '\n')
 }
 
-impl<'a> Lexer<'a> {
-    fn new(text: &'a str) -> Self {
-        Self {
-            rest: text,
-            peeked: None,
-        }
-    }
-
-    fn peek(&mut self) -> Token {
-        if self.peeked.is_none() {
-            self.peeked = Some(self.read());
-        }
-        self.peeked.clone().unwrap_or(Token::End)
-    }
-
-    fn next(&mut self) -> Token {
-        self.peeked.take().unwrap_or_else(|| self.read())
-    }
-
-    fn read(&mut self) -> Token {
-        self.rest = self.rest.trim_start();
-        let mut chars = self.rest.chars();
-        let Some(first) = chars.next() else {
-            return Token::End;
-        };
-        let two = &self.rest[..self.rest.len().min(2)];
-        let (token, length) = match first {
-            '=' if two == "==" => (Token::DoubleEquals, 2),
-            '=' => (Token::Equals, 1),
-            '!' if two == "!=" => (Token::NotEquals, 2),
-            '!' => (Token::Not, 1),
-            '>' => (Token::GreaterThan, 1),
-            '<' => (Token::LessThan, 1),
-            '(' => (Token::Open, 1),
-            ')' => (Token::Close, 1),
-            ',' => (Token::Comma, 1),
-            c if is_identifier_char(c) => {
-                let length = self
-                    .rest
-                    .find(|c: char| !is_identifier_char(c))
-                    .unwrap_or(self.rest.len());
-                let word = &self.rest[..length];
-                let token = match word {
-                    "in" => Token::In,
-                    "notin" => Token::NotIn,
-                    _ => Token::Identifier(word.to_owned()),
-                };
-                (token, length)
-            }
-            c => (Token::Invalid(c), c.len_utf8()),
-        };
-        self.rest = &self.rest[length..];
-        token
-    }
+fn is_special(c: char) -> bool {
+    matches!(c, '=' | '!' | '(' | ')' | ',' | '>' | '<')
 }
 
-fn is_identifier_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/')
-}
-
-fn parse_requirement(lexer: &mut Lexer<'_>) -> Result<Requirement, SelectorError> {
-    let negated = lexer.peek() == Token::Not;
-    if negated {
-        lexer.next();
-    }
-    let key = match lexer.next() {
-        Token::Identifier(key) => key,
-        // Keywords are valid keys too.
-        Token::In => "in".to_owned(),
-        Token::NotIn => "notin".to_owned(),
-        other => return Err(SelectorError(format!("found '{other}', expected: identifier"))),
-    };
-    check_key(&key)?;
-    if negated {
-        return Ok(Requirement {
-            key,
-            operator: Operator::DoesNotExist,
-            values: Vec::new(),
-        });
-    }
-    let operator = match lexer.peek() {
-        Token::End | Token::Comma => {
-            return Ok(Requirement {
-                key,
-                operator: Operator::Exists,
-                values: Vec::new(),
-            });
-        }
-        Token::Equals | Token::DoubleEquals => Operator::Equals,
-        Token::NotEquals => Operator::NotEquals,
-        Token::In => Operator::In,
-        Token::NotIn => Operator::NotIn,
-        Token::GreaterThan => Operator::GreaterThan,
-        Token::LessThan => Operator::LessThan,
-        other => {
-            return Err(SelectorError(format!(
-                "found '{other}', expected: in, notin, =, ==, !=, gt, lt"
-            )));
-        }
-    };
-    lexer.next();
-    let values = match operator {
-        Operator::In | Operator::NotIn => parse_set(lexer)?,
-        _ => {
-            let value = match lexer.peek() {
-                Token::Identifier(value) => {
-                    lexer.next();
-                    value
-                }
-                Token::In | Token::NotIn => lexer.next().to_string(),
-                Token::End | Token::Comma => String::new(),
-                other => return Err(SelectorError(format!("found '{other}', expected: identifier"))),
-            };
-            if matches!(operator, Operator::GreaterThan | Operator::LessThan) && value.parse::<i64>().is_err()
-            {
-                return Err(SelectorError(format!(
-                    "{key}: Invalid value: \"{value}\": for 'Gt', 'Lt' operators, the value must be an integer"
-                )));
-            }
-            vec![value]
-        }
-    };
-    for value in &values {
-        check_value(&key, value)?;
-    }
-    Ok(Requirement {
-        key,
-        operator,
-        values,
-    })
-}
-
-fn parse_set(lexer: &mut Lexer<'_>) -> Result<Vec<String>, SelectorError> {
-    match lexer.next() {
-        Token::Open => {}
-        other => return Err(SelectorError(format!("found '{other}', expected: '('"))),
-    }
-    let mut values = Vec::new();
+/// The tokens of a selector, ending with `End`. An identifier is any run of characters that are neither
+/// blank nor special; validation of keys and values comes after. Go's lexer reads bytes and takes a NUL
+/// byte for the end of the text; the same rules over characters give the same tokens, since no byte of a
+/// multi-byte character is blank, special or NUL.
+fn scan(text: &str) -> Vec<(Token, String)> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut tokens = Vec::new();
+    let mut at = 0;
     loop {
-        match lexer.next() {
-            Token::Identifier(value) => values.push(value),
-            Token::In => values.push("in".into()),
-            Token::NotIn => values.push("notin".into()),
-            Token::Close if values.is_empty() => {
-                return Err(SelectorError(
-                    "for 'in', 'notin' operators, values set can't be empty".into(),
+        while chars.get(at).copied().is_some_and(is_whitespace) {
+            at += 1;
+        }
+        let Some(&first) = chars.get(at).filter(|c| **c != '\0') else {
+            tokens.push((Token::End, String::new()));
+            return tokens;
+        };
+        if is_special(first) {
+            let double = chars.get(at + 1) == Some(&'=');
+            let (token, length) = match first {
+                '=' if double => (Token::DoubleEquals, 2),
+                '=' => (Token::Equals, 1),
+                '!' if double => (Token::NotEquals, 2),
+                '!' => (Token::Not, 1),
+                '(' => (Token::Open, 1),
+                ')' => (Token::Close, 1),
+                ',' => (Token::Comma, 1),
+                '>' => (Token::GreaterThan, 1),
+                _ => (Token::LessThan, 1),
+            };
+            tokens.push((token, chars[at..at + length].iter().collect()));
+            at += length;
+            continue;
+        }
+        let mut word = String::new();
+        while let Some(&c) = chars.get(at) {
+            if is_special(c) || is_whitespace(c) {
+                break;
+            }
+            at += 1;
+            if c == '\0' {
+                // Go's lexer reads NUL as the end of the text and does not put it back.
+                break;
+            }
+            word.push(c);
+        }
+        let token = match word.as_str() {
+            "in" => Token::In,
+            "notin" => Token::NotIn,
+            _ => Token::Identifier,
+        };
+        tokens.push((token, word));
+    }
+}
+
+/// A recursive-descent parser over the scanned tokens, a port of `labels.Parser` with its messages.
+struct Parser {
+    tokens: Vec<(Token, String)>,
+    position: usize,
+}
+
+impl Parser {
+    fn item(&self, position: usize, context: Context) -> (Token, String) {
+        let (token, literal) = self
+            .tokens
+            .get(position)
+            .cloned()
+            .unwrap_or((Token::End, String::new()));
+        let token = match token {
+            Token::In | Token::NotIn if context == Context::Values => Token::Identifier,
+            other => other,
+        };
+        (token, literal)
+    }
+
+    fn lookahead(&self, context: Context) -> (Token, String) {
+        self.item(self.position, context)
+    }
+
+    fn consume(&mut self, context: Context) -> (Token, String) {
+        let item = self.item(self.position, context);
+        // `End` is the last token; reading past it reads `End` again.
+        self.position = (self.position + 1).min(self.tokens.len().saturating_sub(1));
+        item
+    }
+
+    fn parse(&mut self) -> Result<Vec<Requirement>, SelectorError> {
+        let mut requirements = Vec::new();
+        loop {
+            let (token, literal) = self.lookahead(Context::Values);
+            match token {
+                Token::Identifier | Token::Not => {
+                    let requirement = self
+                        .requirement()
+                        .map_err(|e| SelectorError(format!("unable to parse requirement: {e}")))?;
+                    requirements.push(requirement);
+                    let (token, literal) = self.consume(Context::Values);
+                    match token {
+                        Token::End => break,
+                        Token::Comma => {
+                            let (next, literal) = self.lookahead(Context::Values);
+                            if !matches!(next, Token::Identifier | Token::Not) {
+                                return Err(SelectorError(format!(
+                                    "found '{literal}', expected: identifier after ','"
+                                )));
+                            }
+                        }
+                        _ => {
+                            return Err(SelectorError(format!(
+                                "found '{literal}', expected: ',' or 'end of string'"
+                            )));
+                        }
+                    }
+                }
+                Token::End => break,
+                _ => {
+                    return Err(SelectorError(format!(
+                        "found '{literal}', expected: !, identifier, or 'end of string'"
+                    )));
+                }
+            }
+        }
+        requirements.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(requirements)
+    }
+
+    /// One requirement; its error is the message after "unable to parse requirement: ".
+    fn requirement(&mut self) -> Result<Requirement, String> {
+        let (key, operator) = self.key_and_inferred_operator()?;
+        if let Some(operator) = operator {
+            return new_requirement(key, operator, Vec::new());
+        }
+        let operator = self.operator()?;
+        let values = match operator {
+            Operator::In | Operator::NotIn => self.values()?,
+            _ => self.exact_value()?,
+        };
+        new_requirement(key, operator, values)
+    }
+
+    /// The key, and the operator when there is none to read: `!key` is DoesNotExist, a bare key Exists.
+    fn key_and_inferred_operator(&mut self) -> Result<(String, Option<Operator>), String> {
+        let (mut token, mut literal) = self.consume(Context::Values);
+        let negated = token == Token::Not;
+        if negated {
+            (token, literal) = self.consume(Context::Values);
+        }
+        if token != Token::Identifier {
+            return Err(format!("found '{literal}', expected: identifier"));
+        }
+        let problems = crate::validation::qualified_name_problems(&literal);
+        if !problems.is_empty() {
+            // Go validates the key with an empty field path here, hence the leading ": ".
+            return Err(format!(": Invalid value: {literal:?}: {}", problems.join("; ")));
+        }
+        let (next, _) = self.lookahead(Context::Values);
+        let operator = if negated {
+            Some(Operator::DoesNotExist)
+        } else if matches!(next, Token::End | Token::Comma) {
+            Some(Operator::Exists)
+        } else {
+            None
+        };
+        Ok((literal, operator))
+    }
+
+    fn operator(&mut self) -> Result<Operator, String> {
+        let (token, literal) = self.consume(Context::KeyAndOperator);
+        Ok(match token {
+            Token::In => Operator::In,
+            Token::Equals | Token::DoubleEquals => Operator::Equals,
+            Token::GreaterThan => Operator::GreaterThan,
+            Token::LessThan => Operator::LessThan,
+            Token::NotIn => Operator::NotIn,
+            Token::NotEquals => Operator::NotEquals,
+            _ => {
+                return Err(format!(
+                    "found '{literal}', expected: in, notin, =, ==, !=, gt, lt"
                 ));
             }
-            other => return Err(SelectorError(format!("found '{other}', expected: identifier"))),
+        })
+    }
+
+    /// `(a,b,...)`; `()` is the one empty value, as in Go.
+    fn values(&mut self) -> Result<Vec<String>, String> {
+        let (token, literal) = self.consume(Context::Values);
+        if token != Token::Open {
+            return Err(format!("found '{literal}' expected: '('"));
         }
-        match lexer.next() {
-            Token::Comma => {}
-            Token::Close => return Ok(values),
-            other => return Err(SelectorError(format!("found '{other}', expected: ',' or ')'"))),
+        let (token, literal) = self.lookahead(Context::Values);
+        match token {
+            Token::Identifier | Token::Comma => {
+                let values = self.identifiers()?;
+                if self.consume(Context::Values).0 != Token::Close {
+                    // Go names the token it looked at before the list, not the one it found.
+                    return Err(format!("found '{literal}', expected: ')'"));
+                }
+                Ok(values)
+            }
+            Token::Close => {
+                self.consume(Context::Values);
+                Ok(vec![String::new()])
+            }
+            _ => Err(format!("found '{literal}', expected: ',', ')' or identifier")),
+        }
+    }
+
+    /// A comma-separated list of possibly empty identifiers, up to (not including) `)`.
+    fn identifiers(&mut self) -> Result<Vec<String>, String> {
+        let mut values: Vec<String> = Vec::new();
+        loop {
+            let (token, literal) = self.consume(Context::Values);
+            match token {
+                Token::Identifier => {
+                    values.push(literal);
+                    let (next, literal) = self.lookahead(Context::Values);
+                    match next {
+                        Token::Comma => {}
+                        Token::Close => return Ok(values),
+                        _ => return Err(format!("found '{literal}', expected: ',' or ')'")),
+                    }
+                }
+                Token::Comma => {
+                    if values.is_empty() {
+                        values.push(String::new());
+                    }
+                    match self.lookahead(Context::Values).0 {
+                        Token::Close => {
+                            values.push(String::new());
+                            return Ok(values);
+                        }
+                        Token::Comma => {
+                            self.consume(Context::Values);
+                            values.push(String::new());
+                        }
+                        _ => {}
+                    }
+                }
+                _ => return Err(format!("found '{literal}', expected: ',', or identifier")),
+            }
+        }
+    }
+
+    fn exact_value(&mut self) -> Result<Vec<String>, String> {
+        if matches!(self.lookahead(Context::Values).0, Token::End | Token::Comma) {
+            return Ok(vec![String::new()]);
+        }
+        let (token, literal) = self.consume(Context::Values);
+        if token == Token::Identifier {
+            Ok(vec![literal])
+        } else {
+            Err(format!("found '{literal}', expected: identifier"))
         }
     }
 }
 
-fn check_key(key: &str) -> Result<(), SelectorError> {
-    crate::validation::qualified_name_problem(key).map_or(Ok(()), |problem| {
-        Err(SelectorError(format!("key: Invalid value: \"{key}\": {problem}")))
-    })
-}
-
-fn check_value(key: &str, value: &str) -> Result<(), SelectorError> {
-    crate::validation::label_value_problem(value).map_or(Ok(()), |problem| {
-        Err(SelectorError(format!(
-            "values[0][{key}]: Invalid value: \"{value}\": {problem}"
-        )))
-    })
+/// A requirement checked as `labels.NewRequirement` checks it: values are a sorted set, every problem is
+/// reported (one alone, several in brackets, as Go's aggregate error prints them).
+fn new_requirement(key: String, operator: Operator, values: Vec<String>) -> Result<Requirement, String> {
+    let mut values = values;
+    values.sort();
+    values.dedup();
+    let mut problems: Vec<String> = Vec::new();
+    let key_problems = crate::validation::qualified_name_problems(&key);
+    if !key_problems.is_empty() {
+        problems.push(format!(
+            "key: Invalid value: {key:?}: {}",
+            key_problems.join("; ")
+        ));
+    }
+    if matches!(operator, Operator::GreaterThan | Operator::LessThan) {
+        for (i, value) in values.iter().enumerate() {
+            if value.parse::<i64>().is_err() {
+                problems.push(format!(
+                    "values[{i}]: Invalid value: {value:?}: for 'Gt', 'Lt' operators, the value must be an integer"
+                ));
+            }
+        }
+    }
+    for (i, value) in values.iter().enumerate() {
+        let value_problems = crate::validation::label_value_problems(value);
+        if !value_problems.is_empty() {
+            problems.push(format!(
+                "values[{i}][{key}]: Invalid value: {value:?}: {}",
+                value_problems.join("; ")
+            ));
+        }
+    }
+    let mut unique: Vec<String> = Vec::new();
+    for problem in problems {
+        if !unique.contains(&problem) {
+            unique.push(problem);
+        }
+    }
+    match unique.as_slice() {
+        [] => Ok(Requirement {
+            key,
+            operator,
+            values,
+        }),
+        [one] => Err(one.clone()),
+        many => Err(format!("[{}]", many.join(", "))),
+    }
 }
 
 /// A parsed field selector: field label `=`/`==`/`!=` value, all required.
@@ -415,23 +522,20 @@ pub struct FieldSelector {
 }
 
 impl FieldSelector {
-    /// Parses the `fieldSelector` query parameter syntax.
+    /// Parses the `fieldSelector` query parameter syntax, as `fields.ParseSelector` does: terms split at
+    /// unescaped commas (and sorted, so the first bad one reported is the same), each split at its first
+    /// `!=`, `==` or `=`; the field is taken as written, the value unescaped (`\\`, `\,`, `\=`).
     pub fn parse(text: &str) -> Result<Self, SelectorError> {
+        let mut terms = split_terms(text);
+        terms.sort();
         let mut requirements = Vec::new();
-        for term in split_unescaped(text, ',') {
-            if term.is_empty() {
-                continue;
-            }
-            let (field, equal, value) = if let Some(at) = find_unescaped(&term, "!=") {
-                (&term[..at], false, &term[at + 2..])
-            } else if let Some(at) = find_unescaped(&term, "==") {
-                (&term[..at], true, &term[at + 2..])
-            } else if let Some(at) = find_unescaped(&term, "=") {
-                (&term[..at], true, &term[at + 1..])
-            } else {
-                return Err(SelectorError(format!("invalid field selector: '{term}'")));
+        for term in terms.iter().filter(|term| !term.is_empty()) {
+            let Some((field, equal, value)) = split_term(term) else {
+                return Err(SelectorError(format!(
+                    "invalid selector: '{text}'; can't understand '{term}'"
+                )));
             };
-            requirements.push((unescape(field.trim()), equal, unescape(value)));
+            requirements.push((field.to_owned(), equal, unescape(value)?));
         }
         Ok(Self { requirements })
     }
@@ -469,57 +573,70 @@ impl FieldSelector {
     }
 }
 
-fn split_unescaped(text: &str, separator: char) -> Vec<String> {
-    let mut parts = vec![String::new()];
+/// The comma-separated terms, escaped commas kept (with their backslash) inside a term.
+fn split_terms(text: &str) -> Vec<String> {
+    if text.is_empty() {
+        return Vec::new();
+    }
+    let mut terms = vec![String::new()];
     let mut escaped = false;
     for c in text.chars() {
-        if escaped {
-            if let Some(part) = parts.last_mut() {
-                part.push('\\');
-                part.push(c);
-            }
-            escaped = false;
-        } else if c == '\\' {
-            escaped = true;
-        } else if c == separator {
-            parts.push(String::new());
-        } else {
-            if let Some(part) = parts.last_mut() {
-                part.push(c);
-            }
-        }
-    }
-    parts
-}
-
-fn find_unescaped(text: &str, operator: &str) -> Option<usize> {
-    let bytes = text.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' {
-            i += 2;
+        if !escaped && c == ',' {
+            terms.push(String::new());
             continue;
         }
-        if text[i..].starts_with(operator) {
-            return Some(i);
+        escaped = !escaped && c == '\\';
+        if let Some(term) = terms.last_mut() {
+            term.push(c);
         }
-        i += 1;
     }
-    None
+    terms
 }
 
-fn unescape(text: &str) -> String {
+/// The field, whether the operator is an equality, and the raw value, split at the first operator found
+/// scanning left to right (`!=` before `==` before `=` at each position).
+fn split_term(term: &str) -> Option<(&str, bool, &str)> {
+    term.char_indices().find_map(|(at, _)| {
+        let (field, rest) = term.split_at(at);
+        [("!=", false), ("==", true), ("=", true)]
+            .into_iter()
+            .find_map(|(operator, equal)| rest.strip_prefix(operator).map(|value| (field, equal, value)))
+    })
+}
+
+/// A value with its escapes resolved; an unknown escape, a trailing backslash or a bare `,` or `=` is
+/// refused with Go's words (which print the bare character as its code point).
+fn unescape(text: &str) -> Result<String, SelectorError> {
     let mut out = String::with_capacity(text.len());
     let mut escaped = false;
     for c in text.chars() {
-        if escaped || c != '\\' {
+        if escaped {
+            if !matches!(c, '\\' | ',' | '=') {
+                return Err(SelectorError(format!(
+                    "invalid field selector: invalid escape sequence: \\{c}"
+                )));
+            }
             out.push(c);
             escaped = false;
-        } else {
-            escaped = true;
+            continue;
+        }
+        match c {
+            '\\' => escaped = true,
+            ',' | '=' => {
+                return Err(SelectorError(format!(
+                    "invalid field selector: unescaped character in value: {}",
+                    u32::from(c)
+                )));
+            }
+            _ => out.push(c),
         }
     }
-    out
+    if escaped {
+        return Err(SelectorError(
+            "invalid field selector: invalid escape sequence: \\".into(),
+        ));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -572,7 +689,6 @@ mod tests {
     fn malformed_selectors_are_refused() {
         for bad in [
             "app in a",
-            "app in ()",
             "app=a b",
             "=a",
             "a,,b",
@@ -627,5 +743,80 @@ mod tests {
                 .matches(|_| None)
         );
         assert!(FieldSelector::parse("nonsense").is_err());
+    }
+
+    fn label_error(selector: &str) -> String {
+        LabelSelector::parse(selector)
+            .map(|_| panic!("{selector:?} should not parse"))
+            .unwrap_or_else(|e| e.to_string())
+    }
+
+    fn field_error(selector: &str) -> String {
+        FieldSelector::parse(selector)
+            .map(|_| panic!("{selector:?} should not parse"))
+            .unwrap_or_else(|e| e.to_string())
+    }
+
+    #[test]
+    fn label_selector_errors_are_worded_as_labels_parse_words_them() {
+        // A multi-byte character is an identifier character, as in Go, refused by validation.
+        assert!(label_error("app=\u{e9}").starts_with(
+            "unable to parse requirement: values[0][app]: Invalid value: \"\u{e9}\": a valid label must be"
+        ));
+        assert_eq!(label_error("a,,b"), "found ',', expected: identifier after ','");
+        assert_eq!(
+            label_error("a=b c"),
+            "found 'c', expected: ',' or 'end of string'"
+        );
+        assert_eq!(
+            label_error("=a"),
+            "found '=', expected: !, identifier, or 'end of string'"
+        );
+        assert_eq!(
+            label_error("a in b"),
+            "unable to parse requirement: found 'b' expected: '('"
+        );
+        assert_eq!(
+            label_error("a in (b"),
+            "unable to parse requirement: found '', expected: ',' or ')'"
+        );
+        assert_eq!(
+            label_error("a b"),
+            "unable to parse requirement: found 'b', expected: in, notin, =, ==, !=, gt, lt"
+        );
+        assert_eq!(
+            label_error("a>b"),
+            "unable to parse requirement: values[0]: Invalid value: \"b\": for 'Gt', 'Lt' operators, the value must be an integer"
+        );
+        assert!(label_error("\u{e9}").starts_with(
+            "unable to parse requirement: : Invalid value: \"\u{e9}\": name part must consist of"
+        ));
+        // `()` is the empty value, not an error; NUL ends the text as in Go's byte lexer.
+        assert!(selects("a in ()", &[("a", "")]));
+        assert!(selects("a=b \0c=d", &[("a", "b")]));
+    }
+
+    #[test]
+    fn field_selector_errors_are_worded_as_fields_parse_selector_words_them() {
+        assert_eq!(
+            field_error("b=1,nonsense"),
+            "invalid selector: 'b=1,nonsense'; can't understand 'nonsense'"
+        );
+        assert_eq!(
+            field_error("a=b=c"),
+            "invalid field selector: unescaped character in value: 61"
+        );
+        assert_eq!(
+            field_error("a=b\\q"),
+            "invalid field selector: invalid escape sequence: \\q"
+        );
+        assert_eq!(
+            field_error("a=b\\"),
+            "invalid field selector: invalid escape sequence: \\"
+        );
+        // Multi-byte characters anywhere are data.
+        let selector = FieldSelector::parse("metadata.name=\u{e9}\u{e9},\u{e9}!=x").expect("valid");
+        assert_eq!(selector.required("metadata.name"), Some("\u{e9}\u{e9}"));
+        assert_eq!(selector.fields().collect::<Vec<_>>(), ["metadata.name", "\u{e9}"]);
     }
 }

@@ -16,6 +16,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
@@ -282,6 +284,9 @@ pub(crate) struct WatchStart {
 struct Snapshot {
     id: u64,
     resource_version: u64,
+    /// What was listed: a token is good only for the same resource and namespace.
+    key: StorageKey,
+    namespace: Option<String>,
     items: Arc<Vec<Arc<Stored>>>,
 }
 
@@ -659,18 +664,33 @@ impl Store {
     ) -> Result<ListResult, ApiError> {
         let mut state = self.lock();
         if let Some(token) = &query.continue_token {
-            if query.resource_version.as_deref().is_some_and(|rv| !rv.is_empty()) {
+            let token = ContinueToken::parse(token)?;
+            if query
+                .resource_version
+                .as_deref()
+                .is_some_and(|rv| !rv.is_empty() && rv != "0")
+            {
                 return Err(ApiError::BadRequest(
                     "specifying resource version is not allowed when using continue".into(),
                 ));
             }
-            let (id, offset) = parse_continue(token)?;
             let snapshot = state
                 .snapshots
                 .iter()
-                .find(|s| s.id == id)
+                .find(|s| s.id == token.snapshot)
                 .ok_or_else(|| ApiError::Expired(CONTINUE_EXPIRED.into()))?;
-            let (items, rv) = (snapshot.items.clone(), snapshot.resource_version);
+            if snapshot.resource_version != token.resource_version
+                || snapshot.key != info.storage_key()
+                || snapshot.namespace.as_deref() != namespace
+            {
+                return Err(invalid_continue(""));
+            }
+            let (items, rv, id, offset) = (
+                snapshot.items.clone(),
+                snapshot.resource_version,
+                token.snapshot,
+                token.offset,
+            );
             return Ok(page(&items, offset, query.limit, rv, id, query));
         }
         let current = state.rv;
@@ -715,6 +735,8 @@ impl Store {
                 state.snapshots.push_back(Snapshot {
                     id,
                     resource_version: rv,
+                    key: info.storage_key(),
+                    namespace: namespace.map(str::to_owned),
                     items: items.clone(),
                 });
                 while state.snapshots.len() > state.options.snapshots {
@@ -816,21 +838,88 @@ fn parse_version(text: Option<&str>) -> Result<Option<u64>, ApiError> {
         Some(text) => text
             .parse()
             .map(Some)
-            .map_err(|_| ApiError::BadRequest(format!("invalid resource version \"{text}\": not a number"))),
+            .map_err(|error: std::num::ParseIntError| {
+                // `APIObjectVersioner.ParseResourceVersion`'s invalid error, wrapped by the storage layer.
+                let why = match error.kind() {
+                    std::num::IntErrorKind::PosOverflow => "value out of range",
+                    _ => "invalid syntax",
+                };
+                ApiError::BadRequest(format!(
+                    "invalid resource version: resourceVersion: Invalid value: {text:?}: strconv.ParseUint: parsing {text:?}: {why}"
+                ))
+            }),
     }
 }
 
-fn parse_continue(token: &str) -> Result<(u64, usize), ApiError> {
-    let invalid = || ApiError::BadRequest(format!("continue key is not valid: \"{token}\""));
-    let mut parts = token.split('-');
-    let (Some("c"), Some(id), Some(offset), None) = (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(invalid());
-    };
-    Ok((
-        id.parse().map_err(|_| invalid())?,
-        offset.parse().map_err(|_| invalid())?,
+/// Where a paged list goes on: the snapshot of its first page and how far into it. On the wire it is what
+/// kube-apiserver sends, base64url (unpadded) JSON with the version of the encoding `v`, the resource
+/// version `rv` and the start `start` (here `<snapshot>/<offset>` rather than an etcd key), so a client
+/// that sends back something else gets the real server's refusals.
+#[derive(Debug, PartialEq, Eq)]
+struct ContinueToken {
+    snapshot: u64,
+    offset: usize,
+    resource_version: u64,
+}
+
+const CONTINUE_VERSION: &str = "meta.k8s.io/v1";
+
+/// kube-apiserver's 400 for a continue token it cannot read.
+fn invalid_continue(detail: &str) -> ApiError {
+    ApiError::BadRequest(format!(
+        "invalid continue token: continue key is not valid{detail}"
     ))
+}
+
+impl ContinueToken {
+    fn encode(&self) -> String {
+        let json = json!({
+            "v": CONTINUE_VERSION,
+            "rv": self.resource_version,
+            "start": format!("{}/{}", self.snapshot, self.offset),
+        });
+        URL_SAFE_NO_PAD.encode(json.to_string())
+    }
+
+    fn parse(token: &str) -> Result<Self, ApiError> {
+        let bytes = URL_SAFE_NO_PAD.decode(token).map_err(|error| {
+            // Go's base64 reports the offset of the first byte it could not use.
+            let at = match error {
+                base64::DecodeError::InvalidByte(at, _) | base64::DecodeError::InvalidLastSymbol(at, _) => at,
+                base64::DecodeError::InvalidLength(length) => length,
+                base64::DecodeError::InvalidPadding => token.len(),
+            };
+            invalid_continue(&format!(": illegal base64 data at input byte {at}"))
+        })?;
+        let value: Value =
+            serde_json::from_slice(&bytes).map_err(|error| invalid_continue(&format!(": {error}")))?;
+        if value.get("v").and_then(Value::as_str) != Some(CONTINUE_VERSION) {
+            return Err(invalid_continue(
+                ": server does not recognize this encoded version",
+            ));
+        }
+        let resource_version = value
+            .get("rv")
+            .and_then(Value::as_u64)
+            .filter(|rv| *rv > 0)
+            .ok_or_else(|| {
+                invalid_continue(": incorrect encoded start resourceVersion (version meta.k8s.io/v1)")
+            })?;
+        let start = value
+            .get("start")
+            .and_then(Value::as_str)
+            .filter(|start| !start.is_empty())
+            .ok_or_else(|| invalid_continue(": encoded start key empty (version meta.k8s.io/v1)"))?;
+        let (snapshot, offset) = start
+            .split_once('/')
+            .and_then(|(snapshot, offset)| Some((snapshot.parse().ok()?, offset.parse().ok()?)))
+            .ok_or_else(|| invalid_continue(&format!(": {start}")))?;
+        Ok(Self {
+            snapshot,
+            offset,
+            resource_version,
+        })
+    }
 }
 
 fn page(
@@ -841,15 +930,22 @@ fn page(
     id: u64,
     query: &ListQuery,
 ) -> ListResult {
-    let end = limit.map_or(items.len(), |limit| (offset + limit).min(items.len()));
+    // A token is client input: its offset may be anything, so nothing here may overflow or slice past the end.
     let start = offset.min(items.len());
+    let end = limit.map_or(items.len(), |limit| start.saturating_add(limit).min(items.len()));
     let more = end < items.len();
-    ListResult {
-        items: items[start..end].to_vec(),
+    let token = ContinueToken {
+        snapshot: id,
+        offset: end,
         resource_version: rv,
-        continue_token: more.then(|| format!("c-{id}-{end}")),
+    };
+    ListResult {
+        items: items.get(start..end).unwrap_or_default().to_vec(),
+        resource_version: rv,
+        continue_token: more.then(|| token.encode()),
         // The real server counts the rest only when no selector filters the list.
-        remaining: (more && query.labels.is_empty() && query.fields.is_empty()).then(|| items.len() - end),
+        remaining: (more && query.labels.is_empty() && query.fields.is_empty())
+            .then(|| items.len().saturating_sub(end)),
     }
 }
 
@@ -1218,5 +1314,45 @@ mod tests {
             .map(|s| s.value()["data"]["k"].clone())
             .collect();
         assert_eq!(values, [json!("1")]);
+    }
+
+    #[test]
+    fn a_continue_offset_past_the_end_pages_nothing() {
+        let store = store(10);
+        for name in ["a", "b", "c"] {
+            write(&store, name, "1");
+        }
+        let items = Arc::new(
+            store
+                .list(&configmaps(&store), Some("default"), &ListQuery::default())
+                .expect("listed")
+                .items,
+        );
+        // A token is client input: an offset at the end of the address space must not overflow.
+        let past = page(&items, usize::MAX, Some(2), 7, 0, &ListQuery::default());
+        assert!(past.items.is_empty());
+        assert_eq!(past.continue_token, None);
+        let middle = page(&items, 1, Some(1), 7, 0, &ListQuery::default());
+        assert_eq!(middle.items.len(), 1);
+        assert_eq!(middle.remaining, Some(1));
+    }
+
+    #[test]
+    fn continue_tokens_are_read_as_kube_apiserver_reads_them() {
+        let token = ContinueToken {
+            snapshot: 3,
+            offset: 2,
+            resource_version: 9,
+        };
+        assert_eq!(ContinueToken::parse(&token.encode()), Ok(token));
+        let message = |token: &str| ContinueToken::parse(token).map_err(|e| e.to_string()).err();
+        assert_eq!(
+            message("!!!").as_deref(),
+            Some("invalid continue token: continue key is not valid: illegal base64 data at input byte 0")
+        );
+        assert_eq!(
+            message(&URL_SAFE_NO_PAD.encode(r#"{"v":"meta.k8s.io/v1","rv":1,"start":"x"}"#)).as_deref(),
+            Some("invalid continue token: continue key is not valid: x")
+        );
     }
 }

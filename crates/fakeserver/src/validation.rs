@@ -275,11 +275,6 @@ pub(crate) fn label_value_problems(value: &str) -> Vec<String> {
     problems
 }
 
-/// The first reason `value` is not a valid label value, if it is not.
-pub(crate) fn label_value_problem(value: &str) -> Option<String> {
-    label_value_problems(value).into_iter().next()
-}
-
 /// Why `name` is not a DNS-1123 subdomain: every reason (`IsDNS1123Subdomain`).
 pub(crate) fn dns_subdomain_problems(name: &str) -> Vec<String> {
     let mut problems = Vec::new();
@@ -912,8 +907,8 @@ mod tests {
         assert_eq!(qualified_name_problem("nvidia.com/gpu.present"), None);
         assert!(qualified_name_problem("Nvidia.com/gpu").is_some());
         assert!(qualified_name_problem("a/b/c").is_some());
-        assert_eq!(label_value_problem(""), None);
-        assert!(label_value_problem(&"a".repeat(64)).is_some());
+        assert!(label_value_problems("").is_empty());
+        assert!(!label_value_problems(&"a".repeat(64)).is_empty());
         assert!(dns_label_problem("a.b").is_some());
         assert_eq!(dns_subdomain_problem("a.b-c"), None);
     }

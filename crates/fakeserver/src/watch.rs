@@ -75,7 +75,10 @@ pub(crate) fn stream(
         .back()
         .map_or(start.from, |c| c.resource_version().max(start.from));
     let watcher = Watcher {
-        deadline: now + spec.timeout,
+        // `timeoutSeconds` comes from the client: a deadline past what the clock can hold is no deadline.
+        deadline: now
+            .checked_add(spec.timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600)),
         next_bookmark: now + spec.bookmark_interval,
         last: start.from,
         received,

@@ -274,10 +274,7 @@ impl State {
         source: Source<'_>,
     ) -> Result<Written, ApiError> {
         if !body.is_object() {
-            return Err(ApiError::BadRequest(format!(
-                "the body of a {} must be a JSON object",
-                info.kind
-            )));
+            return Err(unrecognized(info, &body));
         }
         let mut name = text(&body, "/metadata/name").to_owned();
         let namespace = if info.namespaced {
@@ -431,6 +428,10 @@ impl State {
             (FieldValidation::Strict, Source::Patch(..))
         )
         .then(|| new.clone());
+        // An update's body, or what a patch made of the object, may be any JSON value.
+        if !new.is_object() {
+            return Err(unrecognized(info, &new));
+        }
         for (key, expected) in [("apiVersion", info.api_version()), ("kind", info.kind.clone())] {
             let sent = text(&new, &format!("/{key}"));
             if !sent.is_empty() && sent != expected {
@@ -961,4 +962,41 @@ impl State {
         }
         Ok(Deleted::Pending(stored))
     }
+}
+
+/// kube-apiserver's 400 for a body that is not a JSON object: its decoder finds no kind in it
+/// (`transformDecodeError` with the start of the body, as `summarizeData` shows it).
+pub(crate) fn unrecognized(info: &ResourceInfo, body: &Value) -> ApiError {
+    let why = match body {
+        Value::Null => "unexpected end of JSON input".to_owned(),
+        other => {
+            let kind = match other {
+                Value::Array(_) => "array",
+                Value::String(_) => "string",
+                Value::Number(_) => "number",
+                Value::Bool(_) => "bool",
+                _ => "object",
+            };
+            format!(
+                "json: cannot unmarshal {kind} into Go value of type struct {{ APIVersion string \"json:\\\"apiVersion,omitempty\\\"\"; Kind string \"json:\\\"kind,omitempty\\\"\" }}"
+            )
+        }
+    };
+    let summary = match body {
+        Value::Null => "<empty>".to_owned(),
+        other => {
+            let text = other.to_string();
+            let bytes = text.as_bytes();
+            let shown: String = bytes.iter().take(30).map(|b| format!("{b:02x}")).collect();
+            if bytes.len() > 30 {
+                format!("{shown} ...")
+            } else {
+                shown
+            }
+        }
+    };
+    ApiError::BadRequest(format!(
+        "the object provided is unrecognized (must be of type {}): couldn't get version/kind; json parse error: {why} ({summary})",
+        info.kind
+    ))
 }

@@ -131,3 +131,78 @@ pub fn failure<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> kube::core
         other => panic!("expected an API error, got {other:?}"),
     }
 }
+
+/// The reasons kube-apiserver gives with each code a client can cause (`metav1.StatusReason`); a 500 is
+/// unclassified (no reason), as server-side apply's typed-patch failure. An `InternalError` would be a
+/// bug here but for the one a client can cause, an eviction under two disruption budgets.
+fn reasons_for(code: u16) -> &'static [&'static str] {
+    match code {
+        400 => &["BadRequest"],
+        401 => &["Unauthorized"],
+        403 => &["Forbidden"],
+        404 => &["NotFound"],
+        405 => &["MethodNotAllowed"],
+        406 => &["NotAcceptable"],
+        409 => &["AlreadyExists", "Conflict"],
+        410 => &["Expired", "Gone"],
+        413 => &["RequestEntityTooLarge"],
+        415 => &["UnsupportedMediaType"],
+        422 => &["Invalid"],
+        429 => &["TooManyRequests"],
+        500 => &[""],
+        504 => &["Timeout"],
+        _ => &[],
+    }
+}
+
+/// Why a failed request's answer is not a well-formed `metav1.Status` for its HTTP code (`None` if it is).
+pub fn status_problem(code: u16, body: &str) -> Option<String> {
+    let Ok(status) = serde_json::from_str::<serde_json::Value>(body) else {
+        return Some(format!("the body is not JSON: {body:?}"));
+    };
+    let reason = status
+        .get("reason")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default();
+    let message = status
+        .get("message")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default();
+    if status["kind"] != "Status" || status["apiVersion"] != "v1" || status["status"] != "Failure" {
+        Some(format!("not a failure Status: {body}"))
+    } else if status["code"] != code {
+        Some(format!("the Status code is not the HTTP code {code}: {body}"))
+    } else if !(reasons_for(code).contains(&reason)
+        || (reason == "InternalError" && message.contains("more than one PodDisruptionBudget")))
+    {
+        Some(format!("reason {reason:?} does not go with {code}: {body}"))
+    } else if message.is_empty() {
+        Some(format!("the Status has no message: {body}"))
+    } else {
+        None
+    }
+}
+
+/// A server as the robustness tests find it: nodes n1, n2, n3, ConfigMap default/seeded and a Pod
+/// default/p with one container, `main`.
+pub fn seeded_server() -> FakeServer {
+    let server = server();
+    seed(&server);
+    server
+}
+
+/// Gives `server` what [`seeded_server`] holds.
+pub fn seed(server: &FakeServer) {
+    for node in ["n1", "n2", "n3"] {
+        server
+            .insert(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {"app": "gpu"}}}))
+            .expect("node");
+    }
+    server
+        .insert(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                       "metadata": {"name": "seeded", "namespace": "default"}, "data": {"a": "b"}}))
+        .expect("configmap");
+    let mut pod = serde_json::to_value(pod("p", Some("n1"))).expect("pod");
+    pod["metadata"]["namespace"] = json!("default");
+    server.insert(pod).expect("pod");
+}
