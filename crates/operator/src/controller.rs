@@ -38,6 +38,7 @@ use tracing::{info, warn};
 
 use crate::apply::{self, ApplyPlan, ObjectKey, Owned, Prune};
 use crate::caches::{Caches, Changes};
+use crate::drift;
 use crate::drivers::{self, DriverOutcome, DriverPlan, DriversInput};
 use crate::facts::{FactsInput, NodeFacts, cluster_facts};
 use crate::labeler::{LabelPolicy, NodePatch, desired_labels};
@@ -110,6 +111,8 @@ struct Recent {
     statuses: BTreeMap<String, (PolicyStatus, Instant)>,
     /// Per node, the label patch last sent.
     labelled: BTreeMap<String, (NodePatch, Instant)>,
+    /// Drift repairs made, by the version of the object they were made at.
+    repairs: drift::Repairs,
 }
 
 impl Context {
@@ -631,6 +634,11 @@ async fn apply_rendered(
         keep_drivers: &keep,
     };
     let mut plan = apply::plan(&owned, &live, rules)?;
+    {
+        let mut recent = context.recent();
+        recent.repairs.retain_live(&live);
+        recent.repairs.skip_made(&mut plan, &live);
+    }
     let wanted = plan.apply.len() + plan.delete.len();
     let now = Instant::now();
     {
@@ -652,6 +660,12 @@ async fn apply_rendered(
         return Ok(awaiting_echo);
     }
     let (done, result) = apply::execute(&context.client, &context.namespace, &plan).await;
+    for (key, object) in &plan.apply[..done.applied] {
+        if let (Some(drift), Some(current)) = (plan.drift.get(key), live.get(key)) {
+            drift::report(&context.recorder, key, object, current, drift).await;
+            context.recent().repairs.record(key, Some(current));
+        }
+    }
     // Remember what was written, even when a later write failed, so that it is not written twice; what
     // was refused or never tried is tried again on the next pass.
     let mut recent = context.recent();

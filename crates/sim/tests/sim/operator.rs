@@ -691,6 +691,151 @@ async fn a_restarted_operator_converges_without_duplicates_and_then_writes_nothi
     cluster.stop().await;
 }
 
+/// Longer than every retry and trust window of the operator without leader election: the 10 s an
+/// unconfirmed write is trusted (policy reconciler and upgrade controller), the labeller's 2 s retry, the
+/// 1 s status and upgrade intervals.
+const STEADY_WINDOW: Duration = Duration::from_secs(15);
+
+/// The operator's requests in a window of [`STEADY_WINDOW`] that begins with `during`: how many, and which.
+async fn operator_requests_while<Fut>(cluster: &Cluster, during: Fut) -> (u64, String)
+where
+    Fut: std::future::Future<Output = ()>,
+{
+    let before = cluster.server.requests();
+    during.await;
+    tokio::time::sleep(STEADY_WINDOW).await;
+    let window = cluster.server.requests().since(&before);
+    let operator = gpuop_sim::product_token(gpuop_operator::USER_AGENT);
+    let which: Vec<_> = window
+        .iter()
+        .filter(|(key, _)| key.client.split('/').next() == Some(operator))
+        .collect();
+    (window.by_client(operator), format!("{which:?}"))
+}
+
+#[tokio::test]
+async fn a_persons_edit_of_a_managed_daemonset_is_reverted_with_an_event_and_their_own_labels_stay() {
+    let cluster = Cluster::start(vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+    cluster.apply(DEFAULT_POLICY).await;
+    cluster.converged("cluster-policy").await;
+    let name = "nvidia-device-plugin-daemonset";
+    let daemonsets: Api<DaemonSet> = Api::namespaced(cluster.client.clone(), NAMESPACE);
+    let image = |ds: &DaemonSet| {
+        let container = &ds
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0];
+        (
+            container.name.clone(),
+            container.image.clone().unwrap_or_default(),
+        )
+    };
+    let (container, rendered_image) = image(&daemonsets.get(name).await.expect("the DaemonSet exists"));
+
+    // A person's own label and annotation on a managed object are theirs: the operator sends nothing.
+    let person: Api<DaemonSet> = Api::namespaced(cluster.server.client_as("kubectl/v1.33.0"), NAMESPACE);
+    let as_kubectl = |manager: &str| PatchParams {
+        field_manager: Some(manager.into()),
+        ..PatchParams::default()
+    };
+    let labelled = operator_requests_while(&cluster, async {
+        person
+            .patch(
+                name,
+                &as_kubectl("kubectl-label"),
+                &Patch::Merge(
+                    json!({"metadata": {"labels": {"team": "ml"}, "annotations": {"team/owner": "ana"}}}),
+                ),
+            )
+            .await
+            .expect("the person labels the DaemonSet");
+    })
+    .await;
+    assert_eq!(
+        labelled.0, 0,
+        "the operator sent requests after a person labelled its DaemonSet: {}",
+        labelled.1
+    );
+
+    // `kubectl edit` changes the image: the operator puts the rendered one back and says so.
+    let edited_at = tokio::time::Instant::now();
+    person
+        .patch(
+            name,
+            &as_kubectl("kubectl-edit"),
+            &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+                {"name": container, "image": "registry.example.com/patched-plugin:1"}
+            ]}}}})),
+        )
+        .await
+        .expect("the person edits the DaemonSet");
+    cluster
+        .until("the edited image is reverted", || async {
+            let (_, now) = image(&daemonsets.get(name).await.map_err(|e| e.to_string())?);
+            if now == rendered_image {
+                Ok(())
+            } else {
+                Err(format!("image {now}"))
+            }
+        })
+        .await;
+    let reverted_in = edited_at.elapsed();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(cluster.client.clone(), NAMESPACE);
+    cluster
+        .until("an event names the DaemonSet and the editor", || async {
+            let drift: Vec<String> = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some(gpuop_operator::drift::REASON))
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.uid.as_deref()).is_some())
+                .filter_map(|e| e.note)
+                .collect();
+            if drift
+                .iter()
+                .any(|note| note.contains("kubectl-edit") && note.contains(".image"))
+            {
+                Ok(())
+            } else {
+                Err(format!("drift events about {name}: {drift:?}"))
+            }
+        })
+        .await;
+    let live = daemonsets.get(name).await.unwrap();
+    assert_eq!(
+        live.labels().get("team").map(String::as_str),
+        Some("ml"),
+        "the person's label stays"
+    );
+    assert_eq!(
+        live.annotations().get("team/owner").map(String::as_str),
+        Some("ana"),
+        "the person's annotation stays"
+    );
+    assert!(
+        reverted_in < Duration::from_secs(5),
+        "reverted only after {reverted_in:?}"
+    );
+
+    // Converged again, the operator sends no request at all.
+    cluster.converged("cluster-policy").await;
+    let steady = operator_requests_while(&cluster, async {}).await;
+    assert_eq!(
+        steady.0, 0,
+        "requests in a steady window after the repair: {}",
+        steady.1
+    );
+    cluster.stop().await;
+}
+
 #[tokio::test]
 async fn it_converges_with_ten_percent_of_requests_failing() {
     let _ = tracing_subscriber::fmt()
