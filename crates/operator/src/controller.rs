@@ -662,7 +662,8 @@ async fn apply_rendered(
     let (done, result) = apply::execute(&context.client, &context.namespace, &plan).await;
     for (key, object) in &plan.apply[..done.applied] {
         if let (Some(drift), Some(current)) = (plan.drift.get(key), live.get(key)) {
-            drift::report(&context.recorder, key, object, current, drift).await;
+            let recorder = context.recent().repairs.recorder(key, drift, &context.client);
+            drift::report(&recorder, key, object, current, drift).await;
             context.recent().repairs.record(key, Some(current));
         }
     }

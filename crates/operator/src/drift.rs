@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use gpuop_api::labels::FIELD_MANAGER;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder};
 use serde_json::{Map, Value};
 use tracing::{info, warn};
@@ -277,26 +278,55 @@ fn spell(path: &[Step<'_>]) -> String {
 /// Repairs made, by object: the live `resourceVersion` each was made at. An object is repaired at most once
 /// per version: if the repair changed nothing the API server keeps the version, and the drift, which then
 /// cannot be the work of another writer, is not repaired again until the object changes.
-#[derive(Debug, Default)]
-pub struct Repairs(BTreeMap<ObjectKey, String>);
+///
+/// Also the event recorder of each repaired object: kube's recorder counts a repeated event (same object,
+/// reason and action) on the first one, note and all, so a repair of other fields or by another manager gets
+/// a recorder, and an event, of its own, while the same repair repeated adds to its event's count.
+#[derive(Default)]
+pub struct Repairs {
+    made: BTreeMap<ObjectKey, String>,
+    recorders: BTreeMap<ObjectKey, (String, Recorder)>,
+}
+
+impl std::fmt::Debug for Repairs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Repairs")
+            .field("made", &self.made)
+            .finish_non_exhaustive()
+    }
+}
 
 impl Repairs {
     /// Whether a drift of this live object may be repaired now.
     pub fn due(&self, key: &ObjectKey, live: Option<&LiveObject>) -> bool {
         let version = live.and_then(|l| l.resource_version.as_ref());
-        version.is_none() || self.0.get(key) != version
+        version.is_none() || self.made.get(key) != version
     }
 
     /// Records a repair made at the live object's version; forgets objects that are no longer live.
     pub fn record(&mut self, key: &ObjectKey, live: Option<&LiveObject>) {
         if let Some(version) = live.and_then(|l| l.resource_version.clone()) {
-            self.0.insert(key.clone(), version);
+            self.made.insert(key.clone(), version);
         }
     }
 
     /// Forgets repairs of objects no longer live.
     pub fn retain_live(&mut self, live: &BTreeMap<ObjectKey, LiveObject>) {
-        self.0.retain(|key, _| live.contains_key(key));
+        self.made.retain(|key, _| live.contains_key(key));
+        self.recorders.retain(|key, _| live.contains_key(key));
+    }
+
+    /// The recorder for the event of this repair (see [`Repairs`]).
+    pub fn recorder(&mut self, key: &ObjectKey, drift: &Drift, client: &Client) -> Recorder {
+        let note = drift.note(key.0, &key.2);
+        match self.recorders.get(key) {
+            Some((last, recorder)) if *last == note => recorder.clone(),
+            _ => {
+                let recorder = Recorder::new(client.clone(), "gpu-operator".into());
+                self.recorders.insert(key.clone(), (note, recorder.clone()));
+                recorder
+            }
+        }
     }
 
     /// Takes out of `plan` the repairs already made at the live version.

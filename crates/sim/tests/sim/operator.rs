@@ -697,15 +697,29 @@ async fn a_restarted_operator_converges_without_duplicates_and_then_writes_nothi
 const STEADY_WINDOW: Duration = Duration::from_secs(15);
 
 /// The operator's requests in a window of [`STEADY_WINDOW`] that begins with `during`: how many, and which.
+/// The window starts once the operator has sent nothing for 3 s (what converging left to do, such as a node
+/// label that follows an operand's own, is done).
 async fn operator_requests_while<Fut>(cluster: &Cluster, during: Fut) -> (u64, String)
 where
     Fut: std::future::Future<Output = ()>,
 {
+    let operator = gpuop_sim::product_token(gpuop_operator::USER_AGENT);
+    cluster
+        .until("the operator is quiet for 3 s", || async {
+            let before = cluster.server.requests().by_client(operator);
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let sent = cluster.server.requests().by_client(operator) - before;
+            if sent == 0 {
+                Ok(())
+            } else {
+                Err(format!("{sent} requests in the last 3 s"))
+            }
+        })
+        .await;
     let before = cluster.server.requests();
     during.await;
     tokio::time::sleep(STEADY_WINDOW).await;
     let window = cluster.server.requests().since(&before);
-    let operator = gpuop_sim::product_token(gpuop_operator::USER_AGENT);
     let which: Vec<_> = window
         .iter()
         .filter(|(key, _)| key.client.split('/').next() == Some(operator))
@@ -824,6 +838,65 @@ async fn a_persons_edit_of_a_managed_daemonset_is_reverted_with_an_event_and_the
         reverted_in < Duration::from_secs(5),
         "reverted only after {reverted_in:?}"
     );
+
+    // `kubectl edit` deleting an env var the operator sets: nobody owns it afterwards, it is put back too.
+    // Env vars are keyed by name: the one put back may come back at another place in the list.
+    let env_names = |ds: &DaemonSet| -> BTreeSet<String> {
+        let container = &ds
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0];
+        container.env.iter().flatten().map(|e| e.name.clone()).collect()
+    };
+    let rendered_env = env_names(&daemonsets.get(name).await.unwrap());
+    let removed = rendered_env
+        .first()
+        .expect("the device plugin has env vars")
+        .clone();
+    person
+        .patch(
+            name,
+            &as_kubectl("kubectl-edit"),
+            &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+                {"name": container, "env": [{"name": removed, "$patch": "delete"}]}
+            ]}}}})),
+        )
+        .await
+        .expect("the person deletes an env var");
+    cluster
+        .until("the deleted env var is back", || async {
+            let now = env_names(&daemonsets.get(name).await.map_err(|e| e.to_string())?);
+            if now == rendered_env {
+                Ok(())
+            } else {
+                Err(format!("env {now:?}"))
+            }
+        })
+        .await;
+    cluster
+        .until("an event names the deleted env var", || async {
+            let notes: Vec<String> = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some(gpuop_operator::drift::REASON))
+                .filter_map(|e| e.note)
+                .collect();
+            let field = format!("env[name={removed}]");
+            if notes.iter().any(|note| note.contains(&field)) {
+                Ok(())
+            } else {
+                Err(format!("drift events: {notes:?}"))
+            }
+        })
+        .await;
 
     // Converged again, the operator sends no request at all.
     cluster.converged("cluster-policy").await;
