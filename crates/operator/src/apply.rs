@@ -4,11 +4,13 @@
 //! "Changed" is decided without reading the live object's body: every applied object carries the hash of
 //! its desired state in the annotation [`APPLIED_HASH`], and a metadata-only cache of every managed object
 //! (selected by `app.kubernetes.io/managed-by=gpu-operator`) says what was applied last. In steady state
-//! this makes zero writes, also right after a restart. Pruning deletes, by label, managed objects that the
-//! last render did not produce and whose owner reference is the active ClusterPolicy (or one of the
-//! NVIDIADrivers rendered with it), by uid: objects of another ClusterPolicy, or of an earlier one of the
-//! same name, are left to their owner and to Kubernetes' garbage collector. It never runs for an invalid
-//! policy.
+//! this makes zero writes, also right after a restart. An object whose hash is current is written again
+//! only when it drifted: another writer changed or removed a field the operator applied, which the cache's
+//! copy of the object's `managedFields` shows (see [`crate::drift`]). Pruning deletes, by label, managed
+//! objects that the last render did not produce and whose owner reference is the active ClusterPolicy (or
+//! one of the NVIDIADrivers rendered with it), by uid: objects of another ClusterPolicy, or of an earlier
+//! one of the same name, are left to their owner and to Kubernetes' garbage collector. It never runs for an
+//! invalid policy.
 //!
 //! A refused write stops only what depends on it: the rest of its state, and the states of operands that
 //! require its operand on the node (the catalogue's `requires`), of the same owner. Every other state is
@@ -29,6 +31,8 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::Value;
 use tracing::{info, warn};
+
+use crate::drift::{self, Drift};
 
 /// Annotation holding the hash of the desired state last applied to an object.
 pub const APPLIED_HASH: &str = "nvidia.com/last-applied-hash";
@@ -271,7 +275,8 @@ pub fn owner_reference<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReferen
     }
 }
 
-/// What is applied now: object key → the applied-hash annotation, for every managed object in the caches.
+/// What is applied now: object key → the applied-hash annotation, and what drift detection reads, for every
+/// managed object in the caches.
 pub fn live_hashes(caches: &BTreeMap<&'static str, Store<DynamicObject>>) -> BTreeMap<ObjectKey, LiveObject> {
     let mut live = BTreeMap::new();
     for (kind, store) in caches {
@@ -293,6 +298,9 @@ pub fn live_hashes(caches: &BTreeMap<&'static str, Store<DynamicObject>>) -> BTr
                         .is_some_and(|v| v == MANAGED_BY_VALUE),
                     driver: is_driver(Some(object.labels())),
                     nvidia_driver: object.labels().get(NVIDIA_DRIVER_NAME).cloned(),
+                    uid: object.metadata.uid.clone(),
+                    resource_version: object.metadata.resource_version.clone(),
+                    managed_fields: object.metadata.managed_fields.clone().unwrap_or_default(),
                 },
             );
         }
@@ -304,7 +312,7 @@ pub fn live_hashes(caches: &BTreeMap<&'static str, Store<DynamicObject>>) -> BTr
 const OWNER_KINDS: &[&str] = &["ClusterPolicy", "NVIDIADriver"];
 
 /// What the operator needs to know of a live managed object.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct LiveObject {
     /// Its applied-hash annotation.
     pub hash: Option<String>,
@@ -316,6 +324,12 @@ pub struct LiveObject {
     pub driver: bool,
     /// The NVIDIADriver it was rendered for (its `nvidia.com/nvidiadriver` label).
     pub nvidia_driver: Option<String>,
+    /// Its uid, for events about it.
+    pub uid: Option<String>,
+    /// Its `resourceVersion`.
+    pub resource_version: Option<String>,
+    /// Its `metadata.managedFields`, as the cache trims them ([`drift::trim_managed_fields`]).
+    pub managed_fields: Vec<ManagedFieldsEntry>,
 }
 
 /// Objects rendered for one owner (the ClusterPolicy, or one NVIDIADriver).
@@ -345,6 +359,8 @@ pub fn key_of(manifest: &Manifest) -> Option<ObjectKey> {
 pub struct ApplyPlan {
     /// Objects to server-side apply, in render order, with their hashes and where they belong.
     pub apply: Vec<(ObjectKey, Value, Step)>,
+    /// Of those, the ones applied again because they drifted (their hash is current), and how.
+    pub drift: BTreeMap<ObjectKey, Drift>,
     /// Objects to delete, in [`MANAGED_KINDS`] order.
     pub delete: Vec<ObjectKey>,
     /// Of those, the ones deleted with their dependents left behind (driver DaemonSets whose pods the
@@ -394,10 +410,10 @@ pub struct Prune<'a> {
     pub keep_drivers: &'a BTreeSet<String>,
 }
 
-/// Decides what to write: rendered objects whose hash differs from the live one, and managed objects that
-/// were not rendered and whose owner reference is one of `owned`'s owners, by uid (see [`Prune`]): an object
-/// of another ClusterPolicy, or of a deleted one that garbage collection has not reached yet, is not ours to
-/// delete.
+/// Decides what to write: rendered objects whose hash differs from the live one or that drifted (see
+/// [`drift::drift`]), and managed objects that were not rendered and whose owner reference is one of
+/// `owned`'s owners, by uid (see [`Prune`]): an object of another ClusterPolicy, or of a deleted one that
+/// garbage collection has not reached yet, is not ours to delete.
 pub fn plan(
     owned: &[Owned<'_>],
     live: &BTreeMap<ObjectKey, LiveObject>,
@@ -424,13 +440,19 @@ pub fn plan(
             name: manifest.name().to_owned(),
         })?;
         let (object, hash) = prepared(manifest, owner);
-        if live.get(&key).and_then(|l| l.hash.as_deref()) != Some(hash.as_str()) {
-            let step = Step {
-                owner: index,
-                state: manifest.state,
-                operand: manifest.operand,
-            };
-            plan.apply.push((key.clone(), object, step));
+        let step = Step {
+            owner: index,
+            state: manifest.state,
+            operand: manifest.operand,
+        };
+        match live.get(&key) {
+            Some(current) if current.hash.as_deref() == Some(hash.as_str()) => {
+                if let Some(drift) = drift::drift(&object, &current.managed_fields) {
+                    plan.drift.insert(key.clone(), drift);
+                    plan.apply.push((key.clone(), object, step));
+                }
+            }
+            _ => plan.apply.push((key.clone(), object, step)),
         }
         wanted.insert(key);
     }
@@ -718,6 +740,7 @@ mod tests {
                         managed: true,
                         driver: false,
                         nvidia_driver: None,
+                        ..LiveObject::default()
                     },
                 )
             })
@@ -758,6 +781,56 @@ mod tests {
     }
 
     #[test]
+    fn a_drifted_object_is_applied_again_and_one_as_applied_is_not() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1;
+        let rendered = Rendered {
+            objects: vec![manifest("ConfigMap", "v1", "a", "1")],
+        };
+        let set = |data: Value| {
+            json!({
+                "f:metadata": {
+                    "f:labels": {format!("f:{MANAGED_BY}"): {}},
+                    "f:annotations": {format!("f:{APPLIED_HASH}"): {}},
+                    "f:ownerReferences": {"k:{\"uid\":\"u\"}": {
+                        ".": {}, "f:apiVersion": {}, "f:kind": {}, "f:name": {}, "f:uid": {}}},
+                },
+                "f:data": data,
+            })
+        };
+        let entry = |manager: &str, operation: &str, fields: Value| ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some(operation.into()),
+            fields_v1: Some(FieldsV1(fields)),
+            ..ManagedFieldsEntry::default()
+        };
+        let mut live = live_from(&rendered);
+        let key = ("ConfigMap", "gpu-operator".to_owned(), "a".to_owned());
+        live.get_mut(&key).unwrap().managed_fields = vec![
+            entry(FIELD_MANAGER, "Apply", set(json!({"f:x": {}}))),
+            entry(
+                "kubectl-edit",
+                "Update",
+                json!({"f:metadata": {"f:labels": {"f:team": {}}}}),
+            ),
+        ];
+        assert_eq!(
+            plan(&one(&rendered), &live, NONE).unwrap(),
+            ApplyPlan::default(),
+            "as applied, with a person's own label"
+        );
+        let mut taken = set(json!({}));
+        taken.as_object_mut().unwrap().remove("f:data");
+        live.get_mut(&key).unwrap().managed_fields = vec![
+            entry(FIELD_MANAGER, "Apply", taken),
+            entry("kubectl-edit", "Update", json!({"f:data": {"f:x": {}}})),
+        ];
+        let repair = plan(&one(&rendered), &live, NONE).unwrap();
+        assert_eq!(repair.apply.len(), 1, "the edited object is applied again");
+        assert_eq!(repair.drift[&key].manager.as_deref(), Some("kubectl-edit"));
+        assert_eq!(repair.drift[&key].fields, ["data.x"]);
+    }
+
+    #[test]
     fn objects_no_longer_rendered_are_pruned_but_foreign_ones_are_not() {
         let rendered = Rendered {
             objects: vec![
@@ -777,6 +850,7 @@ mod tests {
                 managed: true,
                 driver: false,
                 nvidia_driver: None,
+                ..LiveObject::default()
             },
         );
         let plan = plan(&one(&now), &live, NONE).unwrap();
@@ -803,6 +877,7 @@ mod tests {
                 managed: true,
                 driver: true,
                 nvidia_driver: None,
+                ..LiveObject::default()
             },
         )]);
         let switched = plan(
@@ -921,6 +996,9 @@ mod tests {
             managed: true,
             driver: false,
             nvidia_driver: None,
+            uid: None,
+            resource_version: None,
+            managed_fields: Vec::new(),
         };
         let key = |name: &str| ("ConfigMap", "gpu-operator".to_owned(), name.to_owned());
         let live = BTreeMap::from([

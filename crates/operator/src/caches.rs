@@ -1,7 +1,8 @@
 //! The operator's view of the cluster: one reflector per kind it reads, each holding only what the
 //! decisions need. Nodes keep their labels, annotations, taints, cordon flag and node info (no images, no
 //! managed fields); pods of the operator namespace keep their owner, node and readiness; managed objects of
-//! every other kind keep only their metadata. Every change wakes the policy reconciler.
+//! every rendered kind keep only their metadata, with the main resource's managed fields (drift detection,
+//! [`crate::drift`]). Every change wakes the policy reconciler.
 //!
 //! Each resource's access is tracked on its own ([`Availability`]): one the API refuses to list (a missing
 //! CRD: `NotFound`; a missing permission: `Forbidden`) is reported by name and reason, in the log, on
@@ -65,7 +66,7 @@ pub struct Caches {
     pub pods: Store<Pod>,
     /// ControllerRevisions in the operator namespace.
     pub revisions: Store<ControllerRevision>,
-    /// Managed objects of every rendered kind, metadata only, by kind.
+    /// Managed objects of every rendered kind, metadata only (managed fields trimmed), by kind.
     pub managed: BTreeMap<&'static str, Store<DynamicObject>>,
     /// Which resources can be read.
     pub availability: Availability,
@@ -161,7 +162,7 @@ impl Caches {
             .default_backoff()
             .modify(|object: &mut DynamicObject| {
                 object.data = serde_json::Value::Null;
-                object.metadata.managed_fields = None;
+                crate::drift::trim_managed_fields(&mut object.metadata.managed_fields);
             })
             .reflect(writer)
             .inspect(move |item| tracker.observe(item));

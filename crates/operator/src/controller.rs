@@ -38,6 +38,7 @@ use tracing::{info, warn};
 
 use crate::apply::{self, ApplyPlan, ObjectKey, Owned, Prune};
 use crate::caches::{Caches, Changes, Decoded};
+use crate::drift;
 use crate::drivers::{self, DriverOutcome, DriverPlan, DriversInput};
 use crate::facts::{FactsInput, NodeFacts, cluster_facts};
 use crate::labeler::{LabelPolicy, NodePatch, desired_labels};
@@ -111,6 +112,8 @@ struct Recent {
     statuses: BTreeMap<String, (PolicyStatus, Instant)>,
     /// Per node, the label patch last sent.
     labelled: BTreeMap<String, (NodePatch, Instant)>,
+    /// Drift repairs made, by the version of the object they were made at.
+    repairs: drift::Repairs,
 }
 
 impl Context {
@@ -836,6 +839,11 @@ async fn apply_rendered(
             .find(|k| k.kind == *kind)
             .is_none_or(|k| !unwatched.contains(&k.resource()))
     });
+    {
+        let mut recent = context.recent();
+        recent.repairs.retain_live(&live);
+        recent.repairs.skip_made(&mut plan, &live);
+    }
     let wanted = plan.apply.len() + plan.delete.len();
     let now = Instant::now();
     {
@@ -860,6 +868,14 @@ async fn apply_rendered(
         });
     }
     let done = apply::execute(&context.client, &context.namespace, &plan).await;
+    let applied: BTreeSet<&ObjectKey> = done.applied.iter().collect();
+    for (key, object, _) in plan.apply.iter().filter(|(key, _, _)| applied.contains(key)) {
+        if let (Some(drift), Some(current)) = (plan.drift.get(key), live.get(key)) {
+            let recorder = context.recent().repairs.recorder(key, drift, &context.client);
+            drift::report(&recorder, key, object, current, drift).await;
+            context.recent().repairs.record(key, Some(current));
+        }
+    }
     // Remember what was written, even when another write failed, so that it is not written twice; what
     // was refused or held back is tried again on the next pass.
     let mut recent = context.recent();

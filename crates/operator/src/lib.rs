@@ -2,8 +2,8 @@
 //!
 //! Pure decisions: [`labeler`] (node labels), [`facts`] (cluster facts for rendering), [`readiness`] (which
 //! nodes should run and do run each operand), [`status`] (the policy status), [`apply::plan`] (what to
-//! write and prune), [`diff_live`] (what taking over a cluster would change); the upgrade decision itself
-//! is `gpuop_api::upgrade::decide`. Thin I/O around them: [`caches`] (reflectors), [`controller`] (the
+//! write and prune), [`drift`] (whether another writer changed a managed object), [`diff_live`] (what
+//! taking over a cluster would change); the upgrade decision itself is `gpuop_api::upgrade::decide`. Thin I/O around them: [`caches`] (reflectors), [`controller`] (the
 //! policy reconciler and the node labeller), [`pod_security`] (the namespace's Pod Security labels),
 //! [`upgrade`] (the driver upgrade controller), [`lease`] (leader election), [`api_client`] (every request
 //! bounded in time, every write gated on leadership), [`run`] (process wiring, metrics and health endpoints). Commands that install and remove the operator's footprint:
@@ -18,6 +18,7 @@ pub mod cli;
 pub mod controller;
 pub mod crd_install;
 pub mod diff_live;
+pub mod drift;
 pub mod drivers;
 pub mod facts;
 pub mod labeler;

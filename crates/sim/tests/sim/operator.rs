@@ -718,6 +718,219 @@ async fn a_restarted_operator_converges_without_duplicates_and_then_writes_nothi
     cluster.stop().await;
 }
 
+/// The operator's requests in a window of [`gpuop_operator::STEADY_STATE_WINDOW`] that begins with `during`: how many, and which.
+/// The window starts once the operator has sent nothing for 3 s (what converging left to do, such as a node
+/// label that follows an operand's own, is done).
+async fn operator_requests_while<Fut>(cluster: &Cluster, during: Fut) -> (u64, String)
+where
+    Fut: std::future::Future<Output = ()>,
+{
+    let operator = gpuop_sim::product_token(gpuop_operator::USER_AGENT);
+    cluster
+        .until("the operator is quiet for 3 s", || async {
+            let before = cluster.server.requests().by_client(operator);
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let sent = cluster.server.requests().by_client(operator) - before;
+            if sent == 0 {
+                Ok(())
+            } else {
+                Err(format!("{sent} requests in the last 3 s"))
+            }
+        })
+        .await;
+    let before = cluster.server.requests();
+    during.await;
+    tokio::time::sleep(gpuop_operator::STEADY_STATE_WINDOW).await;
+    let window = cluster.server.requests().since(&before);
+    let which: Vec<_> = window
+        .iter()
+        .filter(|(key, _)| key.client.split('/').next() == Some(operator))
+        .collect();
+    (window.by_client(operator), format!("{which:?}"))
+}
+
+#[tokio::test]
+async fn a_persons_edit_of_a_managed_daemonset_is_reverted_with_an_event_and_their_own_labels_stay() {
+    let cluster = Cluster::start(vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+    cluster.apply(DEFAULT_POLICY).await;
+    cluster.converged("cluster-policy").await;
+    let name = "nvidia-device-plugin-daemonset";
+    let daemonsets: Api<DaemonSet> = Api::namespaced(cluster.client.clone(), NAMESPACE);
+    let image = |ds: &DaemonSet| {
+        let container = &ds
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0];
+        (
+            container.name.clone(),
+            container.image.clone().unwrap_or_default(),
+        )
+    };
+    let (container, rendered_image) = image(&daemonsets.get(name).await.expect("the DaemonSet exists"));
+
+    // A person's own label and annotation on a managed object are theirs: the operator sends nothing.
+    let person: Api<DaemonSet> = Api::namespaced(cluster.server.client_as("kubectl/v1.33.0"), NAMESPACE);
+    let as_kubectl = |manager: &str| PatchParams {
+        field_manager: Some(manager.into()),
+        ..PatchParams::default()
+    };
+    let labelled = operator_requests_while(&cluster, async {
+        person
+            .patch(
+                name,
+                &as_kubectl("kubectl-label"),
+                &Patch::Merge(
+                    json!({"metadata": {"labels": {"team": "ml"}, "annotations": {"team/owner": "ana"}}}),
+                ),
+            )
+            .await
+            .expect("the person labels the DaemonSet");
+    })
+    .await;
+    assert_eq!(
+        labelled.0, 0,
+        "the operator sent requests after a person labelled its DaemonSet: {}",
+        labelled.1
+    );
+
+    // `kubectl edit` changes the image: the operator puts the rendered one back and says so.
+    let edited_at = tokio::time::Instant::now();
+    person
+        .patch(
+            name,
+            &as_kubectl("kubectl-edit"),
+            &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+                {"name": container, "image": "registry.example.com/patched-plugin:1"}
+            ]}}}})),
+        )
+        .await
+        .expect("the person edits the DaemonSet");
+    cluster
+        .until("the edited image is reverted", || async {
+            let (_, now) = image(&daemonsets.get(name).await.map_err(|e| e.to_string())?);
+            if now == rendered_image {
+                Ok(())
+            } else {
+                Err(format!("image {now}"))
+            }
+        })
+        .await;
+    let reverted_in = edited_at.elapsed();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(cluster.client.clone(), NAMESPACE);
+    cluster
+        .until("an event names the DaemonSet and the editor", || async {
+            let drift: Vec<String> = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some(gpuop_operator::drift::REASON))
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.uid.as_deref()).is_some())
+                .filter_map(|e| e.note)
+                .collect();
+            if drift
+                .iter()
+                .any(|note| note.contains("kubectl-edit") && note.contains(".image"))
+            {
+                Ok(())
+            } else {
+                Err(format!("drift events about {name}: {drift:?}"))
+            }
+        })
+        .await;
+    let live = daemonsets.get(name).await.unwrap();
+    assert_eq!(
+        live.labels().get("team").map(String::as_str),
+        Some("ml"),
+        "the person's label stays"
+    );
+    assert_eq!(
+        live.annotations().get("team/owner").map(String::as_str),
+        Some("ana"),
+        "the person's annotation stays"
+    );
+    assert!(
+        reverted_in < Duration::from_secs(5),
+        "reverted only after {reverted_in:?}"
+    );
+
+    // `kubectl edit` deleting an env var the operator sets: nobody owns it afterwards, it is put back too.
+    // Env vars are keyed by name: the one put back may come back at another place in the list.
+    let env_names = |ds: &DaemonSet| -> BTreeSet<String> {
+        let container = &ds
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0];
+        container.env.iter().flatten().map(|e| e.name.clone()).collect()
+    };
+    let rendered_env = env_names(&daemonsets.get(name).await.unwrap());
+    let removed = rendered_env
+        .first()
+        .expect("the device plugin has env vars")
+        .clone();
+    person
+        .patch(
+            name,
+            &as_kubectl("kubectl-edit"),
+            &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+                {"name": container, "env": [{"name": removed, "$patch": "delete"}]}
+            ]}}}})),
+        )
+        .await
+        .expect("the person deletes an env var");
+    cluster
+        .until("the deleted env var is back", || async {
+            let now = env_names(&daemonsets.get(name).await.map_err(|e| e.to_string())?);
+            if now == rendered_env {
+                Ok(())
+            } else {
+                Err(format!("env {now:?}"))
+            }
+        })
+        .await;
+    cluster
+        .until("an event names the deleted env var", || async {
+            let notes: Vec<String> = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some(gpuop_operator::drift::REASON))
+                .filter_map(|e| e.note)
+                .collect();
+            let field = format!("env[name={removed}]");
+            if notes.iter().any(|note| note.contains(&field)) {
+                Ok(())
+            } else {
+                Err(format!("drift events: {notes:?}"))
+            }
+        })
+        .await;
+
+    // Converged again, the operator sends no request at all.
+    cluster.converged("cluster-policy").await;
+    let steady = operator_requests_while(&cluster, async {}).await;
+    assert_eq!(
+        steady.0, 0,
+        "requests in a steady window after the repair: {}",
+        steady.1
+    );
+    cluster.stop().await;
+}
+
 #[tokio::test]
 async fn it_converges_with_ten_percent_of_requests_failing() {
     let _ = tracing_subscriber::fmt()
@@ -796,9 +1009,6 @@ async fn only_the_leader_writes_and_a_second_replica_takes_over_when_it_stops() 
 /// the while, and wrote alongside the new one.
 #[tokio::test]
 async fn a_leader_whose_renewals_hang_writes_nothing_once_another_takes_over() {
-    /// Longer than every window in which the operator trusts or retries a write: its 10 s wait for an
-    /// unconfirmed write to show in the caches, its 2 s retries, the lease's 2 s duration.
-    const QUIET: Duration = Duration::from_secs(12);
     let server = FakeServer::builder().record_writes().build();
     let cluster = Cluster::without_operator_on(server, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
     let first = cluster.replica("replica-a").await;
@@ -839,7 +1049,7 @@ async fn a_leader_whose_renewals_hang_writes_nothing_once_another_takes_over() {
             }
         })
         .await;
-    tokio::time::sleep(QUIET).await;
+    tokio::time::sleep(gpuop_operator::STEADY_STATE_WINDOW).await;
 
     let writes = cluster.server.writes();
     let takeover = writes
