@@ -4,7 +4,7 @@
 //! nodes should run and do run each operand), [`status`] (the policy status), [`apply::plan`] (what to
 //! write and prune), [`diff_live`] (what taking over a cluster would change); the upgrade decision itself
 //! is `gpuop_api::upgrade::decide`. Thin I/O around them: [`caches`] (reflectors), [`controller`] (the
-//! policy reconciler and the node labeller), [`pod_security`] (the namespace's Pod Security labels),
+//! policy reconciler), [`label_queue`] (the node labeller's work queue), [`pod_security`] (the namespace's Pod Security labels),
 //! [`upgrade`] (the driver upgrade controller), [`lease`] (leader election), [`run`] (process wiring,
 //! metrics and health endpoints). Commands that install and remove the operator's footprint:
 //! [`crd_install`] (`crd --apply`) and [`uninstall`].
@@ -19,6 +19,7 @@ pub mod crd_install;
 pub mod diff_live;
 pub mod drivers;
 pub mod facts;
+pub mod label_queue;
 pub mod labeler;
 pub mod lease;
 pub mod metrics;

@@ -18,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::caches::{Caches, Changes};
-use crate::controller::{Context, run_labeller, run_policies};
+use crate::controller::{Context, run_policies};
+use crate::label_queue::run_labeller;
 use crate::lease::{self, Leadership, Timing};
 use crate::metrics::Metrics;
 use crate::upgrade::run_upgrades;

@@ -9,6 +9,7 @@
 //! - `scenarios`: the simulator's actors on the fake API server, driven by hand-written objects and faults;
 //! - `migrate`: taking over a cluster NVIDIA's operator converged, without restarting its operand pods;
 //! - `operator`: the operator converging simulated clusters (controller-level tests of issue 5);
+//! - `labeller`: the node labeller when a node changes between its read and its write;
 //! - `workloads`: GPU workloads, their disruption budgets and evictions, and scenario actions on objects;
 //! - `upgrade`: the operator upgrading drivers node by node under running workloads, and NVIDIADriver pools;
 //! - `docs`: every console example in `README.md` and `docs/` run as written, its shown output checked.
@@ -23,6 +24,8 @@ mod helm;
 mod install;
 #[path = "sim/kubectl.rs"]
 mod kubectl;
+#[path = "sim/labeller.rs"]
+mod labeller;
 #[path = "sim/migrate.rs"]
 mod migrate;
 #[path = "sim/operator.rs"]
