@@ -16,6 +16,11 @@ use serde_json::json;
 use crate::operator::{Cluster, pool};
 
 const NFD_GPU: &str = "feature.node.kubernetes.io/pci-10de.present";
+/// How late the operator's node watch delivers events in the race below.
+const LAG: Duration = Duration::from_secs(3);
+/// The person's edit follows the node's change this much later: the operator has the changed node and not
+/// the edit for this long, and its write comes after the edit, since `GAP` < `LAG`.
+const GAP: Duration = Duration::from_secs(2);
 
 fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
     node.labels().get(key).map(String::as_str)
@@ -52,11 +57,11 @@ async fn labelled(cluster: &Cluster, names: &[&str]) {
         .await;
 }
 
-/// The operator's node cache lags two seconds behind the API server (as an informer does under load). A
-/// node becomes a GPU node, and a person switches DCGM's exporter off on it a moment later: the operator,
-/// deciding on the node as it looked before the person's edit, must not write over the person's `false`.
-/// Before the labeller's writes carried the node's `resourceVersion`, its merge patch set the switch back
-/// to `true`.
+/// The operator's node cache lags [`LAG`] behind the API server (as an informer does under load). A node
+/// becomes a GPU node, and a person switches DCGM's exporter off on it [`GAP`] later: the operator, which
+/// sees the node become a GPU node only after the person's edit, and the edit itself [`GAP`] later still,
+/// decides on the node as it was before the edit, and must not write over the person's `false`. Before the
+/// labeller's writes carried the node's `resourceVersion`, its merge patch set the switch back to `true`.
 #[tokio::test]
 async fn a_label_a_person_sets_between_the_operators_read_and_write_is_kept() {
     let mut cluster = Cluster::without_operator(vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
@@ -70,7 +75,7 @@ async fn a_label_a_person_sets_between_the_operators_read_and_write_is_kept() {
         .expect("node creates");
     cluster
         .server
-        .set_faults(Faults::new(13).delay_watch_events("nodes", Duration::from_secs(2)));
+        .set_faults(Faults::new(13).delay_watch_events("nodes", LAG));
     cluster.start_operator().await;
     cluster.apply(DEFAULT_POLICY).await;
     // The labeller has its policy once it has labelled the simulated GPU node.
@@ -92,6 +97,8 @@ async fn a_label_a_person_sets_between_the_operators_read_and_write_is_kept() {
     };
     let conflicts_before = operator_requests(&cluster, Verb::Patch, 409);
     person(json!({ NFD_GPU: "true" })).await;
+    // Not a wait for a condition: the two writes must reach the operator's cache this far apart.
+    tokio::time::sleep(GAP).await;
     person(json!({ exporter.as_str(): "false" })).await;
     labelled(&cluster, &["bare-0"]).await;
 
