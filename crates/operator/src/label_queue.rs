@@ -46,7 +46,7 @@ pub const WORKERS: usize = 16;
 pub const BACKOFF_BASE: Duration = Duration::from_millis(200);
 /// The longest wait between two tries of one node.
 pub const BACKOFF_CAP: Duration = Duration::from_secs(300);
-/// Conflicts (409) retried at once on fresh state before the node backs off.
+/// Writes of one node tried at once, each after a 409 on the node as a GET returns it, before it backs off.
 pub const CONFLICT_ATTEMPTS: usize = 3;
 
 /// What the node cache tells the labeller.
@@ -411,7 +411,7 @@ async fn label(
         return (name, Outcome::Done { recheck_at: None }, None);
     };
     let mut sent = sent;
-    for _ in 0..CONFLICT_ATTEMPTS {
+    for attempt in 1..=CONFLICT_ATTEMPTS {
         let patch = match decide(&node, policy.as_ref(), &context.detection, sent.as_ref(), now()) {
             Decision::Nothing => return (name, Outcome::Done { recheck_at: None }, None),
             Decision::Wait { until } => {
@@ -432,7 +432,7 @@ async fn label(
                 let recheck_at = Some(at + IN_FLIGHT);
                 return (name, Outcome::Done { recheck_at }, Some(Sent { patch, at }));
             }
-            Err(kube::Error::Api(status)) if status.code == 409 => {
+            Err(kube::Error::Api(status)) if status.code == 409 && attempt < CONFLICT_ATTEMPTS => {
                 // The node changed since it was read (a person, another controller, or this operator's own
                 // write the cache does not show yet): decide again on the node as it is now.
                 match Api::<Node>::all(context.client.clone()).get_opt(&name).await {
@@ -448,7 +448,7 @@ async fn label(
             Err(error) => return failed(&name, &error, sent),
         }
     }
-    warn!(node = %name, attempts = CONFLICT_ATTEMPTS, "cannot label node: it kept changing between read and write; backing off");
+    // Unreachable: the last attempt returns whatever it meets; a node that kept changing backs off.
     (name, Outcome::Failed { retry_after: None }, sent)
 }
 
