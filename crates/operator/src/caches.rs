@@ -32,6 +32,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::MANAGED_KINDS;
+use crate::label_queue::NodeEvent;
 
 /// Wakes every controller when a cache changes. Each has its own `Notify`, so that one controller's
 /// wake-up is never taken by another.
@@ -75,15 +76,16 @@ pub struct Caches {
 }
 
 impl Caches {
-    /// Starts every reflector; each change notifies `changed`, and the name of every node that changes is
-    /// sent on the returned channel (the labeller's queue). Reflectors stop when `shutdown` is cancelled.
+    /// Starts every reflector; each change notifies `changed`, and every node that changes, and every
+    /// relist of the nodes, is sent on the returned channel (the labeller's queue, see [`node_event`]).
+    /// Reflectors stop when `shutdown` is cancelled.
     pub fn start(
         client: &Client,
         namespace: &str,
         service_monitor_crd: bool,
         changed: &Arc<Changes>,
         shutdown: &CancellationToken,
-    ) -> (Self, mpsc::UnboundedReceiver<String>) {
+    ) -> (Self, mpsc::UnboundedReceiver<NodeEvent>) {
         let managed_label = format!("{MANAGED_BY}={MANAGED_BY_VALUE}");
         let availability = Availability::default();
         let policies = spawn(
@@ -112,12 +114,11 @@ impl Caches {
             .modify(trim_node)
             .reflect(node_writer)
             .inspect(move |item| node_tracker.observe(item))
-            .touched_objects()
-            .map(move |node| {
-                if let Ok(node) = &node {
-                    let _ = node_names.send(kube::ResourceExt::name_any(node));
+            .map(move |event| {
+                if let Some(event) = event.as_ref().ok().and_then(node_event) {
+                    let _ = node_names.send(event);
                 }
-                node
+                event
             });
         run(node_stream, changed, shutdown);
         let daemonsets = spawn(
@@ -529,6 +530,19 @@ where
     });
 }
 
+/// What a node watch event tells the labeller, once the reflector has applied it to the store. Objects
+/// of a relist are not passed on one by one: the store swaps the whole list in only at `InitDone`, so a
+/// node judged before then would be judged against the old store.
+pub(crate) fn node_event(event: &watcher::Event<Node>) -> Option<NodeEvent> {
+    match event {
+        watcher::Event::Apply(node) | watcher::Event::Delete(node) => {
+            Some(NodeEvent::Changed(kube::ResourceExt::name_any(node)))
+        }
+        watcher::Event::InitDone => Some(NodeEvent::Relisted),
+        watcher::Event::Init | watcher::Event::InitApply(_) => None,
+    }
+}
+
 /// Keeps what the labeller, the facts and placement need.
 pub(crate) fn trim_node(node: &mut Node) {
     node.metadata.managed_fields = None;
@@ -620,6 +634,48 @@ mod tests {
             },
         }))
         .unwrap()
+    }
+
+    /// A relist (after a watch expired) in which a node changed: the labeller hears of it only once the
+    /// store holds the new list, and then of every node, so that nothing is judged against the old store.
+    #[test]
+    fn the_labeller_hears_of_a_relist_once_the_store_holds_the_new_list() {
+        let node = |version: &str, labels: &[(&str, &str)]| -> Node {
+            let mut node = Node::default();
+            node.metadata.name = Some("gpu-0".into());
+            node.metadata.resource_version = Some(version.into());
+            node.metadata.labels = Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            );
+            node
+        };
+        let (store, mut writer) = reflector::store::<Node>();
+        let before = node("1", &[]);
+        let after = node("5", &[("feature.node.kubernetes.io/pci-10de.present", "true")]);
+        let events = [
+            watcher::Event::Apply(before),
+            watcher::Event::Init,
+            watcher::Event::InitApply(after),
+            watcher::Event::InitDone,
+        ];
+        let mut heard = Vec::new();
+        for event in &events {
+            writer.apply_watcher_event(event);
+            if let Some(told) = node_event(event) {
+                let stored = store.get(&reflector::ObjectRef::new("gpu-0")).expect("stored");
+                heard.push((told, stored.metadata.resource_version.clone()));
+            }
+        }
+        assert_eq!(
+            heard,
+            [
+                (NodeEvent::Changed("gpu-0".into()), Some("1".into())),
+                (NodeEvent::Relisted, Some("5".into())),
+            ]
+        );
     }
 
     #[tokio::test]

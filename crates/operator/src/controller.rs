@@ -8,8 +8,9 @@
 //! changed, and tell the upgrade controller its pools. An invalid policy gets a status naming the field and
 //! changes nothing that runs.
 //!
-//! **The node labeller** patches one node at a time, only the keys that differ, whenever the node changes or
-//! the policy's labelling inputs change.
+//! **The node labeller** ([`crate::label_queue`]) patches each node whose labels differ, only the keys
+//! that differ, whenever the node changes or the policy's labelling inputs change; the reconciler hands it
+//! those inputs on [`Context::labelling`].
 //!
 //! Only the leader writes; followers keep their caches warm and compute nothing they would write.
 
@@ -31,7 +32,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource, ResourceExt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -41,7 +42,7 @@ use crate::caches::{Caches, Changes, Decoded};
 use crate::drift;
 use crate::drivers::{self, DriverOutcome, DriverPlan, DriversInput};
 use crate::facts::{FactsInput, NodeFacts, cluster_facts};
-use crate::labeler::{LabelPolicy, NodePatch, desired_labels};
+use crate::labeler::LabelPolicy;
 use crate::lease::Leadership;
 use crate::metrics::{Metrics, ReconciliationStatus};
 use crate::pod_security;
@@ -110,8 +111,6 @@ struct Recent {
     applied: BTreeMap<ObjectKey, (String, Instant)>,
     deleted: BTreeMap<ObjectKey, Instant>,
     statuses: BTreeMap<String, (PolicyStatus, Instant)>,
-    /// Per node, the label patch last sent.
-    labelled: BTreeMap<String, (NodePatch, Instant)>,
     /// Drift repairs made, by the version of the object they were made at.
     repairs: drift::Repairs,
 }
@@ -1161,134 +1160,6 @@ pub(crate) async fn read_config_map_keys(
         }
     }
     Ok(keys)
-}
-
-/// Runs the node labeller until `shutdown`: one patch per node whose labels differ from the desired ones.
-pub async fn run_labeller(
-    context: Arc<Context>,
-    mut node_events: mpsc::UnboundedReceiver<String>,
-    shutdown: CancellationToken,
-) {
-    if !context.caches.ready().await {
-        return;
-    }
-    let mut labelling = context.labelling.subscribe();
-    let mut leadership = context.leadership.clone();
-    let (retry_sender, mut retries) = mpsc::unbounded_channel::<String>();
-    let mut pending: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            Some(name) = node_events.recv() => { pending.insert(name); }
-            Some(name) = retries.recv() => { pending.insert(name); }
-            Ok(()) = labelling.changed() => {
-                pending.extend(context.caches.nodes.state().iter().map(|n| n.name_any()));
-            }
-            _ = leadership.changed() => {
-                pending.extend(context.caches.nodes.state().iter().map(|n| n.name_any()));
-            }
-        }
-        // Take everything queued so far, then label in parallel.
-        while let Ok(name) = node_events.try_recv() {
-            pending.insert(name);
-        }
-        let Some(policy) = context.labelling.borrow().clone() else {
-            continue;
-        };
-        if !context.leadership.is_leader() {
-            pending.clear();
-            continue;
-        }
-        let batch: Vec<String> = std::mem::take(&mut pending).into_iter().collect();
-        let results = futures::future::join_all(batch.chunks(16).map(|chunk| {
-            let context = context.clone();
-            let policy = policy.clone();
-            async move {
-                let mut failed = Vec::new();
-                for name in chunk {
-                    match label_node(&context, name, policy.as_ref()).await {
-                        Ok(()) => {}
-                        // No longer the leader: the leader labels it.
-                        Err(error) if crate::lease::is_not_leader(&error) => break,
-                        Err(error) => {
-                            warn!(node = %name, %error, "cannot label node; retrying");
-                            failed.push(name.clone());
-                        }
-                    }
-                }
-                failed
-            }
-        }))
-        .await;
-        // Forget patches never echoed (their node went away, or a watch missed them).
-        context
-            .recent()
-            .labelled
-            .retain(|_, (_, at)| at.elapsed() < IN_FLIGHT);
-        for name in results.into_iter().flatten() {
-            let sender = retry_sender.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                let _ = sender.send(name);
-            });
-        }
-    }
-}
-
-async fn label_node(context: &Context, name: &str, policy: Option<&LabelPolicy>) -> Result<(), kube::Error> {
-    let Some(node) = context
-        .caches
-        .nodes
-        .get(&kube::runtime::reflector::ObjectRef::new(name))
-    else {
-        return Ok(());
-    };
-    let patch = desired_labels(node.labels(), node.annotations(), policy, &context.detection);
-    if patch.is_empty() {
-        return Ok(());
-    }
-    // The node may change again (its status, other labels) before the cache shows this operator's last
-    // patch; the same patch again would only repeat it. Once the cache shows it, every difference is new.
-    {
-        let mut recent = context.recent();
-        let echoed = |sent: &NodePatch| {
-            sent.labels
-                .iter()
-                .all(|(k, v)| node.labels().get(k) == v.as_ref())
-                && sent
-                    .annotations
-                    .iter()
-                    .all(|(k, v)| node.annotations().get(k) == v.as_ref())
-        };
-        if let Some((sent, at)) = recent.labelled.get(name) {
-            if echoed(sent) || at.elapsed() >= IN_FLIGHT {
-                recent.labelled.remove(name);
-            } else if *sent == patch {
-                return Ok(());
-            }
-        }
-    }
-    let api: Api<Node> = Api::all(context.client.clone());
-    api.patch(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(patch.to_merge_patch()),
-    )
-    .await?;
-    context
-        .recent()
-        .labelled
-        .insert(name.to_owned(), (patch.clone(), Instant::now()));
-    let changes: Vec<String> = patch
-        .labels
-        .iter()
-        .map(|(k, v)| match v {
-            Some(v) => format!("{k}={v}"),
-            None => format!("-{k}"),
-        })
-        .collect();
-    info!(node = %name, labels = %changes.join(","), "labelled node");
-    Ok(())
 }
 
 fn now() -> Time {

@@ -3,10 +3,12 @@
 //! Pure decisions: [`labeler`] (node labels), [`facts`] (cluster facts for rendering), [`readiness`] (which
 //! nodes should run and do run each operand), [`status`] (the policy status), [`apply::plan`] (what to
 //! write and prune), [`drift`] (whether another writer changed a managed object), [`diff_live`] (what
-//! taking over a cluster would change); the upgrade decision itself is `gpuop_api::upgrade::decide`. Thin I/O around them: [`caches`] (reflectors), [`controller`] (the
-//! policy reconciler and the node labeller), [`pod_security`] (the namespace's Pod Security labels),
-//! [`upgrade`] (the driver upgrade controller), [`lease`] (leader election), [`api_client`] (every request
-//! bounded in time, every write gated on leadership), [`run`] (process wiring, metrics and health endpoints). Commands that install and remove the operator's footprint:
+//! taking over a cluster would change); the upgrade decision itself is `gpuop_api::upgrade::decide`. Thin
+//! I/O around them: [`caches`] (reflectors), [`controller`] (the policy reconciler), [`label_queue`] (the
+//! node labeller's work queue), [`pod_security`] (the namespace's Pod Security labels), [`upgrade`] (the
+//! driver upgrade controller), [`lease`] (leader election), [`api_client`] (every request bounded in time,
+//! every write gated on leadership), [`run`] (process wiring, metrics and health endpoints). Commands that
+//! install and remove the operator's footprint:
 //! [`crd_install`] (`crd --apply`) and [`uninstall`].
 //! The `gpu-operator` binary is a thin wrapper around [`cli`].
 
@@ -21,6 +23,7 @@ pub mod diff_live;
 pub mod drift;
 pub mod drivers;
 pub mod facts;
+pub mod label_queue;
 pub mod labeler;
 pub mod lease;
 pub mod metrics;

@@ -11,6 +11,7 @@
 //! - `operator`: the operator converging simulated clusters (controller-level tests of issue 5);
 //! - `failures`: refused writes, resources the operator cannot list and policies that do not decode, each
 //!   reported where users look while the rest keeps working;
+//! - `labeller`: the node labeller when a node changes between its read and its write;
 //! - `workloads`: GPU workloads, their disruption budgets and evictions, and scenario actions on objects;
 //! - `upgrade`: the operator upgrading drivers node by node under running workloads, and NVIDIADriver pools;
 //! - `docs`: every console example in `README.md` and `docs/` run as written, its shown output checked.
@@ -27,6 +28,8 @@ mod helm;
 mod install;
 #[path = "sim/kubectl.rs"]
 mod kubectl;
+#[path = "sim/labeller.rs"]
+mod labeller;
 #[path = "sim/migrate.rs"]
 mod migrate;
 #[path = "sim/operator.rs"]
