@@ -1,10 +1,17 @@
 //! Every request counted by verb, resource, response code and client, readable in-process
 //! ([`RequestCounts`]) and served as `apiserver_request_total` on the server's `/metrics`, so tests and
 //! benchmarks can assert exactly how many writes a client made.
+//!
+//! On request ([`Builder::journal`](crate::Builder::journal)) the server also keeps a journal: each request
+//! with its object, when it arrived and when it was answered, and the listener it came through
+//! ([`FakeServer::serve_as`](crate::FakeServer::serve_as)), so that a test can tell apart two processes
+//! that send the same `User-Agent` and order their writes in time.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::{self, Write as _};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 /// The verbs, as the API server's metrics name them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -219,6 +226,68 @@ impl RequestLog {
     }
 }
 
+/// One request as the journal keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalEntry {
+    /// When the server received it (before any injected latency).
+    pub started: Instant,
+    /// When the server answered it.
+    pub finished: Instant,
+    /// What it was, its answer's code and its client.
+    pub key: RequestKey,
+    /// The namespace in its path, or "".
+    pub namespace: String,
+    /// The object name in its path, or "" for a collection.
+    pub name: String,
+    /// The name of the listener it came through ([`FakeServer::serve_as`](crate::FakeServer::serve_as)),
+    /// or "" (in-process clients and untagged listeners).
+    pub listener: String,
+}
+
+/// The journal: the newest `capacity` requests, and how many older ones were let go.
+#[derive(Debug, Default)]
+pub(crate) struct Journal {
+    capacity: usize,
+    entries: Mutex<VecDeque<JournalEntry>>,
+    dropped: AtomicU64,
+}
+
+impl Journal {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            ..Self::default()
+        }
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.capacity > 0
+    }
+
+    pub(crate) fn record(&self, entry: JournalEntry) {
+        if !self.enabled() {
+            return;
+        }
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if entries.len() >= self.capacity {
+            entries.pop_front();
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        entries.push_back(entry);
+    }
+
+    /// Every entry recorded since the last call, oldest first, and how many were let go unread.
+    pub(crate) fn take(&self) -> (Vec<JournalEntry>, u64) {
+        let entries = std::mem::take(&mut *self.entries.lock().unwrap_or_else(PoisonError::into_inner));
+        (entries.into(), self.dropped.swap(0, Ordering::Relaxed))
+    }
+}
+
+/// The name of the listener a request came through, put into its extensions by
+/// [`FakeServer::serve_as`](crate::FakeServer::serve_as).
+#[derive(Clone, Debug)]
+pub(crate) struct ListenerName(pub(crate) Arc<str>);
+
 /// The client label for a `User-Agent`: its first word, e.g. `kubectl/v1.32.4`.
 pub(crate) fn client_label(user_agent: Option<&str>) -> String {
     user_agent
@@ -263,6 +332,30 @@ mod tests {
         assert!(text.contains(
             r#"apiserver_request_total{verb="APPLY",group="",version="v1",resource="daemonsets",subresource="",scope="resource",code="409",client="gpu-operator/0.1.0"} 1"#
         ), "{text}");
+    }
+
+    #[test]
+    fn the_journal_keeps_the_newest_entries_and_counts_the_rest() {
+        let journal = Journal::new(2);
+        let entry = |name: &str| JournalEntry {
+            started: Instant::now(),
+            finished: Instant::now(),
+            key: key(Verb::Patch, "nodes", 200, "a"),
+            namespace: String::new(),
+            name: name.into(),
+            listener: "replica-a".into(),
+        };
+        for name in ["n1", "n2", "n3"] {
+            journal.record(entry(name));
+        }
+        let (entries, dropped) = journal.take();
+        let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["n2", "n3"]);
+        assert_eq!(dropped, 1);
+        assert_eq!(journal.take(), (Vec::new(), 0), "taken entries are gone");
+        let off = Journal::default();
+        off.record(entry("n1"));
+        assert!(off.take().0.is_empty(), "a journal of capacity 0 keeps nothing");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use http::header::{ACCEPT, CONTENT_TYPE, HOST, RETRY_AFTER, USER_AGENT};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::accounting::{RequestKey, RequestLog, Verb, client_label};
+use crate::accounting::{Journal, JournalEntry, ListenerName, RequestKey, RequestLog, Verb, client_label};
 use crate::authz::rbac::{Attributes, UserInfo};
 use crate::authz::request_info::request_info;
 use crate::authz::{Authz, CreateOnApply, Escalation, RBAC_GROUP};
@@ -43,7 +43,10 @@ const BODY_LIMIT: usize = 3 * 1024 * 1024;
 pub(crate) struct Shared {
     pub(crate) store: Store,
     pub(crate) requests: RequestLog,
+    pub(crate) journal: Journal,
     pub(crate) faults: FaultInjector,
+    /// Bumped by [`crate::FakeServer::drop_watches`]: every open watch stream ends.
+    pub(crate) watch_drops: tokio::sync::watch::Sender<u64>,
     pub(crate) bookmark_interval: Duration,
     pub(crate) watch_timeout: Duration,
     pub(crate) authz: Arc<Authz>,
@@ -223,7 +226,9 @@ fn verb_of(method: &Method, target: &Target, params: &Params, headers: &HeaderMa
 }
 
 async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let started = std::time::Instant::now();
     let (parts, body) = request.into_parts();
+    let mut object = (String::new(), String::new());
     let params = Params::parse(parts.uri.query());
     let client = client_label(header(&parts.headers, USER_AGENT));
     // Who is asking and whether they may: in rbac mode only, before routing, as the real server's filters.
@@ -245,6 +250,12 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     };
     let response = match route {
         Route::Resource(target) => {
+            if shared.journal.enabled() {
+                object = (
+                    target.namespace.clone().unwrap_or_default(),
+                    target.name.clone().unwrap_or_default(),
+                );
+            }
             key.verb = verb_of(&parts.method, &target, &params, &parts.headers);
             key.group.clone_from(&target.info.group);
             key.version.clone_from(&target.info.version);
@@ -295,6 +306,21 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         }
     };
     key.code = response.status().as_u16();
+    if shared.journal.enabled() {
+        let (namespace, name) = object;
+        shared.journal.record(JournalEntry {
+            started,
+            finished: std::time::Instant::now(),
+            key: key.clone(),
+            namespace,
+            name,
+            listener: parts
+                .extensions
+                .get::<ListenerName>()
+                .map(|listener| listener.0.to_string())
+                .unwrap_or_default(),
+        });
+    }
     shared.requests.record(key);
     response
 }
@@ -922,6 +948,7 @@ fn watch(request: &ResourceRequest<'_>) -> Result<Response, ApiError> {
         projection: request.projection(),
         committed: request.shared.store.committed(),
         delay: request.shared.faults.watch_delay(&request.info().plural),
+        drops: request.shared.watch_drops.subscribe(),
     };
     let body = Body::from_stream(watch::stream(start, spec));
     let mut response = Response::new(body);
