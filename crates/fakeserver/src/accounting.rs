@@ -190,7 +190,7 @@ impl RequestCounts {
     }
 }
 
-fn client_matches(recorded: &str, wanted: &str) -> bool {
+pub(crate) fn client_matches(recorded: &str, wanted: &str) -> bool {
     recorded == wanted || recorded.split('/').next() == Some(wanted)
 }
 

@@ -77,6 +77,9 @@ pub struct FaultRule {
     pub verb: Option<Verb>,
     /// Only this plural resource (any when `None`).
     pub resource: Option<String>,
+    /// Only requests of this client: its `User-Agent`'s first word, or that word's product token
+    /// (`gpu-operator-rs` matches `gpu-operator-rs/0.1.0`); any client when `None`.
+    pub client: Option<String>,
     /// The share of matching requests hit, 0.0 to 1.0.
     pub rate: f64,
     /// What happens to a hit request.
@@ -84,15 +87,20 @@ pub struct FaultRule {
 }
 
 impl FaultRule {
-    fn matches(&self, verb: Verb, resource: &str) -> bool {
-        self.verb.is_none_or(|v| v == verb) && self.resource.as_deref().is_none_or(|r| r == resource)
+    fn matches(&self, verb: Verb, resource: &str, client: &str) -> bool {
+        self.verb.is_none_or(|v| v == verb)
+            && self.resource.as_deref().is_none_or(|r| r == resource)
+            && self
+                .client
+                .as_deref()
+                .is_none_or(|wanted| crate::accounting::client_matches(client, wanted))
     }
 }
 
 /// A fault rule that could not be parsed from its command-line form.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "invalid fault {text:?}: {problem}; expected e.g. \"verb=patch,resource=nodes,rate=0.1,code=429,retry-after=2\", \"verb=list,latency-ms=50\" or \"resource=nodes,watch-delay-ms=3000\""
+    "invalid fault {text:?}: {problem}; expected e.g. \"verb=patch,resource=nodes,rate=0.1,code=429,retry-after=2\", \"verb=list,client=gpu-operator-rs,latency-ms=50\" or \"resource=nodes,watch-delay-ms=3000\""
 )]
 pub struct FaultParseError {
     text: String,
@@ -102,7 +110,7 @@ pub struct FaultParseError {
 impl FromStr for FaultRule {
     type Err = FaultParseError;
 
-    /// `verb=V,resource=R,rate=F,code=500|429|409[,retry-after=S]`, `...,latency-ms=MS`, or
+    /// `verb=V,resource=R,client=C,rate=F,code=500|429|409[,retry-after=S]`, `...,latency-ms=MS`, or
     /// `resource=R,watch-delay-ms=MS`.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let fail = |problem: String| FaultParseError {
@@ -112,6 +120,7 @@ impl FromStr for FaultRule {
         let (mut verb, mut resource, mut rate, mut code, mut retry, mut latency) =
             (None, None, None, None, 1, None);
         let mut watch_delay = None;
+        let mut client = None;
         for part in text.split(',').filter(|p| !p.is_empty()) {
             let (key, value) = part
                 .split_once('=')
@@ -121,6 +130,7 @@ impl FromStr for FaultRule {
                     verb = Some(Verb::parse(value).ok_or_else(|| fail(format!("unknown verb {value:?}")))?)
                 }
                 "resource" => resource = Some(value.to_owned()),
+                "client" => client = Some(value.to_owned()),
                 "rate" => {
                     rate = Some(
                         value
@@ -161,6 +171,11 @@ impl FromStr for FaultRule {
         if let Some(ms) = watch_delay {
             // A delay applies to every watch event of one resource: a verb, rate or second effect would
             // suggest a selectivity it does not have.
+            if client.is_some() {
+                return Err(fail(
+                    "watch-delay-ms delays every watcher's events; leave out client".into(),
+                ));
+            }
             return match (resource, verb, rate, code, latency) {
                 (None, ..) => Err(fail("watch-delay-ms needs resource=<plural>".into())),
                 (_, Some(_), ..) => Err(fail("watch-delay-ms applies to watches; leave out verb".into())),
@@ -171,6 +186,7 @@ impl FromStr for FaultRule {
                 (Some(resource), None, None, None, None) => Ok(Self {
                     verb: None,
                     resource: Some(resource),
+                    client: None,
                     rate: 1.0,
                     effect: Effect::WatchDelay(Duration::from_millis(ms)),
                 }),
@@ -191,6 +207,7 @@ impl FromStr for FaultRule {
         Ok(Self {
             verb,
             resource,
+            client,
             rate,
             effect,
         })
@@ -226,6 +243,7 @@ impl Faults {
         self.rules.push(FaultRule {
             verb,
             resource: resource.map(str::to_owned),
+            client: None,
             rate,
             effect: Effect::Error(error),
         });
@@ -238,6 +256,7 @@ impl Faults {
         self.rules.push(FaultRule {
             verb,
             resource: resource.map(str::to_owned),
+            client: None,
             rate: 1.0,
             effect: Effect::Latency(delay),
         });
@@ -259,6 +278,7 @@ impl Faults {
         self.rules.push(FaultRule {
             verb: None,
             resource: Some(resource.to_owned()),
+            client: None,
             rate: 1.0,
             effect: Effect::WatchDelay(delay),
         });
@@ -278,8 +298,9 @@ impl fmt::Display for FaultRule {
         let verb = self.verb.map_or("any".to_owned(), |v| v.to_string());
         write!(
             f,
-            "{verb} {} at rate {}: {:?}",
+            "{verb} {} of {} at rate {}: {:?}",
             self.resource.as_deref().unwrap_or("any"),
+            self.client.as_deref().unwrap_or("any client"),
             self.rate,
             self.effect
         )
@@ -335,11 +356,11 @@ impl FaultInjector {
         *self.0.write().unwrap_or_else(PoisonError::into_inner) = Active { faults, counters };
     }
 
-    pub(crate) fn decide(&self, verb: Verb, resource: &str) -> Decision {
+    pub(crate) fn decide(&self, verb: Verb, resource: &str, client: &str) -> Decision {
         let active = self.0.read().unwrap_or_else(PoisonError::into_inner);
         let mut decision = Decision::default();
         for (index, rule) in active.faults.rules.iter().enumerate() {
-            if !rule.matches(verb, resource) || matches!(rule.effect, Effect::WatchDelay(_)) {
+            if !rule.matches(verb, resource, client) || matches!(rule.effect, Effect::WatchDelay(_)) {
                 continue;
             }
             let n = active.counters[index].fetch_add(1, Ordering::Relaxed);
@@ -383,7 +404,7 @@ mod tests {
         let injector = FaultInjector::default();
         injector.set(faults);
         (0..requests)
-            .map(|_| injector.decide(Verb::Patch, "nodes").error.is_some())
+            .map(|_| injector.decide(Verb::Patch, "nodes", "a").error.is_some())
             .collect()
     }
 
@@ -403,11 +424,28 @@ mod tests {
         let injector = FaultInjector::default();
         injector.set(Faults::new(0).error(Some(Verb::Patch), Some("nodes"), 1.0, InjectedError::Conflict));
         assert_eq!(
-            injector.decide(Verb::Patch, "nodes").error,
+            injector.decide(Verb::Patch, "nodes", "a").error,
             Some(InjectedError::Conflict)
         );
-        assert_eq!(injector.decide(Verb::Get, "nodes").error, None);
-        assert_eq!(injector.decide(Verb::Patch, "pods").error, None);
+        assert_eq!(injector.decide(Verb::Get, "nodes", "a").error, None);
+        assert_eq!(injector.decide(Verb::Patch, "pods", "a").error, None);
+    }
+
+    #[test]
+    fn rules_with_a_client_hit_only_that_client() {
+        let injector = FaultInjector::default();
+        injector.set(Faults::new(0).rule(FaultRule {
+            verb: None,
+            resource: None,
+            client: Some("gpu-operator-rs".into()),
+            rate: 1.0,
+            effect: Effect::Error(InjectedError::Internal),
+        }));
+        let hit = |client| injector.decide(Verb::Patch, "nodes", client).error;
+        assert_eq!(hit("gpu-operator-rs/0.1.0"), Some(InjectedError::Internal));
+        assert_eq!(hit("gpu-operator-rs"), Some(InjectedError::Internal));
+        assert_eq!(hit("gpu-sim/0.1.0"), None);
+        assert_eq!(hit("unknown"), None);
     }
 
     #[test]
@@ -422,7 +460,7 @@ mod tests {
             "an open stream sees new faults"
         );
         assert_eq!(injector.watch_delay("pods").current(), Duration::ZERO);
-        assert_eq!(injector.decide(Verb::Watch, "nodes"), Decision::default());
+        assert_eq!(injector.decide(Verb::Watch, "nodes", "a"), Decision::default());
     }
 
     #[test]
@@ -435,6 +473,7 @@ mod tests {
             FaultRule {
                 verb: Some(Verb::Patch),
                 resource: Some("nodes".into()),
+                client: None,
                 rate: 0.5,
                 effect: Effect::Error(InjectedError::TooManyRequests {
                     retry_after_seconds: 3
@@ -449,16 +488,20 @@ mod tests {
             FaultRule {
                 verb: None,
                 resource: Some("nodes".into()),
+                client: None,
                 rate: 1.0,
                 effect: Effect::WatchDelay(Duration::from_secs(3)),
             }
         );
+        let operator: FaultRule = "client=gpu-operator-rs,code=500".parse().expect("parses");
+        assert_eq!(operator.client.as_deref(), Some("gpu-operator-rs"));
         for bad in [
             "watch-delay-ms=3000",
             "resource=nodes,watch-delay-ms=soon",
             "verb=patch,resource=nodes,watch-delay-ms=5",
             "resource=nodes,watch-delay-ms=5,rate=0.5",
             "resource=nodes,watch-delay-ms=5,code=500",
+            "resource=nodes,watch-delay-ms=5,client=kubectl",
         ] {
             let error = bad.parse::<FaultRule>().expect_err(bad).to_string();
             assert!(

@@ -267,7 +267,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
                 (None, None) => "cluster",
             }
             .to_owned();
-            let decision = shared.faults.decide(key.verb, &target.info.plural);
+            let decision = shared.faults.decide(key.verb, &target.info.plural, &key.client);
             if !decision.latency.is_zero() && admitted.is_ok() {
                 tokio::time::sleep(decision.latency).await;
             }

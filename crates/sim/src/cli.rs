@@ -201,7 +201,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Inject a fault, e.g. `verb=patch,resource=nodes,rate=0.1,code=429,retry-after=2`,
-    /// `verb=list,latency-ms=50`, or `resource=nodes,watch-delay-ms=3000` (watch events of nodes arrive 3 s
+    /// `verb=list,client=gpu-operator-rs,latency-ms=50` (only that client's lists), or
+    /// `resource=nodes,watch-delay-ms=3000` (watch events of nodes arrive 3 s
     /// late). Repeatable.
     #[arg(long = "fault", value_name = "RULE")]
     pub faults: Vec<FaultRule>,
