@@ -80,6 +80,9 @@ pub struct FaultRule {
     /// Only requests of this client: its `User-Agent`'s first word, or that word's product token
     /// (`gpu-operator-rs` matches `gpu-operator-rs/0.1.0`); any client when `None`.
     pub client: Option<String>,
+    /// Only requests that came through the listener of this name
+    /// ([`FakeServer::serve_as`](crate::FakeServer::serve_as)); any listener when `None`.
+    pub listener: Option<String>,
     /// The share of matching requests hit, 0.0 to 1.0.
     pub rate: f64,
     /// What happens to a hit request.
@@ -87,8 +90,9 @@ pub struct FaultRule {
 }
 
 impl FaultRule {
-    fn matches(&self, verb: Verb, resource: &str, client: &str) -> bool {
-        self.verb.is_none_or(|v| v == verb)
+    fn matches(&self, verb: Verb, resource: &str, client: &str, listener: &str) -> bool {
+        self.listener.as_deref().is_none_or(|wanted| wanted == listener)
+            && self.verb.is_none_or(|v| v == verb)
             && self.resource.as_deref().is_none_or(|r| r == resource)
             && self
                 .client
@@ -121,6 +125,7 @@ impl FromStr for FaultRule {
             (None, None, None, None, 1, None);
         let mut watch_delay = None;
         let mut client = None;
+        let mut listener = None;
         for part in text.split(',').filter(|p| !p.is_empty()) {
             let (key, value) = part
                 .split_once('=')
@@ -131,6 +136,7 @@ impl FromStr for FaultRule {
                 }
                 "resource" => resource = Some(value.to_owned()),
                 "client" => client = Some(value.to_owned()),
+                "listener" => listener = Some(value.to_owned()),
                 "rate" => {
                     rate = Some(
                         value
@@ -171,9 +177,9 @@ impl FromStr for FaultRule {
         if let Some(ms) = watch_delay {
             // A delay applies to every watch event of one resource: a verb, rate or second effect would
             // suggest a selectivity it does not have.
-            if client.is_some() {
+            if client.is_some() || listener.is_some() {
                 return Err(fail(
-                    "watch-delay-ms delays every watcher's events; leave out client".into(),
+                    "watch-delay-ms delays every watcher's events; leave out client and listener".into(),
                 ));
             }
             return match (resource, verb, rate, code, latency) {
@@ -187,6 +193,7 @@ impl FromStr for FaultRule {
                     verb: None,
                     resource: Some(resource),
                     client: None,
+                    listener: None,
                     rate: 1.0,
                     effect: Effect::WatchDelay(Duration::from_millis(ms)),
                 }),
@@ -208,6 +215,7 @@ impl FromStr for FaultRule {
             verb,
             resource,
             client,
+            listener,
             rate,
             effect,
         })
@@ -244,6 +252,7 @@ impl Faults {
             verb,
             resource: resource.map(str::to_owned),
             client: None,
+            listener: None,
             rate,
             effect: Effect::Error(error),
         });
@@ -257,6 +266,7 @@ impl Faults {
             verb,
             resource: resource.map(str::to_owned),
             client: None,
+            listener: None,
             rate: 1.0,
             effect: Effect::Latency(delay),
         });
@@ -279,6 +289,7 @@ impl Faults {
             verb: None,
             resource: Some(resource.to_owned()),
             client: None,
+            listener: None,
             rate: 1.0,
             effect: Effect::WatchDelay(delay),
         });
@@ -356,11 +367,12 @@ impl FaultInjector {
         *self.0.write().unwrap_or_else(PoisonError::into_inner) = Active { faults, counters };
     }
 
-    pub(crate) fn decide(&self, verb: Verb, resource: &str, client: &str) -> Decision {
+    pub(crate) fn decide(&self, verb: Verb, resource: &str, client: &str, listener: &str) -> Decision {
         let active = self.0.read().unwrap_or_else(PoisonError::into_inner);
         let mut decision = Decision::default();
         for (index, rule) in active.faults.rules.iter().enumerate() {
-            if !rule.matches(verb, resource, client) || matches!(rule.effect, Effect::WatchDelay(_)) {
+            if !rule.matches(verb, resource, client, listener) || matches!(rule.effect, Effect::WatchDelay(_))
+            {
                 continue;
             }
             let n = active.counters[index].fetch_add(1, Ordering::Relaxed);
@@ -404,7 +416,7 @@ mod tests {
         let injector = FaultInjector::default();
         injector.set(faults);
         (0..requests)
-            .map(|_| injector.decide(Verb::Patch, "nodes", "a").error.is_some())
+            .map(|_| injector.decide(Verb::Patch, "nodes", "a", "").error.is_some())
             .collect()
     }
 
@@ -424,11 +436,11 @@ mod tests {
         let injector = FaultInjector::default();
         injector.set(Faults::new(0).error(Some(Verb::Patch), Some("nodes"), 1.0, InjectedError::Conflict));
         assert_eq!(
-            injector.decide(Verb::Patch, "nodes", "a").error,
+            injector.decide(Verb::Patch, "nodes", "a", "").error,
             Some(InjectedError::Conflict)
         );
-        assert_eq!(injector.decide(Verb::Get, "nodes", "a").error, None);
-        assert_eq!(injector.decide(Verb::Patch, "pods", "a").error, None);
+        assert_eq!(injector.decide(Verb::Get, "nodes", "a", "").error, None);
+        assert_eq!(injector.decide(Verb::Patch, "pods", "a", "").error, None);
     }
 
     #[test]
@@ -438,14 +450,27 @@ mod tests {
             verb: None,
             resource: None,
             client: Some("gpu-operator-rs".into()),
+            listener: None,
             rate: 1.0,
             effect: Effect::Error(InjectedError::Internal),
         }));
-        let hit = |client| injector.decide(Verb::Patch, "nodes", client).error;
+        let hit = |client| injector.decide(Verb::Patch, "nodes", client, "").error;
         assert_eq!(hit("gpu-operator-rs/0.1.0"), Some(InjectedError::Internal));
         assert_eq!(hit("gpu-operator-rs"), Some(InjectedError::Internal));
         assert_eq!(hit("gpu-sim/0.1.0"), None);
         assert_eq!(hit("unknown"), None);
+        injector.set(Faults::new(0).rule(FaultRule {
+            verb: None,
+            resource: None,
+            client: None,
+            listener: Some("replica-a".into()),
+            rate: 1.0,
+            effect: Effect::Error(InjectedError::Internal),
+        }));
+        let through = |listener| injector.decide(Verb::Patch, "nodes", "any", listener).error;
+        assert_eq!(through("replica-a"), Some(InjectedError::Internal));
+        assert_eq!(through("replica-b"), None);
+        assert_eq!(through(""), None, "in-process clients come through no listener");
     }
 
     #[test]
@@ -460,7 +485,10 @@ mod tests {
             "an open stream sees new faults"
         );
         assert_eq!(injector.watch_delay("pods").current(), Duration::ZERO);
-        assert_eq!(injector.decide(Verb::Watch, "nodes", "a"), Decision::default());
+        assert_eq!(
+            injector.decide(Verb::Watch, "nodes", "a", ""),
+            Decision::default()
+        );
     }
 
     #[test]
@@ -495,6 +523,10 @@ mod tests {
         );
         let operator: FaultRule = "client=gpu-operator-rs,code=500".parse().expect("parses");
         assert_eq!(operator.client.as_deref(), Some("gpu-operator-rs"));
+        let replica: FaultRule = "listener=replica-a,resource=leases,latency-ms=20000"
+            .parse()
+            .expect("parses");
+        assert_eq!(replica.listener.as_deref(), Some("replica-a"));
         for bad in [
             "watch-delay-ms=3000",
             "resource=nodes,watch-delay-ms=soon",

@@ -228,6 +228,11 @@ fn verb_of(method: &Method, target: &Target, params: &Params, headers: &HeaderMa
 async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let started = std::time::Instant::now();
     let (parts, body) = request.into_parts();
+    let listener = parts
+        .extensions
+        .get::<ListenerName>()
+        .map(|listener| listener.0.to_string())
+        .unwrap_or_default();
     let mut object = (String::new(), String::new());
     let params = Params::parse(parts.uri.query());
     let client = client_label(header(&parts.headers, USER_AGENT));
@@ -267,7 +272,9 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
                 (None, None) => "cluster",
             }
             .to_owned();
-            let decision = shared.faults.decide(key.verb, &target.info.plural, &key.client);
+            let decision = shared
+                .faults
+                .decide(key.verb, &target.info.plural, &key.client, &listener);
             if !decision.latency.is_zero() && admitted.is_ok() {
                 tokio::time::sleep(decision.latency).await;
             }
@@ -314,11 +321,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             key: key.clone(),
             namespace,
             name,
-            listener: parts
-                .extensions
-                .get::<ListenerName>()
-                .map(|listener| listener.0.to_string())
-                .unwrap_or_default(),
+            listener,
         });
     }
     shared.requests.record(key);

@@ -32,7 +32,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
 use self::invariants::{
-    EndState, Invariant, Lasting, Leadership, Managed, PersonLabels, Request, Violation, WriteRate,
+    EndState, Invariant, Lasting, Leadership, Managed, PersonLabels, Request, RequestRate, Violation,
     duplicates, hot_loop, orphans, unconverged,
 };
 use self::schedule::{ApiError, EDITED_IMAGE, Injection, KillTarget, PERSON_TAINT, PolicyEdit, Step, plan};
@@ -134,7 +134,7 @@ struct Run {
     held: Vec<Request>,
     leadership: Leadership,
     leader_changes: u32,
-    rate: WriteRate,
+    rate: RequestRate,
     person_labels: PersonLabels,
     lasting: Lasting,
     listable: Vec<(ApiResource, Scope)>,
@@ -191,14 +191,20 @@ pub async fn chaos(args: ChaosArgs) -> anyhow::Result<()> {
         held: Vec::new(),
         leadership: Leadership::default(),
         leader_changes: 0,
-        rate: WriteRate::default(),
+        rate: RequestRate::default(),
         person_labels: PersonLabels::default(),
         lasting: Lasting::default(),
         listable,
         operator_requests: 0,
         refused: 0,
     };
-    let outcome = run.play(&steps, args.duration, args.settle).await;
+    // Stopped from outside (Ctrl-C, SIGTERM), the run still kills the replicas it started.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let outcome = tokio::select! {
+        outcome = run.play(&steps, args.duration, args.settle) => outcome,
+        _ = tokio::signal::ctrl_c() => Err(Stop::Harness(anyhow::anyhow!("interrupted"))),
+        _ = terminate.recv() => Err(Stop::Harness(anyhow::anyhow!("terminated"))),
+    };
     run.stop_replicas().await;
     let Run {
         simulation, events, ..
@@ -265,6 +271,8 @@ impl Run {
 
     /// The whole run: the schedule, then settling, then a quiet window. Returns the summary line.
     async fn play(&mut self, steps: &[Step], duration: Duration, settle: Duration) -> Result<String, Stop> {
+        // The schedule's offsets count from here, whatever setting the cluster up took.
+        self.origin = Instant::now();
         self.start_replica(0).await?;
         self.start_replica(1).await?;
         let injections = steps.len();
@@ -471,6 +479,8 @@ impl Run {
         if let Some(violation) = hot_loop(&self.rate, self.last_change, horizon) {
             return Err(violation.into());
         }
+        self.rate
+            .forget_before(horizon.saturating_sub(invariants::CALM_WINDOW + Duration::from_secs(1)));
         if tick.is_multiple_of(4) {
             self.check_objects().await?;
         }
@@ -654,17 +664,21 @@ impl Run {
                         retry_after_seconds: 1,
                     },
                 };
-                self.add_fault(
-                    *lasts,
-                    *verb,
-                    resource.map(str::to_owned),
-                    *rate,
-                    Effect::Error(error),
-                );
+                let resource = resource.map(str::to_owned);
+                self.add_fault(*lasts, *verb, resource, None, *rate, Effect::Error(error));
             }
             Injection::ApiLatency { verb, latency, lasts } => {
-                self.add_fault(*lasts, *verb, None, 1.0, Effect::Latency(*latency))
+                self.add_fault(*lasts, *verb, None, None, 1.0, Effect::Latency(*latency))
             }
+            Injection::LeaseStalls { lasts } => match self.leadership.holder().map(str::to_owned) {
+                Some(holder) if self.replicas.iter().flatten().any(|r| r.name == holder) => {
+                    let leases = Some("leases".to_owned());
+                    let effect = Effect::Latency(*lasts);
+                    self.add_fault(*lasts, None, leases, Some(holder.clone()), 1.0, effect);
+                    self.event(format!("{holder}'s Lease requests hang"));
+                }
+                _ => self.event("no leading replica running: nothing stalled".into()),
+            },
             Injection::DropWatches => self.server.drop_watches(),
             Injection::Compact => {
                 self.server.compact();
@@ -832,6 +846,7 @@ impl Run {
         lasts: Duration,
         verb: Option<gpuop_fakeserver::Verb>,
         resource: Option<String>,
+        listener: Option<String>,
         rate: f64,
         effect: Effect,
     ) {
@@ -839,6 +854,7 @@ impl Run {
             verb,
             resource,
             client: Some(crate::product_token(gpuop_operator::USER_AGENT).to_owned()),
+            listener,
             rate,
             effect,
         };

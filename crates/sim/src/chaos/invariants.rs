@@ -192,51 +192,107 @@ impl Leadership {
     }
 }
 
-/// The operator's writes per second (Lease writes left out: they are the election's heartbeat).
+/// The operator's requests per second and per target (`PATCH nodes gpu-1`), Lease requests and watches
+/// left out (the election's heartbeat, and long-lived streams).
 #[derive(Clone, Debug, Default)]
-pub struct WriteRate {
-    per_second: BTreeMap<u64, u64>,
+pub struct RequestRate {
+    per_second: BTreeMap<u64, BTreeMap<(bool, String), u64>>,
 }
 
-impl WriteRate {
-    /// Counts a request if it is a write.
+impl RequestRate {
+    /// Counts a request.
     pub fn observe(&mut self, request: &Request) {
-        if request.is_write() && !request.is_lease() {
-            *self.per_second.entry(request.started.as_secs()).or_default() += 1;
+        if request.is_lease() || request.verb == Verb::Watch {
+            return;
         }
+        let mut target = format!("{} {}", request.verb, request.resource);
+        if !request.subresource.is_empty() {
+            target = format!("{target}/{}", request.subresource);
+        }
+        match (request.namespace.as_str(), request.name.as_str()) {
+            ("", "") => {}
+            ("", name) => target = format!("{target} {name}"),
+            (namespace, name) => target = format!("{target} {namespace}/{name}"),
+        }
+        *self
+            .per_second
+            .entry(request.started.as_secs())
+            .or_default()
+            .entry((request.is_write(), target))
+            .or_default() += 1;
     }
 
-    /// Writes that started in `[from, to)` (whole seconds).
-    pub fn writes_between(&self, from: Duration, to: Duration) -> u64 {
-        self.per_second
+    /// Requests that started in `[from, to)` (whole seconds), per (is a write, target).
+    pub fn between(&self, from: Duration, to: Duration) -> BTreeMap<(bool, String), u64> {
+        let mut counts = BTreeMap::new();
+        for targets in self
+            .per_second
             .range(from.as_secs()..to.as_secs())
-            .map(|(_, n)| n)
-            .sum()
+            .map(|(_, t)| t)
+        {
+            for (target, n) in targets {
+                *counts.entry(target.clone()).or_default() += n;
+            }
+        }
+        counts
+    }
+
+    /// Forgets what started before `before`.
+    pub fn forget_before(&mut self, before: Duration) {
+        self.per_second = self.per_second.split_off(&before.as_secs());
     }
 }
 
-/// How long the cluster must be left alone before its writes are judged, and over what window.
+/// How long the cluster must be left alone before the operator's requests are judged.
 pub const CALM_AFTER: Duration = Duration::from_secs(20);
-/// The window over which the operator's writes are summed once the cluster is calm.
+/// The window over which the operator's requests are counted once the cluster is calm.
 pub const CALM_WINDOW: Duration = Duration::from_secs(10);
-/// The most writes the operator may make in one calm window: a few status and label writes as the last
-/// operand pods become ready, never a loop.
-pub const CALM_WRITES: u64 = 10;
+/// The most writes to one object in a calm window: an object is written once when the operator catches up
+/// late (a retry after a refused write), a status a few times as operands become ready; a loop writes the
+/// same object again and again.
+pub const CALM_WRITES_PER_OBJECT: u64 = 5;
+/// The most reads of one object or collection in a calm window (a relist per informer, a few GETs).
+pub const CALM_READS_PER_TARGET: u64 = 10;
+/// The most writes in all in a calm window: a whole rollout of the sample policy on a few nodes is about a
+/// hundred.
+pub const CALM_WRITES: u64 = 300;
 
 /// The hot-loop check at `now`, when nothing was done to the cluster since `last_change`: in the
 /// [`CALM_WINDOW`] before `now`, if all of it lies [`CALM_AFTER`] or more after the last change, the
-/// operator made at most [`CALM_WRITES`] writes.
-pub fn hot_loop(rate: &WriteRate, last_change: Duration, now: Duration) -> Option<Violation> {
+/// operator wrote no object more than [`CALM_WRITES_PER_OBJECT`] times, read nothing more than
+/// [`CALM_READS_PER_TARGET`] times, and made at most [`CALM_WRITES`] writes.
+pub fn hot_loop(rate: &RequestRate, last_change: Duration, now: Duration) -> Option<Violation> {
     let from = now.checked_sub(CALM_WINDOW)?;
     if from < last_change + CALM_AFTER {
         return None;
     }
-    let writes = rate.writes_between(from, now);
-    (writes > CALM_WRITES).then(|| Violation {
+    let counts = rate.between(from, now);
+    let writes: u64 = counts
+        .iter()
+        .filter(|((write, _), _)| *write)
+        .map(|(_, n)| n)
+        .sum();
+    let (write, target, n) = counts
+        .iter()
+        .map(|((write, target), n)| (*write, target, *n))
+        .max_by_key(|(write, _, n)| if *write { n * 2 } else { *n })?;
+    let limit = if write {
+        CALM_WRITES_PER_OBJECT
+    } else {
+        CALM_READS_PER_TARGET
+    };
+    let what = if n > limit {
+        format!("{target} {n} times (at most {limit} expected)")
+    } else if writes > CALM_WRITES {
+        format!("{writes} writes (at most {CALM_WRITES} expected)")
+    } else {
+        return None;
+    };
+    Some(Violation {
         invariant: Invariant::NoHotLoop,
         at: now,
         detail: format!(
-            "{writes} writes from {:.0}s to {:.0}s, {:.0}s and more after the last injected change ({:.1}s); at most {CALM_WRITES} expected",
+            "{what} from {:.0}s to {:.0}s, {:.0}s and more after the last injected change ({:.1}s)",
             from.as_secs_f64(),
             now.as_secs_f64(),
             CALM_AFTER.as_secs_f64(),
@@ -684,44 +740,74 @@ mod tests {
     }
 
     #[test]
-    fn a_hot_loop_is_many_writes_in_a_calm_window() {
-        let mut rate = WriteRate::default();
+    fn a_hot_loop_is_one_object_written_again_and_again_in_a_calm_window() {
+        let mut rate = RequestRate::default();
+        // A late rollout: many objects, each written once.
+        for i in 0..40 {
+            let mut apply = request("a", Verb::Apply, "configmaps", 40.0 + f64::from(i) * 0.1, 200);
+            apply.name = format!("c{i}");
+            rate.observe(&apply);
+            rate.observe(&request(
+                "a",
+                Verb::Update,
+                "leases",
+                40.0 + f64::from(i) * 0.1,
+                200,
+            ));
+        }
+        assert!(
+            hot_loop(&rate, secs(5.0), secs(50.0)).is_none(),
+            "each object once is no loop"
+        );
+        // One node patched every 0.3 s.
         for i in 0..30 {
             rate.observe(&request(
                 "a",
                 Verb::Patch,
                 "nodes",
-                40.0 + f64::from(i) * 0.3,
-                200,
-            ));
-            rate.observe(&request(
-                "a",
-                Verb::Update,
-                "leases",
-                40.0 + f64::from(i) * 0.3,
+                60.0 + f64::from(i) * 0.3,
                 200,
             ));
         }
-        assert_eq!(
-            rate.writes_between(secs(40.0), secs(50.0)),
-            30,
-            "lease writes are not counted"
-        );
         assert!(
             hot_loop(&rate, secs(5.0), secs(30.0)).is_none(),
-            "no writes in 20..30"
+            "nothing in 20..30"
         );
         assert!(
-            hot_loop(&rate, secs(25.0), secs(50.0)).is_none(),
+            hot_loop(&rate, secs(45.0), secs(70.0)).is_none(),
             "not judged within {CALM_AFTER:?} of a change"
         );
-        let violation = hot_loop(&rate, secs(5.0), secs(50.0)).expect("30 writes in 40..50");
+        let violation = hot_loop(&rate, secs(5.0), secs(70.0)).expect("a loop in 60..70");
         assert_eq!(violation.invariant, Invariant::NoHotLoop);
         assert!(
-            violation.detail.starts_with("30 writes from 40s to 50s"),
+            violation
+                .detail
+                .starts_with("PATCH nodes gpu-operator/x 30 times (at most 5 expected) from 60s to 70s"),
             "{}",
             violation.detail
         );
+        // Reads of one collection over and over are a loop too; lease requests never count.
+        let mut reads = RequestRate::default();
+        for i in 0..20 {
+            reads.observe(&request(
+                "a",
+                Verb::List,
+                "daemonsets",
+                60.0 + f64::from(i) * 0.4,
+                200,
+            ));
+            reads.observe(&request("a", Verb::Get, "leases", 60.0 + f64::from(i) * 0.4, 200));
+        }
+        let violation = hot_loop(&reads, secs(5.0), secs(70.0)).expect("a read loop");
+        assert!(
+            violation
+                .detail
+                .starts_with("LIST daemonsets gpu-operator/x 20 times (at most 10"),
+            "{}",
+            violation.detail
+        );
+        reads.forget_before(secs(70.0));
+        assert!(reads.between(secs(0.0), secs(100.0)).is_empty());
     }
 
     fn gpu_node(name: &str, taint: Option<&str>) -> Node {

@@ -114,6 +114,12 @@ pub enum Injection {
         /// When it starts again.
         restart_after: Duration,
     },
+    /// The leading replica's Lease requests hang (each is answered only this long after it was sent),
+    /// longer than the Lease lasts: the other replica takes over while the stalled one still runs.
+    LeaseStalls {
+        /// How long each of its Lease requests hangs, and for how long new ones do.
+        lasts: Duration,
+    },
     /// A GPU node joins.
     NodeJoins {
         /// Its name.
@@ -234,6 +240,11 @@ impl fmt::Display for Injection {
                 },
                 restart_after.as_secs_f64()
             ),
+            Self::LeaseStalls { lasts } => write!(
+                f,
+                "the leading replica's Lease requests hang for {:.1}s",
+                lasts.as_secs_f64()
+            ),
             Self::NodeJoins { node } => write!(f, "node {node} joins"),
             Self::NodeLeaves { node } => write!(f, "node {node} leaves"),
             Self::DriverFails { node } => {
@@ -346,7 +357,10 @@ fn draw(rng: &mut Rng, model: &mut Model) -> Option<Injection> {
         },
         22..=27 => Injection::DropWatches,
         28..=32 => Injection::Compact,
-        33..=40 => Injection::KillReplica {
+        38..=40 => Injection::LeaseStalls {
+            lasts: rng.millis(16_000, 25_000),
+        },
+        33..=37 => Injection::KillReplica {
             target: if rng.below(3) == 0 {
                 KillTarget::Follower
             } else {
@@ -443,7 +457,7 @@ mod tests {
                 kinds.insert(std::mem::discriminant(&step.injection));
             }
         }
-        assert_eq!(kinds.len(), 15, "every variant of Injection");
+        assert_eq!(kinds.len(), 16, "every variant of Injection");
     }
 
     #[test]
