@@ -502,6 +502,7 @@ mod tests {
                 verb: Some(Verb::Patch),
                 resource: Some("nodes".into()),
                 client: None,
+                listener: None,
                 rate: 0.5,
                 effect: Effect::Error(InjectedError::TooManyRequests {
                     retry_after_seconds: 3
@@ -517,6 +518,7 @@ mod tests {
                 verb: None,
                 resource: Some("nodes".into()),
                 client: None,
+                listener: None,
                 rate: 1.0,
                 effect: Effect::WatchDelay(Duration::from_secs(3)),
             }
