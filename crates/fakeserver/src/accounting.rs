@@ -1,10 +1,17 @@
 //! Every request counted by verb, resource, response code and client, readable in-process
 //! ([`RequestCounts`]) and served as `apiserver_request_total` on the server's `/metrics`, so tests and
 //! benchmarks can assert exactly how many writes a client made.
+//!
+//! On request ([`Builder::journal`](crate::Builder::journal)) the server also keeps a journal: each request
+//! with its object, when it arrived and when it was answered, and the listener it came through
+//! ([`FakeServer::serve_as`](crate::FakeServer::serve_as)), so that a test can tell apart two processes
+//! that send the same `User-Agent` and order their writes in time.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::{self, Write as _};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 /// The verbs, as the API server's metrics name them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -194,84 +201,14 @@ fn escape(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// One write request, as the server answered it (see [`Builder::record_writes`](crate::Builder::record_writes)).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WriteRecord {
-    /// Its place among the answered writes, from 0: a write with a higher number was answered later, so
-    /// whatever it changed was changed after everything a lower-numbered write changed.
-    pub sequence: u64,
-    /// The client, as [`RequestKey::client`].
-    pub client: String,
-    /// The verb.
-    pub verb: Verb,
-    /// Plural resource.
-    pub resource: String,
-    /// Subresource, or "".
-    pub subresource: String,
-    /// The object's namespace, if the path named one.
-    pub namespace: Option<String>,
-    /// The object's name, if the path named one (a create names it in its body).
-    pub name: Option<String>,
-    /// The HTTP status code answered.
-    pub code: u16,
-}
-
-impl WriteRecord {
-    /// Whether the request was made by `client` (matched as [`RequestCounts::writes_by`] matches it).
-    pub fn by(&self, client: &str) -> bool {
-        client_matches(&self.client, client)
-    }
-}
-
-/// The live counters, shared by the router and the in-process handle; and, when asked for, every write in
-/// the order answered.
+/// The live counters, shared by the router and the in-process handle.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct RequestLog {
-    counts: Arc<Mutex<BTreeMap<RequestKey, u64>>>,
-    writes: Option<Arc<Mutex<Vec<WriteRecord>>>>,
-}
+pub(crate) struct RequestLog(Arc<Mutex<BTreeMap<RequestKey, u64>>>);
 
 impl RequestLog {
-    /// Counters that also keep every write.
-    pub(crate) fn recording_writes() -> Self {
-        Self {
-            writes: Some(Arc::default()),
-            ..Self::default()
-        }
-    }
-
-    /// Keeps a write of the object `namespace`/`name` if writes are recorded; call before
-    /// [`RequestLog::record`], once the request is answered.
-    pub(crate) fn record_write(&self, key: &RequestKey, namespace: Option<&str>, name: Option<&str>) {
-        let Some(writes) = &self.writes else { return };
-        if !key.verb.is_write() {
-            return;
-        }
-        let mut writes = writes.lock().unwrap_or_else(PoisonError::into_inner);
-        let sequence = writes.len() as u64;
-        writes.push(WriteRecord {
-            sequence,
-            client: key.client.clone(),
-            verb: key.verb,
-            resource: key.resource.clone(),
-            subresource: key.subresource.clone(),
-            namespace: namespace.map(str::to_owned),
-            name: name.map(str::to_owned),
-            code: key.code,
-        });
-    }
-
-    /// The writes recorded so far, in the order answered.
-    pub(crate) fn writes(&self) -> Vec<WriteRecord> {
-        self.writes
-            .as_ref()
-            .map(|writes| writes.lock().unwrap_or_else(PoisonError::into_inner).clone())
-            .unwrap_or_default()
-    }
-
     pub(crate) fn record(&self, key: RequestKey) {
         *self
-            .counts
+            .0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .entry(key)
@@ -280,17 +217,83 @@ impl RequestLog {
 
     pub(crate) fn snapshot(&self) -> RequestCounts {
         RequestCounts {
-            entries: self.counts.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            entries: self.0.lock().unwrap_or_else(PoisonError::into_inner).clone(),
         }
     }
 
     pub(crate) fn reset(&self) {
-        self.counts.lock().unwrap_or_else(PoisonError::into_inner).clear();
-        if let Some(writes) = &self.writes {
-            writes.lock().unwrap_or_else(PoisonError::into_inner).clear();
-        }
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).clear();
     }
 }
+
+/// One request as the journal keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalEntry {
+    /// When the server received it (before any injected latency).
+    pub started: Instant,
+    /// When the server answered it.
+    pub finished: Instant,
+    /// What it was, its answer's code and its client.
+    pub key: RequestKey,
+    /// The namespace in its path, or "".
+    pub namespace: String,
+    /// The object name in its path, or "" for a collection.
+    pub name: String,
+    /// The name of the listener it came through ([`FakeServer::serve_as`](crate::FakeServer::serve_as)),
+    /// or "" (in-process clients and untagged listeners).
+    pub listener: String,
+}
+
+impl JournalEntry {
+    /// Whether the request was made by `client`, matched as [`RequestCounts::writes_by`] matches it.
+    pub fn by(&self, client: &str) -> bool {
+        client_matches(&self.key.client, client)
+    }
+}
+
+/// The journal: the newest `capacity` requests, and how many older ones were let go.
+#[derive(Debug, Default)]
+pub(crate) struct Journal {
+    capacity: usize,
+    entries: Mutex<VecDeque<JournalEntry>>,
+    dropped: AtomicU64,
+}
+
+impl Journal {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            ..Self::default()
+        }
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.capacity > 0
+    }
+
+    pub(crate) fn record(&self, entry: JournalEntry) {
+        if !self.enabled() {
+            return;
+        }
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if entries.len() >= self.capacity {
+            entries.pop_front();
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        entries.push_back(entry);
+    }
+
+    /// Every entry recorded since the last call, oldest first, and how many were let go unread.
+    pub(crate) fn take(&self) -> (Vec<JournalEntry>, u64) {
+        let entries = std::mem::take(&mut *self.entries.lock().unwrap_or_else(PoisonError::into_inner));
+        (entries.into(), self.dropped.swap(0, Ordering::Relaxed))
+    }
+}
+
+/// The name of the listener a request came through, put into its extensions by
+/// [`FakeServer::serve_as`](crate::FakeServer::serve_as).
+#[derive(Clone, Debug)]
+pub(crate) struct ListenerName(pub(crate) Arc<str>);
 
 /// The client label for a `User-Agent`: its first word, e.g. `kubectl/v1.32.4`.
 pub(crate) fn client_label(user_agent: Option<&str>) -> String {
@@ -339,26 +342,27 @@ mod tests {
     }
 
     #[test]
-    fn writes_are_kept_in_the_order_answered_only_when_asked_for() {
-        let counted = RequestLog::default();
-        counted.record_write(&key(Verb::Patch, "nodes", 200, "a/1"), None, Some("n1"));
-        assert!(counted.writes().is_empty(), "not recorded unless asked for");
-        let log = RequestLog::recording_writes();
-        log.record_write(
-            &key(Verb::Update, "leases", 200, "a/1"),
-            Some("ns"),
-            Some("lease"),
-        );
-        log.record_write(&key(Verb::Get, "leases", 200, "b/1"), Some("ns"), Some("lease"));
-        log.record_write(&key(Verb::Patch, "nodes", 409, "b/1"), None, Some("n1"));
-        let writes = log.writes();
-        assert_eq!(writes.len(), 2, "reads are not writes: {writes:?}");
-        assert_eq!((writes[0].sequence, writes[1].sequence), (0, 1));
-        assert!(writes[0].by("a") && !writes[0].by("b"));
-        assert_eq!(writes[0].namespace.as_deref(), Some("ns"));
-        assert_eq!((writes[1].name.as_deref(), writes[1].code), (Some("n1"), 409));
-        log.reset();
-        assert!(log.writes().is_empty());
+    fn the_journal_keeps_the_newest_entries_and_counts_the_rest() {
+        let journal = Journal::new(2);
+        let entry = |name: &str| JournalEntry {
+            started: Instant::now(),
+            finished: Instant::now(),
+            key: key(Verb::Patch, "nodes", 200, "a"),
+            namespace: String::new(),
+            name: name.into(),
+            listener: "replica-a".into(),
+        };
+        for name in ["n1", "n2", "n3"] {
+            journal.record(entry(name));
+        }
+        let (entries, dropped) = journal.take();
+        let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["n2", "n3"]);
+        assert_eq!(dropped, 1);
+        assert_eq!(journal.take(), (Vec::new(), 0), "taken entries are gone");
+        let off = Journal::default();
+        off.record(entry("n1"));
+        assert!(off.take().0.is_empty(), "a journal of capacity 0 keeps nothing");
     }
 
     #[test]

@@ -80,9 +80,12 @@ pub struct FaultRule {
     pub verb: Option<Verb>,
     /// Only this plural resource (any when `None`).
     pub resource: Option<String>,
-    /// Only requests of this client, matched as [`RequestCounts::writes_by`]
-    /// (crate::RequestCounts::writes_by) matches it (any when `None`).
+    /// Only requests of this client: its `User-Agent`'s first word, or that word's product token
+    /// (`gpu-operator-rs` matches `gpu-operator-rs/0.1.0`); any client when `None`.
     pub client: Option<String>,
+    /// Only requests that came through the listener of this name
+    /// ([`FakeServer::serve_as`](crate::FakeServer::serve_as)); any listener when `None`.
+    pub listener: Option<String>,
     /// The share of matching requests hit, 0.0 to 1.0.
     pub rate: f64,
     /// What happens to a hit request.
@@ -90,8 +93,9 @@ pub struct FaultRule {
 }
 
 impl FaultRule {
-    fn matches(&self, verb: Verb, resource: &str, client: &str) -> bool {
-        self.verb.is_none_or(|v| v == verb)
+    fn matches(&self, verb: Verb, resource: &str, client: &str, listener: &str) -> bool {
+        self.listener.as_deref().is_none_or(|wanted| wanted == listener)
+            && self.verb.is_none_or(|v| v == verb)
             && self.resource.as_deref().is_none_or(|r| r == resource)
             && self
                 .client
@@ -103,7 +107,7 @@ impl FaultRule {
 /// A fault rule that could not be parsed from its command-line form.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "invalid fault {text:?}: {problem}; expected e.g. \"verb=patch,resource=nodes,rate=0.1,code=429,retry-after=2\", \"verb=list,latency-ms=50\", \"resource=leases,client=replica-a,hang\" or \"resource=nodes,watch-delay-ms=3000\""
+    "invalid fault {text:?}: {problem}; expected e.g. \"verb=patch,resource=nodes,rate=0.1,code=429,retry-after=2\", \"verb=list,client=gpu-operator-rs,latency-ms=50\", \"resource=leases,client=replica-a,hang\" or \"resource=nodes,watch-delay-ms=3000\""
 )]
 pub struct FaultParseError {
     text: String,
@@ -123,6 +127,7 @@ impl FromStr for FaultRule {
         let (mut verb, mut resource, mut rate, mut code, mut retry, mut latency) =
             (None, None, None, None, 1, None);
         let (mut watch_delay, mut client, mut hang) = (None, None, false);
+        let mut listener = None;
         for part in text.split(',').filter(|p| !p.is_empty()) {
             if part.trim() == "hang" {
                 hang = true;
@@ -137,6 +142,7 @@ impl FromStr for FaultRule {
                 }
                 "resource" => resource = Some(value.to_owned()),
                 "client" => client = Some(value.to_owned()),
+                "listener" => listener = Some(value.to_owned()),
                 "rate" => {
                     rate = Some(
                         value
@@ -180,6 +186,11 @@ impl FromStr for FaultRule {
             }
             // A delay applies to every watch event of one resource: a verb, rate or second effect would
             // suggest a selectivity it does not have.
+            if client.is_some() || listener.is_some() {
+                return Err(fail(
+                    "watch-delay-ms delays every watcher's events; leave out client and listener".into(),
+                ));
+            }
             return match (resource, verb, rate, code, latency) {
                 (None, ..) => Err(fail("watch-delay-ms needs resource=<plural>".into())),
                 (_, Some(_), ..) => Err(fail("watch-delay-ms applies to watches; leave out verb".into())),
@@ -191,6 +202,7 @@ impl FromStr for FaultRule {
                     verb: None,
                     resource: Some(resource),
                     client: None,
+                    listener: None,
                     rate: 1.0,
                     effect: Effect::WatchDelay(Duration::from_millis(ms)),
                 }),
@@ -216,6 +228,7 @@ impl FromStr for FaultRule {
             verb,
             resource,
             client,
+            listener,
             rate,
             effect,
         })
@@ -252,6 +265,7 @@ impl Faults {
             verb,
             resource: resource.map(str::to_owned),
             client: None,
+            listener: None,
             rate,
             effect: Effect::Error(error),
         });
@@ -265,6 +279,7 @@ impl Faults {
             verb,
             resource: resource.map(str::to_owned),
             client: None,
+            listener: None,
             rate: 1.0,
             effect: Effect::Latency(delay),
         });
@@ -279,6 +294,7 @@ impl Faults {
             verb,
             resource: resource.map(str::to_owned),
             client: client.map(str::to_owned),
+            listener: None,
             rate: 1.0,
             effect: Effect::Hang,
         });
@@ -301,6 +317,7 @@ impl Faults {
             verb: None,
             resource: Some(resource.to_owned()),
             client: None,
+            listener: None,
             rate: 1.0,
             effect: Effect::WatchDelay(delay),
         });
@@ -318,11 +335,14 @@ impl Faults {
 impl fmt::Display for FaultRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let verb = self.verb.map_or("any".to_owned(), |v| v.to_string());
-        write!(f, "{verb} {}", self.resource.as_deref().unwrap_or("any"))?;
-        if let Some(client) = &self.client {
-            write!(f, " of {client}")?;
-        }
-        write!(f, " at rate {}: {:?}", self.rate, self.effect)
+        write!(
+            f,
+            "{verb} {} of {} at rate {}: {:?}",
+            self.resource.as_deref().unwrap_or("any"),
+            self.client.as_deref().unwrap_or("any client"),
+            self.rate,
+            self.effect
+        )
     }
 }
 
@@ -377,12 +397,12 @@ impl FaultInjector {
         *self.0.write().unwrap_or_else(PoisonError::into_inner) = Active { faults, counters };
     }
 
-    /// What happens to a request of `verb` on `resource` by `client` (its accounting label).
-    pub(crate) fn decide(&self, verb: Verb, resource: &str, client: &str) -> Decision {
+    pub(crate) fn decide(&self, verb: Verb, resource: &str, client: &str, listener: &str) -> Decision {
         let active = self.0.read().unwrap_or_else(PoisonError::into_inner);
         let mut decision = Decision::default();
         for (index, rule) in active.faults.rules.iter().enumerate() {
-            if !rule.matches(verb, resource, client) || matches!(rule.effect, Effect::WatchDelay(_)) {
+            if !rule.matches(verb, resource, client, listener) || matches!(rule.effect, Effect::WatchDelay(_))
+            {
                 continue;
             }
             let n = active.counters[index].fetch_add(1, Ordering::Relaxed);
@@ -427,7 +447,7 @@ mod tests {
         let injector = FaultInjector::default();
         injector.set(faults);
         (0..requests)
-            .map(|_| injector.decide(Verb::Patch, "nodes", "any").error.is_some())
+            .map(|_| injector.decide(Verb::Patch, "nodes", "a", "").error.is_some())
             .collect()
     }
 
@@ -447,11 +467,41 @@ mod tests {
         let injector = FaultInjector::default();
         injector.set(Faults::new(0).error(Some(Verb::Patch), Some("nodes"), 1.0, InjectedError::Conflict));
         assert_eq!(
-            injector.decide(Verb::Patch, "nodes", "any").error,
+            injector.decide(Verb::Patch, "nodes", "a", "").error,
             Some(InjectedError::Conflict)
         );
-        assert_eq!(injector.decide(Verb::Get, "nodes", "any").error, None);
-        assert_eq!(injector.decide(Verb::Patch, "pods", "any").error, None);
+        assert_eq!(injector.decide(Verb::Get, "nodes", "a", "").error, None);
+        assert_eq!(injector.decide(Verb::Patch, "pods", "a", "").error, None);
+    }
+
+    #[test]
+    fn rules_with_a_client_hit_only_that_client() {
+        let injector = FaultInjector::default();
+        injector.set(Faults::new(0).rule(FaultRule {
+            verb: None,
+            resource: None,
+            client: Some("gpu-operator-rs".into()),
+            listener: None,
+            rate: 1.0,
+            effect: Effect::Error(InjectedError::Internal),
+        }));
+        let hit = |client| injector.decide(Verb::Patch, "nodes", client, "").error;
+        assert_eq!(hit("gpu-operator-rs/0.1.0"), Some(InjectedError::Internal));
+        assert_eq!(hit("gpu-operator-rs"), Some(InjectedError::Internal));
+        assert_eq!(hit("gpu-sim/0.1.0"), None);
+        assert_eq!(hit("unknown"), None);
+        injector.set(Faults::new(0).rule(FaultRule {
+            verb: None,
+            resource: None,
+            client: None,
+            listener: Some("replica-a".into()),
+            rate: 1.0,
+            effect: Effect::Error(InjectedError::Internal),
+        }));
+        let through = |listener| injector.decide(Verb::Patch, "nodes", "any", listener).error;
+        assert_eq!(through("replica-a"), Some(InjectedError::Internal));
+        assert_eq!(through("replica-b"), None);
+        assert_eq!(through(""), None, "in-process clients come through no listener");
     }
 
     #[test]
@@ -466,21 +516,24 @@ mod tests {
             "an open stream sees new faults"
         );
         assert_eq!(injector.watch_delay("pods").current(), Duration::ZERO);
-        assert_eq!(injector.decide(Verb::Watch, "nodes", "any"), Decision::default());
+        assert_eq!(
+            injector.decide(Verb::Watch, "nodes", "a", ""),
+            Decision::default()
+        );
     }
 
     #[test]
     fn a_hang_hits_only_its_client_verb_and_resource() {
         let injector = FaultInjector::default();
         injector.set(Faults::new(0).hang(Some(Verb::Update), Some("leases"), Some("replica-a")));
-        assert!(injector.decide(Verb::Update, "leases", "replica-a").hang);
+        assert!(injector.decide(Verb::Update, "leases", "replica-a", "").hang);
         assert!(
-            injector.decide(Verb::Update, "leases", "replica-a/v1").hang,
+            injector.decide(Verb::Update, "leases", "replica-a/v1", "").hang,
             "the product matches whatever version follows it"
         );
-        assert!(!injector.decide(Verb::Update, "leases", "replica-b").hang);
-        assert!(!injector.decide(Verb::Get, "leases", "replica-a").hang);
-        assert!(!injector.decide(Verb::Update, "configmaps", "replica-a").hang);
+        assert!(!injector.decide(Verb::Update, "leases", "replica-b", "").hang);
+        assert!(!injector.decide(Verb::Get, "leases", "replica-a", "").hang);
+        assert!(!injector.decide(Verb::Update, "configmaps", "replica-a", "").hang);
         let rule: FaultRule = "resource=leases,client=replica-a,hang".parse().expect("parses");
         assert_eq!(
             rule,
@@ -488,6 +541,7 @@ mod tests {
                 verb: None,
                 resource: Some("leases".into()),
                 client: Some("replica-a".into()),
+                listener: None,
                 rate: 1.0,
                 effect: Effect::Hang,
             }
@@ -512,6 +566,7 @@ mod tests {
                 verb: Some(Verb::Patch),
                 resource: Some("nodes".into()),
                 client: None,
+                listener: None,
                 rate: 0.5,
                 effect: Effect::Error(InjectedError::TooManyRequests {
                     retry_after_seconds: 3
@@ -527,16 +582,24 @@ mod tests {
                 verb: None,
                 resource: Some("nodes".into()),
                 client: None,
+                listener: None,
                 rate: 1.0,
                 effect: Effect::WatchDelay(Duration::from_secs(3)),
             }
         );
+        let operator: FaultRule = "client=gpu-operator-rs,code=500".parse().expect("parses");
+        assert_eq!(operator.client.as_deref(), Some("gpu-operator-rs"));
+        let replica: FaultRule = "listener=replica-a,resource=leases,latency-ms=20000"
+            .parse()
+            .expect("parses");
+        assert_eq!(replica.listener.as_deref(), Some("replica-a"));
         for bad in [
             "watch-delay-ms=3000",
             "resource=nodes,watch-delay-ms=soon",
             "verb=patch,resource=nodes,watch-delay-ms=5",
             "resource=nodes,watch-delay-ms=5,rate=0.5",
             "resource=nodes,watch-delay-ms=5,code=500",
+            "resource=nodes,watch-delay-ms=5,client=kubectl",
         ] {
             let error = bad.parse::<FaultRule>().expect_err(bad).to_string();
             assert!(

@@ -17,7 +17,7 @@ use http::header::{ACCEPT, CONTENT_TYPE, HOST, RETRY_AFTER, USER_AGENT};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::accounting::{RequestKey, RequestLog, Verb, client_label};
+use crate::accounting::{Journal, JournalEntry, ListenerName, RequestKey, RequestLog, Verb, client_label};
 use crate::authz::rbac::{Attributes, UserInfo};
 use crate::authz::request_info::request_info;
 use crate::authz::{Authz, CreateOnApply, Escalation, RBAC_GROUP};
@@ -43,7 +43,10 @@ const BODY_LIMIT: usize = 3 * 1024 * 1024;
 pub(crate) struct Shared {
     pub(crate) store: Store,
     pub(crate) requests: RequestLog,
+    pub(crate) journal: Journal,
     pub(crate) faults: FaultInjector,
+    /// Bumped by [`crate::FakeServer::drop_watches`]: every open watch stream ends.
+    pub(crate) watch_drops: tokio::sync::watch::Sender<u64>,
     pub(crate) bookmark_interval: Duration,
     pub(crate) watch_timeout: Duration,
     pub(crate) authz: Arc<Authz>,
@@ -233,7 +236,14 @@ fn verb_of(method: &Method, target: &Target, params: &Params, headers: &HeaderMa
 }
 
 async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let started = std::time::Instant::now();
     let (parts, body) = request.into_parts();
+    let listener = parts
+        .extensions
+        .get::<ListenerName>()
+        .map(|listener| listener.0.to_string())
+        .unwrap_or_default();
+    let mut object = (String::new(), String::new());
     let params = Params::parse(parts.uri.query());
     let client = client_label(header(&parts.headers, USER_AGENT));
     // Who is asking and whether they may: in rbac mode only, before routing, as the real server's filters.
@@ -243,7 +253,6 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Ok(None)
     };
     let route = route(&shared.store, parts.uri.path());
-    let mut object: (Option<String>, Option<String>) = (None, None);
     let mut key = RequestKey {
         verb: Verb::Get,
         group: String::new(),
@@ -256,6 +265,12 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     };
     let response = match route {
         Route::Resource(target) => {
+            if shared.journal.enabled() {
+                object = (
+                    target.namespace.clone().unwrap_or_default(),
+                    target.name.clone().unwrap_or_default(),
+                );
+            }
             key.verb = verb_of(&parts.method, &target, &params, &parts.headers);
             key.group.clone_from(&target.info.group);
             key.version.clone_from(&target.info.version);
@@ -267,8 +282,9 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
                 (None, None) => "cluster",
             }
             .to_owned();
-            object = (target.namespace.clone(), target.name.clone());
-            let decision = shared.faults.decide(key.verb, &target.info.plural, &key.client);
+            let decision = shared
+                .faults
+                .decide(key.verb, &target.info.plural, &key.client, &listener);
             if !decision.latency.is_zero() && admitted.is_ok() {
                 tokio::time::sleep(decision.latency).await;
             }
@@ -311,9 +327,17 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         }
     };
     key.code = response.status().as_u16();
-    shared
-        .requests
-        .record_write(&key, object.0.as_deref(), object.1.as_deref());
+    if shared.journal.enabled() {
+        let (namespace, name) = object;
+        shared.journal.record(JournalEntry {
+            started,
+            finished: std::time::Instant::now(),
+            key: key.clone(),
+            namespace,
+            name,
+            listener,
+        });
+    }
     shared.requests.record(key);
     response
 }
@@ -1102,6 +1126,7 @@ fn watch(request: &ResourceRequest<'_>) -> Result<Response, ApiError> {
         projection: request.projection(),
         committed: request.shared.store.committed(),
         delay: request.shared.faults.watch_delay(&request.info().plural),
+        drops: request.shared.watch_drops.subscribe(),
     };
     let body = Body::from_stream(watch::stream(start, spec));
     let mut response = Response::new(body);

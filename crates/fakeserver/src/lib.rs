@@ -76,7 +76,7 @@ use std::time::Duration;
 use ::http::HeaderValue;
 use serde_json::Value;
 
-pub use accounting::{RequestCounts, RequestKey, Verb, WriteRecord};
+pub use accounting::{JournalEntry, RequestCounts, RequestKey, Verb};
 pub use authz::Authorization;
 pub use authz::report::{AuthorizationReport, Denial, GrantedRule, UserReport};
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -87,7 +87,7 @@ pub use logs::LogStream;
 pub use serve::{ConnectError, Running, kubeconfig_with_token, kubeconfig_yaml};
 pub use store::PodTermination;
 
-use crate::accounting::RequestLog;
+use crate::accounting::{Journal, ListenerName, RequestLog};
 use crate::authz::Authz;
 use crate::faults::FaultInjector;
 use crate::http::Shared;
@@ -107,7 +107,7 @@ pub struct Builder {
     pod_termination: PodTermination,
     faults: Faults,
     authorization: Authorization,
-    record_writes: bool,
+    journal: usize,
 }
 
 impl Default for Builder {
@@ -123,7 +123,7 @@ impl Default for Builder {
             pod_termination: PodTermination::Immediate,
             faults: Faults::default(),
             authorization: Authorization::AlwaysAllow,
-            record_writes: false,
+            journal: 0,
         }
     }
 }
@@ -187,10 +187,10 @@ impl Builder {
         self
     }
 
-    /// Keeps every write request in the order answered, for [`FakeServer::writes`] (off by default: the
-    /// record grows with every write).
-    pub fn record_writes(mut self) -> Self {
-        self.record_writes = true;
+    /// Keep a journal of the newest `capacity` requests, each with its object, arrival and answer times and
+    /// listener, read with [`FakeServer::take_journal`] (default 0: none).
+    pub fn journal(mut self, capacity: usize) -> Self {
+        self.journal = capacity;
         self
     }
 
@@ -223,12 +223,10 @@ impl Builder {
         FakeServer {
             shared: Arc::new(Shared {
                 store,
-                requests: if self.record_writes {
-                    RequestLog::recording_writes()
-                } else {
-                    RequestLog::default()
-                },
+                requests: RequestLog::default(),
+                journal: Journal::new(self.journal),
                 faults,
+                watch_drops: tokio::sync::watch::Sender::new(0),
                 bookmark_interval: self.bookmark_interval,
                 watch_timeout: self.watch_timeout,
                 authz,
@@ -349,6 +347,14 @@ impl FakeServer {
         Running::start(self.router(), addr, self.admin_token()).await
     }
 
+    /// Serves the router on `addr` as [`FakeServer::serve`], naming every request that comes through this
+    /// listener `name` in the journal ([`Builder::journal`]): processes that send the same `User-Agent`
+    /// (two replicas of one operator) are told apart by the listener each is given.
+    pub async fn serve_as(&self, addr: SocketAddr, name: &str) -> std::io::Result<Running> {
+        let router = self.router().layer(axum::Extension(ListenerName(name.into())));
+        Running::start(router, addr, self.admin_token()).await
+    }
+
     /// Creates an object, found by its `apiVersion` and `kind`, keeping a `uid` and `creationTimestamp` it
     /// brings (so fixtures can refer to each other by owner references). Returns the stored object.
     pub fn insert(&self, object: Value) -> Result<Value, ApiError> {
@@ -409,15 +415,21 @@ impl FakeServer {
         self.shared.requests.snapshot()
     }
 
-    /// Every write request answered so far, in order, when the server was built with
-    /// [`Builder::record_writes`]; empty otherwise. Hung requests ([`Faults::hang`]) are never answered.
-    pub fn writes(&self) -> Vec<WriteRecord> {
-        self.shared.requests.writes()
-    }
-
-    /// Zeroes the request counters (and forgets the recorded writes).
+    /// Zeroes the request counters.
     pub fn reset_requests(&self) {
         self.shared.requests.reset();
+    }
+
+    /// The journal's entries recorded since the last call, oldest first, and how many were let go unread
+    /// because the journal was full (always none when [`Builder::journal`] was not set).
+    pub fn take_journal(&self) -> (Vec<JournalEntry>, u64) {
+        self.shared.journal.take()
+    }
+
+    /// Ends every open watch stream now, as an API server restart or a load balancer does; clients
+    /// resume from the last version they saw. Streams opened later are not touched.
+    pub fn drop_watches(&self) {
+        self.shared.watch_drops.send_modify(|epoch| *epoch += 1);
     }
 
     /// Replaces the faults in force (`Faults::default()` for none).

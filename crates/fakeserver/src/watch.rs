@@ -43,6 +43,8 @@ pub(crate) struct WatchSpec {
     pub(crate) committed: Arc<AtomicU64>,
     /// Fault injection: how long after a change its event is delivered.
     pub(crate) delay: WatchDelay,
+    /// Changes when every open stream is to end ([`crate::FakeServer::drop_watches`]).
+    pub(crate) drops: tokio::sync::watch::Receiver<u64>,
 }
 
 #[derive(Debug)]
@@ -226,7 +228,7 @@ impl Watcher {
                 }
                 return self.count(line);
             }
-            if self.done {
+            if self.done || self.spec.drops.has_changed().unwrap_or(true) {
                 return None;
             }
             if let Some(error) = self.start.expired.take() {
@@ -256,6 +258,10 @@ impl Watcher {
             let bookmarks = self.spec.bookmarks;
             tokio::select! {
                 () = tokio::time::sleep_until(self.deadline) => {
+                    self.done = true;
+                    return None;
+                }
+                _ = self.spec.drops.changed() => {
                     self.done = true;
                     return None;
                 }

@@ -24,6 +24,10 @@ pub enum Command {
     Up(UpArgs),
     /// Serve the in-memory Kubernetes API server on 127.0.0.1, with a kubeconfig for it.
     Serve(ServeArgs),
+    /// Run two operator replicas (their own processes, with leader election) on a simulated cluster while
+    /// injecting faults on a schedule drawn from the seed, and check the operator's invariants throughout;
+    /// exit 1 with the first violated invariant and the events leading to it.
+    Chaos(ChaosArgs),
     /// Measure.
     #[command(subcommand)]
     Bench(Bench),
@@ -90,6 +94,51 @@ impl UpArgs {
     pub fn heartbeats(&self) -> bool {
         self.heartbeats.unwrap_or(self.kubeconfig.is_some())
     }
+}
+
+/// `gpu-sim chaos`.
+#[derive(Debug, Parser)]
+pub struct ChaosArgs {
+    /// Seed of the schedule of injections (and of the API server's fault decisions).
+    #[arg(long)]
+    pub seed: u64,
+    /// How long faults are injected: seconds, or with a unit (`90s`, `2m`). Settling and a quiet window
+    /// follow.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: std::time::Duration,
+    /// GPU nodes the cluster starts with (H100 × 8 each); nodes join and leave during the run.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=200))]
+    pub nodes: u32,
+    /// The `gpu-operator` binary; by default the one next to `gpu-sim`.
+    #[arg(long, value_name = "PATH")]
+    pub operator: Option<PathBuf>,
+    /// How long the cluster may take to converge once the faults stop, in seconds or with a unit.
+    #[arg(long, default_value = "90s", value_parser = parse_duration)]
+    pub settle: std::time::Duration,
+    /// Write each operator process's log (at info) to a file in this folder, named after the replica.
+    #[arg(long, value_name = "DIR")]
+    pub log_dir: Option<PathBuf>,
+}
+
+/// A duration as `90`, `90s`, `2m` or `1500ms`.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let trimmed = text.trim();
+    let (number, unit_ms) = if let Some(n) = trimmed.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = trimmed.strip_suffix('s') {
+        (n, 1_000)
+    } else if let Some(n) = trimmed.strip_suffix('m') {
+        (n, 60_000)
+    } else {
+        (trimmed, 1_000)
+    };
+    number
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit_ms))
+        .map(std::time::Duration::from_millis)
+        .ok_or_else(|| format!("{text:?} is not a duration: give whole seconds (90), or 90s, 2m, 1500ms"))
 }
 
 /// `gpu-sim bench nodes`.
@@ -201,9 +250,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Inject a fault, e.g. `verb=patch,resource=nodes,rate=0.1,code=429,retry-after=2`,
-    /// `verb=list,latency-ms=50`, `resource=leases,client=replica-a,hang` (that client's lease requests are
-    /// never answered), or `resource=nodes,watch-delay-ms=3000` (watch events of nodes arrive 3 s late).
-    /// Repeatable.
+    /// `verb=list,client=gpu-operator-rs,latency-ms=50` (only that client's lists),
+    /// `resource=leases,client=replica-a,hang` (that client's lease requests are never answered), or
+    /// `resource=nodes,watch-delay-ms=3000` (watch events of nodes arrive 3 s late). Repeatable.
     #[arg(long = "fault", value_name = "RULE")]
     pub faults: Vec<FaultRule>,
     /// End every watch stream after this many events.
@@ -245,6 +294,7 @@ pub struct ApiserverBenchArgs {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+    use std::time::Duration;
 
     #[test]
     fn the_command_line_parses_faults_and_defaults() {
@@ -269,6 +319,49 @@ mod tests {
         assert_eq!(args.history, 10_000);
         let bad = Cli::try_parse_from(["gpu-sim", "serve", "--fault", "code=418"]).expect_err("refused");
         assert!(bad.to_string().contains("is not one of 500, 429, 409"), "{bad}");
+    }
+
+    #[test]
+    fn chaos_takes_a_seed_a_duration_and_optional_nodes() {
+        let cli =
+            Cli::try_parse_from(["gpu-sim", "chaos", "--seed", "7", "--duration", "2m"]).expect("parses");
+        let Command::Chaos(args) = cli.command else {
+            panic!("chaos")
+        };
+        assert_eq!(
+            (args.seed, args.duration, args.nodes),
+            (7, Duration::from_secs(120), 4)
+        );
+        assert_eq!(args.settle, Duration::from_secs(90));
+        for (text, expected) in [
+            ("60", 60_000),
+            ("60s", 60_000),
+            ("1500ms", 1_500),
+            (" 3m ", 180_000),
+        ] {
+            assert_eq!(
+                parse_duration(text),
+                Ok(Duration::from_millis(expected)),
+                "{text}"
+            );
+        }
+        for bad in ["", "s", "-1", "1h", "1.5s", "é", "99999999999999999999m"] {
+            let error = parse_duration(bad).expect_err(bad);
+            assert!(error.contains("is not a duration"), "{error}");
+        }
+        let missing = Cli::try_parse_from(["gpu-sim", "chaos", "--duration", "10"]).expect_err("no seed");
+        assert!(missing.to_string().contains("--seed"), "{missing}");
+        let zero = Cli::try_parse_from([
+            "gpu-sim",
+            "chaos",
+            "--seed",
+            "1",
+            "--duration",
+            "10",
+            "--nodes",
+            "0",
+        ]);
+        assert!(zero.is_err(), "at least one node");
     }
 
     #[test]

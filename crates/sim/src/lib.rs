@@ -13,11 +13,12 @@
 //!   device plugin and feature discovery apply it), [`operands`] (operand configuration read through the
 //!   images' contract), [`progress`] (what a person watching sees).
 //! - I/O: [`simulation`] (a running cluster and scenario actions), [`actors`] (controllers, scheduler,
-//!   kubelets), and the commands [`demo`], [`up`], [`serve`], [`bench`], [`cluster_bench`] and
+//!   kubelets), and the commands [`demo`], [`up`], [`serve`], [`chaos`], [`bench`], [`cluster_bench`] and
 //!   [`upgrade_bench`].
 
 pub mod actors;
 pub mod bench;
+pub mod chaos;
 pub mod cli;
 pub mod cluster_bench;
 pub mod cluster_spec;
@@ -91,7 +92,7 @@ fn one_line(error: &anyhow::Error) -> String {
 
 /// Runs a `gpu-sim` command to completion.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    let default_level = if matches!(cli.command, Command::Demo(_)) {
+    let default_level = if matches!(cli.command, Command::Demo(_) | Command::Chaos(_)) {
         "warn"
     } else {
         "info"
@@ -127,6 +128,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Command::Up(args) => up::up(args).await,
             Command::Serve(args) => serve::serve(args).await,
+            Command::Chaos(args) => chaos::chaos(args).await,
             Command::Bench(Bench::Apiserver(args)) => bench::apiserver(args).await,
             Command::Bench(Bench::Nodes(args)) => cluster_bench::nodes(args).await,
             Command::Bench(Bench::Converge(args)) => cluster_bench::converge(args).await,

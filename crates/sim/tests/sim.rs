@@ -14,8 +14,11 @@
 //! - `labeller`: the node labeller when a node changes between its read and its write;
 //! - `workloads`: GPU workloads, their disruption budgets and evictions, and scenario actions on objects;
 //! - `upgrade`: the operator upgrading drivers node by node under running workloads, and NVIDIADriver pools;
+//! - `chaos`: `gpu-sim chaos` on a few short seeds, two operator replicas under injected faults;
 //! - `docs`: every console example in `README.md` and `docs/` run as written, its shown output checked.
 
+#[path = "sim/chaos.rs"]
+mod chaos;
 #[path = "sim/cluster.rs"]
 mod cluster;
 #[path = "sim/docs.rs"]

@@ -261,3 +261,75 @@ async fn a_delay_of_forever_holds_events_back_without_breaking_the_stream() {
     let listed = configmaps.list(&ListParams::default()).await.expect("listed");
     assert_eq!(listed.items.len(), 1, "a fresh LIST sees the write");
 }
+
+#[tokio::test]
+async fn drop_watches_ends_every_open_stream_and_spares_later_ones() {
+    let server = FakeServer::new();
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client());
+    api.create(&PostParams::default(), &configmap("a"))
+        .await
+        .expect("created");
+    let mut open = api
+        .watch(&WatchParams::default(), "0")
+        .await
+        .expect("watch")
+        .boxed();
+    let first = within("the first event", open.next()).await;
+    assert!(matches!(first, Some(Ok(WatchEvent::Added(_)))), "{first:?}");
+    server.drop_watches();
+    let ended = within("the dropped stream's end", open.next()).await;
+    assert!(ended.is_none(), "the open stream ended: {ended:?}");
+    // A stream opened after the drop lives on and sees new changes.
+    let mut later = api
+        .watch(&WatchParams::default(), "0")
+        .await
+        .expect("watch")
+        .boxed();
+    let replayed = within("the replayed event", later.next()).await;
+    assert!(matches!(replayed, Some(Ok(WatchEvent::Added(_)))), "{replayed:?}");
+    api.create(&PostParams::default(), &configmap("b"))
+        .await
+        .expect("created");
+    let added = within("the new event", later.next()).await;
+    assert_eq!(
+        added.and_then(|e| e.ok()).as_ref().and_then(added_name),
+        Some("b".to_owned())
+    );
+}
+
+#[tokio::test]
+async fn the_journal_names_each_requests_listener_object_and_times() {
+    use std::net::{Ipv4Addr, SocketAddr};
+    let server = FakeServer::builder().journal(100).build();
+    let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let a = server.serve_as(loopback, "replica-a").await.expect("listens");
+    let b = server.serve_as(loopback, "replica-b").await.expect("listens");
+    let before = std::time::Instant::now();
+    for (running, name) in [(&a, "from-a"), (&b, "from-b")] {
+        let api: Api<ConfigMap> = Api::default_namespaced(running.client().await.expect("client"));
+        api.create(&PostParams::default(), &configmap(name))
+            .await
+            .expect("created");
+    }
+    let (entries, dropped) = server.take_journal();
+    assert_eq!(dropped, 0);
+    let creates: Vec<(&str, &str, &str)> = entries
+        .iter()
+        .filter(|e| e.key.verb == Verb::Create)
+        .map(|e| (e.listener.as_str(), e.namespace.as_str(), e.name.as_str()))
+        .collect();
+    // A create names no object in its path: the collection's namespace, and no name.
+    assert_eq!(
+        creates,
+        [("replica-a", "default", ""), ("replica-b", "default", "")]
+    );
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.started >= before && e.finished >= e.started),
+        "arrival and answer times in order"
+    );
+    assert!(server.take_journal().0.is_empty(), "read entries are gone");
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -1009,7 +1009,7 @@ async fn only_the_leader_writes_and_a_second_replica_takes_over_when_it_stops() 
 /// the while, and wrote alongside the new one.
 #[tokio::test]
 async fn a_leader_whose_renewals_hang_writes_nothing_once_another_takes_over() {
-    let server = FakeServer::builder().record_writes().build();
+    let server = FakeServer::builder().journal(1_000_000).build();
     let cluster = Cluster::without_operator_on(server, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
     let first = cluster.replica("replica-a").await;
     cluster
@@ -1051,30 +1051,37 @@ async fn a_leader_whose_renewals_hang_writes_nothing_once_another_takes_over() {
         .await;
     tokio::time::sleep(gpuop_operator::STEADY_STATE_WINDOW).await;
 
-    let writes = cluster.server.writes();
-    let takeover = writes
+    // The journal holds the requests in the order they were answered: a write after the takeover in it
+    // changed the cluster after replica-b led.
+    let (journal, dropped) = cluster.server.take_journal();
+    assert_eq!(dropped, 0, "the journal holds every request");
+    let writes: Vec<(usize, &gpuop_fakeserver::JournalEntry)> = journal
         .iter()
-        .find(|w| w.by("replica-b") && w.resource == "leases" && w.code < 300)
+        .filter(|entry| entry.key.verb.is_write())
+        .enumerate()
+        .collect();
+    let (takeover, _) = *writes
+        .iter()
+        .find(|(_, w)| w.by("replica-b") && w.key.resource == "leases" && w.key.code < 300)
         .expect("replica-b's takeover of the lease is recorded");
     let late: Vec<_> = writes
         .iter()
-        .filter(|w| w.by("replica-a") && w.sequence > takeover.sequence)
+        .filter(|(at, w)| w.by("replica-a") && *at > takeover)
         .collect();
     assert!(
         late.is_empty(),
-        "replica-a wrote after replica-b took over (write {}): {late:#?}",
-        takeover.sequence
+        "replica-a wrote after replica-b took over (write {takeover}): {late:#?}"
     );
     assert!(
         writes
             .iter()
-            .any(|w| w.by("replica-a") && w.resource != "leases" && w.sequence < takeover.sequence),
+            .any(|(at, w)| w.by("replica-a") && w.key.resource != "leases" && *at < takeover),
         "replica-a wrote while it led"
     );
     assert!(
         writes
             .iter()
-            .any(|w| w.by("replica-b") && w.resource != "leases" && w.sequence > takeover.sequence),
+            .any(|(at, w)| w.by("replica-b") && w.key.resource != "leases" && *at > takeover),
         "replica-b acted on the change"
     );
     cluster.server.set_faults(Faults::new(0));
