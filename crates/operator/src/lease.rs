@@ -198,6 +198,9 @@ pub fn is_not_leader(error: &(dyn std::error::Error + 'static)) -> bool {
 #[derive(Clone, Debug)]
 pub struct Leadership {
     receiver: watch::Receiver<Term>,
+    /// What [`Leadership::changed`] last returned (or found when first called): a change between two calls
+    /// (while the caller ran a pass) is reported by the next call, not lost.
+    seen: Option<bool>,
     /// Keeps the channel open for a leadership nobody else updates.
     _fixed: Option<std::sync::Arc<watch::Sender<Term>>>,
 }
@@ -208,6 +211,7 @@ impl Leadership {
         let (sender, receiver) = watch::channel(Term::Always);
         Self {
             receiver,
+            seen: None,
             _fixed: Some(std::sync::Arc::new(sender)),
         }
     }
@@ -252,6 +256,7 @@ impl Leadership {
             set,
             Self {
                 receiver,
+                seen: None,
                 _fixed: None,
             },
         )
@@ -267,8 +272,14 @@ impl Leadership {
     /// Waits until this replica starts or stops leading, including by its renew deadline passing; returns
     /// whether it leads.
     pub async fn changed(&mut self) -> bool {
-        let before = self.is_leader();
+        let leading = self.is_leader();
+        let before = *self.seen.get_or_insert(leading);
         loop {
+            let now = self.is_leader();
+            if now != before {
+                self.seen = Some(now);
+                return now;
+            }
             let expiry = match *self.receiver.borrow_and_update() {
                 Term::Until(deadline) if Instant::now() < deadline => Some(deadline),
                 Term::Until(_) | Term::Follower | Term::Always => None,
@@ -288,10 +299,6 @@ impl Leadership {
                     }
                 }
                 () = &mut expired => {}
-            }
-            let now = self.is_leader();
-            if now != before {
-                return now;
             }
         }
     }
@@ -359,6 +366,7 @@ pub fn elect(
     (
         Leadership {
             receiver,
+            seen: None,
             _fixed: None,
         },
         task,
@@ -600,6 +608,7 @@ mod tests {
         let (sender, receiver) = watch::channel(Term::Until(start + Duration::from_secs(10)));
         let mut leadership = Leadership {
             receiver,
+            seen: None,
             _fixed: None,
         };
         assert_eq!(leadership.check(), Ok(()));
@@ -620,6 +629,35 @@ mod tests {
         drop(sender);
         assert!(Leadership::always().is_leader());
         assert_eq!(Leadership::always().time_left(), None);
+    }
+
+    /// A controller runs a pass between two waits; a leadership lost and won again meanwhile, or a deadline
+    /// that passed meanwhile, is reported by the next wait instead of being lost until the next resync.
+    #[tokio::test(start_paused = true)]
+    async fn a_change_while_the_caller_was_busy_is_reported_by_the_next_wait() {
+        let (set, mut leadership) = Leadership::for_tests();
+        set(Some(Duration::from_secs(10)));
+        let waited = tokio::time::timeout(Duration::from_millis(1), leadership.changed()).await;
+        assert!(waited.is_err(), "leading, and nothing changes");
+        // Busy in a pass: the deadline passes, then a renewal starts a new term.
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let lost = tokio::time::timeout(Duration::from_millis(1), leadership.changed()).await;
+        assert_eq!(lost, Ok(false), "the deadline that passed while busy");
+        set(Some(Duration::from_secs(10)));
+        set(None);
+        set(Some(Duration::from_secs(10)));
+        let won = tokio::time::timeout(Duration::from_millis(1), leadership.changed()).await;
+        assert_eq!(
+            won,
+            Ok(true),
+            "leading again, although the last change seen was to lead"
+        );
+        let renewed = tokio::time::timeout(Duration::from_secs(5), async {
+            set(Some(Duration::from_secs(10)));
+            leadership.changed().await
+        })
+        .await;
+        assert!(renewed.is_err(), "a renewal alone is no change");
     }
 
     #[test]

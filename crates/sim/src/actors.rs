@@ -349,6 +349,16 @@ async fn daemonset_controller(client: Client, caches: Caches, shutdown: Cancella
                     warn!(daemonset = %ds.name_any(), %error, "cannot create a ControllerRevision");
                 }
             }
+            if let Some((name, revision)) = &plan.renumber_revision {
+                let api: Api<ControllerRevision> = Api::namespaced(client.clone(), &namespace);
+                let patch = serde_json::json!({ "revision": revision });
+                if let Err(error) = api
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    warn!(daemonset = %ds.name_any(), %error, "cannot renumber a ControllerRevision");
+                }
+            }
             for pod in &plan.create {
                 let node = pod
                     .spec

@@ -430,7 +430,11 @@ impl Run {
             ])
             .env("KUBECONFIG", &kubeconfig)
             .env("POD_NAME", &name)
-            .env("RUST_LOG", if self.log_dir.is_some() { "info" } else { "warn" })
+            .env(
+                "RUST_LOG",
+                std::env::var("CHAOS_OPERATOR_LOG")
+                    .unwrap_or_else(|_| if self.log_dir.is_some() { "info" } else { "warn" }.to_owned()),
+            )
             .env("NO_COLOR", "1")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())

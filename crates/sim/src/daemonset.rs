@@ -25,6 +25,9 @@ pub const REVISION_HASH: &str = "controller-revision-hash";
 pub struct Plan {
     /// A ControllerRevision to create for the current template, if none exists yet.
     pub new_revision: Option<ControllerRevision>,
+    /// The existing ControllerRevision of the current template when it is not the newest (a rollback to an
+    /// earlier template), and the number it takes: the newest + 1, as the real controller renumbers it.
+    pub renumber_revision: Option<(String, i64)>,
     /// Pods to create (with `generateName`, bound to their node).
     pub create: Vec<Pod>,
     /// Names of pods to delete.
@@ -51,9 +54,14 @@ pub fn plan<N: Borrow<Node>, P: Borrow<Pod>>(
     let existing_revision = revisions
         .iter()
         .find(|r| r.metadata.labels.as_ref().and_then(|l| l.get(REVISION_HASH)) == Some(&hash));
-    if existing_revision.is_none() {
-        let next = revisions.iter().map(|r| r.revision).max().unwrap_or(0) + 1;
-        plan.new_revision = Some(revision_object(daemonset, &hash, next));
+    let newest = revisions.iter().map(|r| r.revision).max().unwrap_or(0);
+    match existing_revision {
+        None => plan.new_revision = Some(revision_object(daemonset, &hash, newest + 1)),
+        Some(existing) if existing.revision < newest => {
+            let name = existing.metadata.name.clone().unwrap_or_default();
+            plan.renumber_revision = Some((name, newest + 1));
+        }
+        Some(_) => {}
     }
 
     // `fitting`: nodes that should run a pod (`desiredNumberScheduled`); `keeping`: nodes whose pod may
@@ -501,6 +509,33 @@ mod tests {
         let revision = plan.new_revision.unwrap();
         assert_eq!(revision.revision, 1);
         assert_eq!(revision.metadata.name, Some(format!("plugin-{}", hash_of(&ds))));
+    }
+
+    #[test]
+    fn a_rollback_renumbers_the_earlier_templates_revision_as_the_newest() {
+        let v1 = daemonset("v1", "RollingUpdate", None);
+        let v2 = daemonset("v2", "RollingUpdate", None);
+        let first = plan(&v1, &[] as &[Node], &[] as &[Pod], &[])
+            .new_revision
+            .unwrap();
+        let second = plan(&v2, &[] as &[Node], &[] as &[Pod], std::slice::from_ref(&first))
+            .new_revision
+            .unwrap();
+        assert_eq!(second.revision, 2);
+        let back = plan(
+            &v1,
+            &[] as &[Node],
+            &[] as &[Pod],
+            &[first.clone(), second.clone()],
+        );
+        assert_eq!(back.new_revision, None, "the revision exists");
+        assert_eq!(
+            back.renumber_revision,
+            Some((first.metadata.name.clone().unwrap(), 3)),
+            "and becomes the newest, or pods of the current template would count as outdated"
+        );
+        let current = plan(&v2, &[] as &[Node], &[] as &[Pod], &[first, second]);
+        assert_eq!((current.new_revision, current.renumber_revision), (None, None));
     }
 
     #[test]
