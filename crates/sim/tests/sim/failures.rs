@@ -4,7 +4,6 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use gpuop_api::ClusterPolicy;
 use gpuop_api::status::{CONDITION_ERROR, State};
@@ -23,10 +22,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-use crate::operator::pool;
-
-/// Generous: a failure guard on a loaded two-core machine, not a performance assertion.
-const PATIENCE: Duration = Duration::from_secs(90);
+use crate::operator::{pool, until};
 
 /// A simulated cluster (driven by `admin`) and the operator (on `operator`), serving `/readyz`.
 struct Setup {
@@ -86,24 +82,6 @@ impl Setup {
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .filter_map(|p| gpuop_sim::kubelet::operand_of(&p).map(|o| o.id().to_owned()))
             .collect())
-    }
-}
-
-/// Waits until the check passes; panics with its last answer after [`PATIENCE`].
-async fn until<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), String>>,
-{
-    let started = tokio::time::Instant::now();
-    loop {
-        match check().await {
-            Ok(()) => return,
-            Err(last) if started.elapsed() > PATIENCE => {
-                panic!("{what}: still not so after {PATIENCE:?}: {last}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
     }
 }
 

@@ -36,6 +36,24 @@ use serde_json::json;
 /// Generous: a failure guard on a loaded two-core machine, not a performance assertion.
 const PATIENCE: Duration = Duration::from_secs(90);
 
+/// Waits until the check passes; panics with its last answer after [`PATIENCE`].
+pub(crate) async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let started = tokio::time::Instant::now();
+    loop {
+        match check().await {
+            Ok(()) => return,
+            Err(last) if started.elapsed() > PATIENCE => {
+                panic!("{what}: still not so after {PATIENCE:?}: {last}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
 pub(crate) fn pool(name: &str, count: u32, model: Option<GpuModel>) -> NodePool {
     let mut pool = ClusterSpec::demo().node_pools.remove(0);
     pool.name = name.into();
@@ -212,21 +230,27 @@ impl Cluster {
     }
 
     /// Waits until the check passes; panics with its last answer after [`PATIENCE`].
-    pub(crate) async fn until<F, Fut>(&self, what: &str, mut check: F)
+    pub(crate) async fn until<F, Fut>(&self, what: &str, check: F)
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<(), String>>,
     {
-        let started = tokio::time::Instant::now();
-        loop {
-            match check().await {
-                Ok(()) => return,
-                Err(last) if started.elapsed() > PATIENCE => {
-                    panic!("{what}: still not so after {PATIENCE:?}: {last}")
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        until(what, check).await;
+    }
+
+    /// Turns feature discovery off in the policy and waits until `who` prunes its DaemonSet.
+    async fn feature_discovery_pruned(&self, who: &str) {
+        self.patch_policy("cluster-policy", json!({ "gfd": { "enabled": false } }))
+            .await;
+        self.until(&format!("{who} prunes feature discovery"), || async {
+            let managed = self.managed().await;
+            if managed.contains("DaemonSet/gpu-feature-discovery") {
+                Err(format!("{managed:?}"))
+            } else {
+                Ok(())
             }
-        }
+        })
+        .await;
     }
 
     /// Waits until the policy is Ready and every operand that should run is ready on every node.
@@ -983,19 +1007,7 @@ async fn only_the_leader_writes_and_a_second_replica_takes_over_when_it_stops() 
 
     // The leader stops (and gives the lease up); the follower takes over and acts on the next change.
     first.stop().await;
-    cluster
-        .patch_policy("cluster-policy", json!({ "gfd": { "enabled": false } }))
-        .await;
-    cluster
-        .until("replica-b prunes feature discovery", || async {
-            let managed = cluster.managed().await;
-            if managed.contains("DaemonSet/gpu-feature-discovery") {
-                Err(format!("{managed:?}"))
-            } else {
-                Ok(())
-            }
-        })
-        .await;
+    cluster.feature_discovery_pruned("replica-b").await;
     assert_eq!(cluster.lease_holder().await.as_deref(), Some("replica-b"));
     assert!(cluster.server.requests().writes_by("replica-b") > 0);
     second.stop().await;
@@ -1036,19 +1048,7 @@ async fn a_leader_whose_renewals_hang_writes_nothing_once_another_takes_over() {
         })
         .await;
     // A change both replicas see in their caches: only a leader acts on it.
-    cluster
-        .patch_policy("cluster-policy", json!({ "gfd": { "enabled": false } }))
-        .await;
-    cluster
-        .until("the new leader prunes feature discovery", || async {
-            let managed = cluster.managed().await;
-            if managed.contains("DaemonSet/gpu-feature-discovery") {
-                Err(format!("{managed:?}"))
-            } else {
-                Ok(())
-            }
-        })
-        .await;
+    cluster.feature_discovery_pruned("the new leader").await;
     tokio::time::sleep(gpuop_operator::STEADY_STATE_WINDOW).await;
 
     // The journal holds the requests in the order they were answered: a write after the takeover in it
