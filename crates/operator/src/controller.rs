@@ -341,6 +341,20 @@ pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
         .filter(|p| p.meta().deletion_timestamp.is_none())
         .collect();
     policies.sort_by(|a, b| ClusterPolicy::activation_order_of(a.meta(), b.meta()));
+    if context
+        .caches
+        .unavailable_required()
+        .iter()
+        .any(|u| u.resource == POLICIES)
+    {
+        // An empty store the API refuses to fill is not a cluster without ClusterPolicies: acting on it
+        // would strip every node's deploy switches. The refusal is on /readyz and in the log; the listing
+        // that ends it starts a pass.
+        context
+            .metrics
+            .reconciled(ReconciliationStatus::PolicyUnavailable, now_seconds());
+        return Ok(RESYNC);
+    }
     let Some((active, others)) = policies.split_first() else {
         context
             .labelling
@@ -447,11 +461,26 @@ async fn reconcile_active(
             message: u.message,
         })
         .collect();
+    let refused: BTreeSet<String> = errors
+        .iter()
+        .filter_map(|error| match error {
+            ReconcileError::Watch { resource, .. } => Some(resource.clone()),
+            _ => None,
+        })
+        .collect();
     if leader && let Err(error) = label_namespace(context, validated.spec.psa_enabled()).await {
         warn!(reason = %error.reason(), %error, "cannot label the namespace for Pod Security; applying the rest");
         errors.push(error);
     }
     let nvidia_drivers_on = validated.spec.driver.use_nvidia_driver_crd();
+    // A store the API refuses to fill is empty, and an empty list is not the truth: what would follow from
+    // it is not done. Without the NVIDIADrivers (when they manage the driver) the labeller keeps its last
+    // inputs, or it would strip every node's driver owner; without them or the nodes nothing is pruned (the
+    // driver DaemonSets would go); without those, the pods or the DaemonSets the upgrade controller keeps its
+    // last pools. Everything else goes on.
+    let drivers_unknown = nvidia_drivers_on && refused.contains("nvidiadrivers.nvidia.com");
+    let keep_all = drivers_unknown || refused.contains("nodes");
+    let keep_upgrades = keep_all || refused.contains("pods") || refused.contains("daemonsets.apps");
     let drivers = context.caches.drivers.state();
     let nodes: Vec<Arc<Node>> = context.caches.nodes.state();
     let routing = if nvidia_drivers_on {
@@ -469,9 +498,11 @@ async fn reconcile_active(
                 .collect(),
         );
     }
-    context
-        .labelling
-        .send_if_modified(|current| replace(current, Some(Some(label_policy.clone()))));
+    if !drivers_unknown {
+        context
+            .labelling
+            .send_if_modified(|current| replace(current, Some(Some(label_policy.clone()))));
+    }
 
     let (mut facts, mut census) = cluster_facts(
         nodes.iter().map(|node| NodeFacts::of(node)),
@@ -543,7 +574,7 @@ async fn reconcile_active(
     let mut pools = upgrade_pools(context, &validated, &rendered);
     pools.extend(driver_plans.iter().filter_map(|plan| plan.pool.clone()));
     let awaiting_echo = if leader {
-        match apply_rendered(context, active, &rendered, &driver_plans, &pools).await {
+        match apply_rendered(context, active, &rendered, &driver_plans, &pools, keep_all).await {
             Ok(applied) => {
                 errors.extend(applied.refused);
                 applied.awaiting_echo
@@ -553,9 +584,11 @@ async fn reconcile_active(
     } else {
         false
     };
-    context
-        .upgrade_pools
-        .send_if_modified(|current| replace(current, Some(Upgrades::Pools(pools))));
+    if !keep_upgrades {
+        context
+            .upgrade_pools
+            .send_if_modified(|current| replace(current, Some(Upgrades::Pools(pools))));
+    }
 
     let daemonsets = context.caches.daemonsets.state();
     let pods = context.caches.pods.state();
@@ -765,6 +798,9 @@ async fn failed(
     }
 }
 
+/// The ClusterPolicies' resource as the caches track it.
+const POLICIES: &str = "clusterpolicies.nvidia.com";
+
 /// What [`apply_rendered`] did.
 struct AppliedPass {
     /// Some writes were skipped as not echoed yet: the pass must come back.
@@ -786,6 +822,7 @@ async fn apply_rendered(
     rendered: &Rendered,
     drivers: &[DriverPlan],
     pools: &[UpgradePool],
+    keep_all: bool,
 ) -> Result<AppliedPass, ReconcileError> {
     let owner = apply::owner_reference(policy);
     let driver_owners: Vec<_> = drivers
@@ -824,14 +861,19 @@ async fn apply_rendered(
         policy: policy.name_any(),
         message: error.to_string(),
     })?;
-    // Objects of a kind the caches cannot watch are not written: nothing would tell what is live, so each
-    // pass would write them again. The status already names the resource (ReconcileError::Watch).
+    // Objects of a kind the caches cannot watch (required or optional) are not written: nothing would tell
+    // what is live, so each pass would write them again. The status already names a required resource
+    // (ReconcileError::Watch). With the nodes or the NVIDIADrivers refused, nothing is deleted.
     let unwatched: BTreeSet<String> = context
         .caches
-        .unavailable_required()
+        .availability
+        .unavailable(true)
         .into_iter()
         .map(|u| u.resource)
         .collect();
+    if keep_all {
+        plan.delete.clear();
+    }
     plan.apply.retain(|((kind, _, _), _, _)| {
         apply::MANAGED_KINDS
             .iter()

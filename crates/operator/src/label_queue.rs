@@ -376,9 +376,11 @@ pub async fn run_labeller(
                 }
             }
             now_leading = leadership.changed() => {
-                if now_leading && !leading {
+                // Leading again, even after a loss this loop did not see: writes refused meanwhile were
+                // dropped, so every node is looked at again.
+                if now_leading {
                     queue.add_all(all_nodes(&context).iter().map(String::as_str), now());
-                } else if !now_leading {
+                } else {
                     queue.clear();
                     unconfirmed.clear();
                 }

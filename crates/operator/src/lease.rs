@@ -181,12 +181,18 @@ impl Term {
 )]
 pub struct NotLeader;
 
-/// Whether `error`, or any error it was caused by, is [`NotLeader`]: a write this replica did not send
-/// because it does not lead, which is no failure to log or retry.
+/// Whether `error`, or any error it was caused by, is [`NotLeader`] (a write this replica did not send
+/// because it does not lead) or a write abandoned when its leadership ended: no failure to log or retry.
 pub fn is_not_leader(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut current = Some(error);
     while let Some(error) = current {
         if error.is::<NotLeader>() {
+            return true;
+        }
+        // A write cut off because the leadership ended while it waited for its answer.
+        if let Some(timed_out) = error.downcast_ref::<crate::api_client::TimedOut>()
+            && timed_out.leadership_ended
+        {
             return true;
         }
         current = error.source();
@@ -274,6 +280,13 @@ impl Leadership {
     pub async fn changed(&mut self) -> bool {
         let leading = self.is_leader();
         let before = *self.seen.get_or_insert(leading);
+        // A start or an end of leadership was announced since the last call (an extension is not): both
+        // may have happened while the caller was busy, leaving the same answer but a pass to make.
+        if self.receiver.has_changed().unwrap_or(false) {
+            self.receiver.borrow_and_update();
+            self.seen = Some(leading);
+            return leading;
+        }
         loop {
             let now = self.is_leader();
             if now != before {
@@ -637,27 +650,32 @@ mod tests {
     async fn a_change_while_the_caller_was_busy_is_reported_by_the_next_wait() {
         let (set, mut leadership) = Leadership::for_tests();
         set(Some(Duration::from_secs(10)));
-        let waited = tokio::time::timeout(Duration::from_millis(1), leadership.changed()).await;
-        assert!(waited.is_err(), "leading, and nothing changes");
-        // Busy in a pass: the deadline passes, then a renewal starts a new term.
+        let wait = |leadership: &mut Leadership| {
+            let mut leadership = leadership.clone();
+            async move {
+                let answer = tokio::time::timeout(Duration::from_millis(1), leadership.changed()).await;
+                (answer, leadership)
+            }
+        };
+        let (started, mut leadership_after) = wait(&mut leadership).await;
+        assert_eq!(started, Ok(true), "the start of leadership");
+        let (quiet, after) = wait(&mut leadership_after).await;
+        assert!(quiet.is_err(), "leading, and nothing changes");
+        leadership = after;
+        // Busy in a pass: the deadline passes unannounced.
         tokio::time::advance(Duration::from_secs(11)).await;
-        let lost = tokio::time::timeout(Duration::from_millis(1), leadership.changed()).await;
+        let (lost, after) = wait(&mut leadership).await;
         assert_eq!(lost, Ok(false), "the deadline that passed while busy");
+        leadership = after;
         set(Some(Duration::from_secs(10)));
+        let (won, after) = wait(&mut leadership).await;
+        assert_eq!(won, Ok(true), "leading again");
+        leadership = after;
+        // Busy again: the leadership ends and starts again; the answer is the same, but a pass is due.
         set(None);
         set(Some(Duration::from_secs(10)));
-        let won = tokio::time::timeout(Duration::from_millis(1), leadership.changed()).await;
-        assert_eq!(
-            won,
-            Ok(true),
-            "leading again, although the last change seen was to lead"
-        );
-        let renewed = tokio::time::timeout(Duration::from_secs(5), async {
-            set(Some(Duration::from_secs(10)));
-            leadership.changed().await
-        })
-        .await;
-        assert!(renewed.is_err(), "a renewal alone is no change");
+        let (again, _) = wait(&mut leadership).await;
+        assert_eq!(again, Ok(true), "lost and won again while busy");
     }
 
     #[test]
@@ -666,6 +684,19 @@ mod tests {
         assert!(is_not_leader(&wrapped));
         let other = kube::Error::Service("connection reset".into());
         assert!(!is_not_leader(&other));
+        let cut_off = |leadership_ended| {
+            kube::Error::Service(Box::new(crate::api_client::TimedOut {
+                method: "PATCH".into(),
+                path: "/api/v1/nodes/gpu-0".into(),
+                limit: Duration::from_secs(3),
+                leadership_ended,
+            }))
+        };
+        assert!(
+            is_not_leader(&cut_off(true)),
+            "abandoned when the leadership ended"
+        );
+        assert!(!is_not_leader(&cut_off(false)), "a plain timeout is a failure");
     }
 
     /// Two replicas elect on the fake server; the leader's lease requests then hang. Sampled every 100 ms

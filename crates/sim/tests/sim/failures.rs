@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
 use gpuop_api::ClusterPolicy;
+use gpuop_api::labels::DEPLOY_PREFIX;
 use gpuop_api::status::{CONDITION_ERROR, State};
 use gpuop_fakeserver::{Authorization, FakeServer};
 use gpuop_operator::run::{self, Config, Running};
@@ -14,7 +15,7 @@ use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install};
 use gpuop_sim::hardware::GpuModel;
 use gpuop_sim::kubelet::Timing;
 use gpuop_sim::simulation::Simulation;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -543,6 +544,80 @@ async fn an_active_policy_that_does_not_decode_is_reported_and_nothing_is_applie
         managed.is_empty(),
         "nothing is applied for a policy that cannot be read: {:?}",
         managed.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
+    );
+    setup.stop().await;
+}
+
+#[tokio::test]
+async fn an_operator_that_may_not_list_cluster_policies_changes_nothing_it_finds() {
+    let server = FakeServer::builder().authorization(Authorization::Rbac).build();
+    let admin = server.client_as(gpuop_sim::USER_AGENT);
+    install(&admin).await.expect("CRDs and namespace install");
+    let mut setup = Setup::start(
+        admin.clone(),
+        server.client_as(gpuop_operator::USER_AGENT),
+        vec![pool("gpu", 1, Some(GpuModel::T4))],
+    )
+    .await;
+    apply_policy(&admin, DEFAULT_POLICY)
+        .await
+        .expect("policy applies");
+    until("the operands run", || async {
+        let operands = setup.operands_on("gpu-0").await?;
+        if operands.contains("device-plugin") {
+            Ok(())
+        } else {
+            Err(format!("{operands:?}"))
+        }
+    })
+    .await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let switches = || async {
+        let node = nodes.get("gpu-0").await.expect("gpu-0");
+        let switches: BTreeSet<(String, String)> = node
+            .labels()
+            .iter()
+            .filter(|(key, _)| key.starts_with(DEPLOY_PREFIX))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect();
+        switches
+    };
+    let before_restart = switches().await;
+    assert!(before_restart.contains(&(format!("{DEPLOY_PREFIX}device-plugin"), "true".to_owned())));
+    // A restart whose permissions do not let it list ClusterPolicies (yet: a binding the API server's
+    // authorizer has not caught up with): its empty store is no cluster without a policy.
+    let restricted = operator_allowed(&server, &admin, &[], &["clusterpolicies"]).await;
+    let config = Config {
+        health_address: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+        ..Config::in_process(NAMESPACE)
+    };
+    let restarted = run::start(restricted, config).await.expect("operator starts");
+    std::mem::replace(&mut setup.operator, restarted).stop().await;
+    until("/readyz names the refused ClusterPolicies", || async {
+        let (status, body) = http_get(setup.health(), "/readyz").await?;
+        if status.contains("503") && body.contains("clusterpolicies.nvidia.com: Forbidden") {
+            Ok(())
+        } else {
+            Err(format!("{status}: {body}"))
+        }
+    })
+    .await;
+    let before = server.requests();
+    tokio::time::sleep(gpuop_operator::STEADY_STATE_WINDOW).await;
+    let writes = server.requests().since(&before);
+    assert_eq!(
+        writes.writes_by(gpuop_sim::product_token(gpuop_operator::USER_AGENT)),
+        0,
+        "{:?}",
+        writes.iter().collect::<Vec<_>>()
+    );
+    assert_eq!(switches().await, before_restart, "the deploy switches stay");
+    assert!(
+        setup
+            .operands_on("gpu-0")
+            .await
+            .expect("pods")
+            .contains("device-plugin")
     );
     setup.stop().await;
 }
