@@ -95,11 +95,6 @@ impl Running {
             let _ = task.await;
         }
     }
-
-    /// Resolves when the operator is asked to stop.
-    pub fn stopping(&self) -> CancellationToken {
-        self.shutdown.clone()
-    }
 }
 
 /// Why the operator could not start.
