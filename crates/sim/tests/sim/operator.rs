@@ -728,6 +728,26 @@ async fn a_restarted_operator_converges_without_duplicates_and_then_writes_nothi
         .collect();
     assert!(orphans.is_empty(), "DaemonSets without their owner: {orphans:?}");
 
+    // Converged includes the upgrade controller's last step: the sample policy turns automatic driver
+    // upgrades on, and it marks each node `upgrade-done` once its driver pod runs the latest revision.
+    cluster
+        .until("every node is marked upgrade-done", || async {
+            let nodes = Api::<Node>::all(cluster.client.clone())
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let states: Vec<Option<&String>> = nodes
+                .items
+                .iter()
+                .map(|n| n.labels().get(UPGRADE_STATE))
+                .collect();
+            if states.iter().all(|s| s.is_some_and(|s| s == "upgrade-done")) {
+                Ok(())
+            } else {
+                Err(format!("{states:?}"))
+            }
+        })
+        .await;
     // Steady state: nothing changes, so the operator writes nothing, not even a write it trusted and would
     // repeat when the window it trusts an unconfirmed write for ends.
     let before = cluster.server.requests();
