@@ -801,15 +801,7 @@ async fn a_persons_edit_of_a_managed_daemonset_is_reverted_with_an_event_and_the
     let name = "nvidia-device-plugin-daemonset";
     let daemonsets: Api<DaemonSet> = Api::namespaced(cluster.client.clone(), NAMESPACE);
     let image = |ds: &DaemonSet| {
-        let container = &ds
-            .spec
-            .as_ref()
-            .unwrap()
-            .template
-            .spec
-            .as_ref()
-            .unwrap()
-            .containers[0];
+        let container = first_container(ds);
         (
             container.name.clone(),
             container.image.clone().unwrap_or_default(),
@@ -908,15 +900,7 @@ async fn a_persons_edit_of_a_managed_daemonset_is_reverted_with_an_event_and_the
     // `kubectl edit` deleting an env var the operator sets: nobody owns it afterwards, it is put back too.
     // Env vars are keyed by name: the one put back may come back at another place in the list.
     let env_names = |ds: &DaemonSet| -> BTreeSet<String> {
-        let container = &ds
-            .spec
-            .as_ref()
-            .unwrap()
-            .template
-            .spec
-            .as_ref()
-            .unwrap()
-            .containers[0];
+        let container = first_container(ds);
         container.env.iter().flatten().map(|e| e.name.clone()).collect()
     };
     let rendered_env = env_names(&daemonsets.get(name).await.unwrap());
@@ -1108,6 +1092,15 @@ async fn a_leader_whose_renewals_hang_writes_nothing_once_another_takes_over() {
     first.stop().await;
     second.stop().await;
     cluster.stop().await;
+}
+
+/// The DaemonSet's first container (operand DaemonSets all have one).
+fn first_container(ds: &DaemonSet) -> &k8s_openapi::api::core::v1::Container {
+    ds.spec
+        .as_ref()
+        .and_then(|spec| spec.template.spec.as_ref())
+        .and_then(|pod| pod.containers.first())
+        .expect("a DaemonSet with a container")
 }
 
 /// Every operand of [`CONTAINER_STACK`] runs Ready on each of `nodes`, in pods last changed no later than
