@@ -302,6 +302,7 @@ pub async fn run_policies(context: Arc<Context>, shutdown: CancellationToken) {
             }
         }
         last_pass = Some(Instant::now());
+        context.metrics.policy_pass();
         match reconcile(&context).await {
             Ok(next) => {
                 failures = 0;
@@ -555,6 +556,7 @@ async fn reconcile_active(
             return Ok(written.deferred.unwrap_or(RESYNC));
         }
     };
+    context.metrics.objects_rendered(rendered.objects.len());
     let host_root = NvidiaDriverFacts::host_root_of(Some(&validated.spec));
     let driver_plans = drivers::plan(
         &drivers,
@@ -571,6 +573,9 @@ async fn reconcile_active(
             validation_timeout_seconds: context.upgrade_validation_timeout_seconds,
         },
     );
+    context
+        .metrics
+        .objects_rendered(driver_plans.iter().map(|plan| plan.rendered.objects.len()).sum());
     let mut pools = upgrade_pools(context, &validated, &rendered);
     pools.extend(driver_plans.iter().filter_map(|plan| plan.pool.clone()));
     let awaiting_echo = if leader {

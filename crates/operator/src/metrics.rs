@@ -33,6 +33,44 @@ pub struct Metrics {
     leader: AtomicI64,
     upgrades: Mutex<gpuop_api::upgrade::UpgradeCounts>,
     operands: Mutex<BTreeMap<String, (i64, i64)>>,
+    work: WorkCounters,
+}
+
+/// How much work the controllers did, counted where it is done: what the scale tests and benchmarks read
+/// to tell whether the operator's cost follows what changed or the cluster's size.
+#[derive(Debug, Default)]
+struct WorkCounters {
+    policy_passes: AtomicU64,
+    upgrade_passes: AtomicU64,
+    nodes_judged: AtomicU64,
+    objects_rendered: AtomicU64,
+}
+
+/// A reading of the work counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Work {
+    /// Passes of the policy reconciler.
+    pub policy_passes: u64,
+    /// Passes of the upgrade controller.
+    pub upgrade_passes: u64,
+    /// Node judgements made: a node's facts or its placement against an operand's pod template derived
+    /// anew (a judgement reused because nothing it reads changed is not counted).
+    pub nodes_judged: u64,
+    /// Objects rendered (each manifest of each render).
+    pub objects_rendered: u64,
+}
+
+impl std::ops::Sub for Work {
+    type Output = Work;
+
+    fn sub(self, earlier: Work) -> Work {
+        Work {
+            policy_passes: self.policy_passes.saturating_sub(earlier.policy_passes),
+            upgrade_passes: self.upgrade_passes.saturating_sub(earlier.upgrade_passes),
+            nodes_judged: self.nodes_judged.saturating_sub(earlier.nodes_judged),
+            objects_rendered: self.objects_rendered.saturating_sub(earlier.objects_rendered),
+        }
+    }
 }
 
 impl Metrics {
@@ -88,6 +126,39 @@ impl Metrics {
             .operands
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = counts;
+    }
+
+    /// Counts a pass of the policy reconciler.
+    pub fn policy_pass(&self) {
+        self.work.policy_passes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a pass of the upgrade controller.
+    pub fn upgrade_pass(&self) {
+        self.work.upgrade_passes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts node judgements made anew.
+    pub fn nodes_judged(&self, count: usize) {
+        self.work.nodes_judged.fetch_add(count as u64, Ordering::Relaxed);
+    }
+
+    /// Counts rendered objects.
+    pub fn objects_rendered(&self, count: usize) {
+        self.work
+            .objects_rendered
+            .fetch_add(count as u64, Ordering::Relaxed);
+    }
+
+    /// The work counted so far.
+    pub fn work(&self) -> Work {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        Work {
+            policy_passes: load(&self.work.policy_passes),
+            upgrade_passes: load(&self.work.upgrade_passes),
+            nodes_judged: load(&self.work.nodes_judged),
+            objects_rendered: load(&self.work.objects_rendered),
+        }
     }
 
     /// The Prometheus text exposition (format 0.0.4).
@@ -191,6 +262,31 @@ impl Metrics {
             "1 if this replica holds the leader lease, 0 otherwise",
             load(&self.leader),
         );
+        let work = self.work();
+        for (name, help, value) in [
+            (
+                "work_policy_passes_total",
+                "Passes of the policy reconciler",
+                work.policy_passes,
+            ),
+            (
+                "work_upgrade_passes_total",
+                "Passes of the upgrade controller",
+                work.upgrade_passes,
+            ),
+            (
+                "work_nodes_judged_total",
+                "Node facts and placements derived anew (reused judgements are not counted)",
+                work.nodes_judged,
+            ),
+            (
+                "work_objects_rendered_total",
+                "Objects rendered",
+                work.objects_rendered,
+            ),
+        ] {
+            counter(&mut out, name, help, value);
+        }
         let operands = self
             .operands
             .lock()

@@ -136,6 +136,7 @@ pub async fn run_upgrades(context: Arc<Context>, shutdown: CancellationToken) {
 
 /// One pass over every pool; returns how long to wait for a change before the next.
 async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> Duration {
+    context.metrics.upgrade_pass();
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     memory.patched.retain(|_, (_, _, at)| at.elapsed() < IN_FLIGHT);
     memory.deleted.retain(|_, at| at.elapsed() < IN_FLIGHT);
