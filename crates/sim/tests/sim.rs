@@ -14,6 +14,8 @@
 //! - `labeller`: the node labeller when a node changes between its read and its write;
 //! - `workloads`: GPU workloads, their disruption budgets and evictions, and scenario actions on objects;
 //! - `upgrade`: the operator upgrading drivers node by node under running workloads, and NVIDIADriver pools;
+//! - `scale`: in a converged 2,000-node cluster the operator's work follows what changed, not the cluster's
+//!   size, and unrelated node churn wakes nothing;
 //! - `chaos`: `gpu-sim chaos` on a few short seeds, two operator replicas under injected faults;
 //! - `docs`: every console example in `README.md` and `docs/` run as written, its shown output checked.
 
@@ -39,6 +41,8 @@ mod migrate;
 mod operator;
 #[path = "sim/rbac.rs"]
 mod rbac;
+#[path = "sim/scale.rs"]
+mod scale;
 #[path = "sim/scenarios.rs"]
 mod scenarios;
 #[path = "../../../scripts/tools.rs"]

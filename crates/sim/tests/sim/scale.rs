@@ -1,0 +1,290 @@
+//! Scale tests that guard the design, not the clock: in a converged 2,000-GPU-node cluster the operator's
+//! work (passes, node judgements, rendered objects, requests) for one change must not grow with the
+//! cluster, and changes no GPU operator reads must cause no work at all.
+//!
+//! The cluster is played at no cost: the nodes are stored directly, and once the operator has labelled
+//! them and applied its DaemonSets the test stores, as the DaemonSet controller and the kubelets would, one
+//! Ready pod of each DaemonSet's single revision on every node its template fits. Only the operator does
+//! real work, and its counters (`Metrics::work`) and the server's request counts are what is asserted.
+
+use std::time::Duration;
+
+use gpuop_api::ClusterPolicy;
+use gpuop_api::labels::UPGRADE_STATE;
+use gpuop_api::placement::daemon_pod_fits;
+use gpuop_api::status::State;
+use gpuop_fakeserver::FakeServer;
+use gpuop_operator::metrics::Work;
+use gpuop_operator::run::{self, Config, Running};
+use gpuop_sim::cluster_spec::node_object;
+use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+use crate::operator::{pool, until};
+
+const NODES: u32 = 2_000;
+const REVISION: &str = "rev1";
+
+struct Converged {
+    server: FakeServer,
+    client: Client,
+    operator: Running,
+}
+
+/// Stores `NODES` GPU nodes, starts the operator, applies the sample policy and plays the DaemonSet
+/// controller and the kubelets until the policy is `ready` and every node's driver upgrade is done.
+async fn converged() -> Converged {
+    let server = FakeServer::new();
+    let client = server.client_as(gpuop_sim::USER_AGENT);
+    install(&client).await.expect("CRDs and namespace install");
+    let gpu_pool = pool("gpu", NODES, Some(gpuop_sim::hardware::GpuModel::H100_80GB));
+    for index in 0..NODES {
+        let node = node_object(&format!("gpu-{index}"), &gpu_pool, true, index);
+        server
+            .insert(serde_json::to_value(node).expect("a node serializes"))
+            .expect("node stored");
+    }
+    let operator = run::start(
+        server.client_as(gpuop_operator::USER_AGENT),
+        Config::in_process(NAMESPACE),
+    )
+    .await
+    .expect("operator starts");
+    apply_policy(&client, DEFAULT_POLICY).await.expect("policy applied");
+
+    let nodes: Api<Node> = Api::all(client.clone());
+    until("every node carries its deploy switches", || async {
+        let unlabelled = nodes
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .iter()
+            .filter(|n| !n.labels().contains_key("nvidia.com/gpu.deploy.driver"))
+            .count();
+        (unlabelled == 0)
+            .then_some(())
+            .ok_or(format!("{unlabelled} nodes unlabelled"))
+    })
+    .await;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
+    until("the operator's DaemonSets exist", || async {
+        let count = daemonsets
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .len();
+        (count >= 7).then_some(()).ok_or(format!("{count} DaemonSets"))
+    })
+    .await;
+    let nodes = nodes.list(&ListParams::default()).await.expect("nodes list").items;
+    for daemonset in daemonsets.list(&ListParams::default()).await.expect("list").items {
+        play_daemonset(&server, &daemonset, &nodes);
+    }
+
+    let policies: Api<ClusterPolicy> = Api::all(client.clone());
+    let all_nodes: Api<Node> = Api::all(client.clone());
+    until("the policy is ready and every driver upgrade done", || async {
+        let policy = policies
+            .get("cluster-policy")
+            .await
+            .map_err(|e| e.to_string())?;
+        let state = policy.status.map(|s| s.state);
+        if state != Some(State::Ready) {
+            return Err(format!("state {state:?}"));
+        }
+        let pending = all_nodes
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .iter()
+            .filter(|n| n.labels().get(UPGRADE_STATE).map(String::as_str) != Some("upgrade-done"))
+            .count();
+        (pending == 0)
+            .then_some(())
+            .ok_or(format!("{pending} nodes not upgrade-done"))
+    })
+    .await;
+    Converged {
+        server,
+        client,
+        operator,
+    }
+}
+
+/// Stores the DaemonSet's only ControllerRevision and a Running, Ready pod of it on every node it fits.
+fn play_daemonset(server: &FakeServer, daemonset: &DaemonSet, nodes: &[Node]) {
+    let name = daemonset.name_any();
+    let uid = daemonset.uid().expect("a stored DaemonSet has a uid");
+    let owner = json!([{
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "name": name, "uid": uid,
+        "controller": true, "blockOwnerDeletion": true,
+    }]);
+    server
+        .insert(json!({
+            "apiVersion": "apps/v1", "kind": "ControllerRevision",
+            "metadata": {
+                "name": format!("{name}-{REVISION}"), "namespace": NAMESPACE,
+                "labels": {"controller-revision-hash": REVISION}, "ownerReferences": owner,
+            },
+            "revision": 1,
+        }))
+        .expect("revision stored");
+    let template = &daemonset.spec.as_ref().expect("spec").template;
+    let spec = template.spec.clone().expect("template spec");
+    let mut labels = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    labels.insert("controller-revision-hash".into(), REVISION.into());
+    for node in nodes.iter().filter(|node| daemon_pod_fits(node, &spec).is_ok()) {
+        let node_name = node.name_any();
+        let mut pod_spec = spec.clone();
+        pod_spec.node_name = Some(node_name.clone());
+        server
+            .insert(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {
+                    "name": format!("{name}-{node_name}"), "namespace": NAMESPACE,
+                    "labels": labels, "ownerReferences": owner,
+                },
+                "spec": pod_spec,
+                "status": ready_status(true),
+            }))
+            .expect("pod stored");
+    }
+}
+
+fn ready_status(ready: bool) -> serde_json::Value {
+    let status = if ready { "True" } else { "False" };
+    json!({
+        "phase": "Running",
+        "conditions": [
+            {"type": "Ready", "status": status, "lastTransitionTime": "2026-12-01T00:00:00Z"},
+            {"type": "ContainersReady", "status": status, "lastTransitionTime": "2026-12-01T00:00:00Z"},
+        ],
+    })
+}
+
+async fn policy_state(client: &Client) -> Option<State> {
+    let policies: Api<ClusterPolicy> = Api::all(client.clone());
+    policies
+        .get("cluster-policy")
+        .await
+        .ok()
+        .and_then(|p| p.status)
+        .map(|s| s.state)
+}
+
+async fn set_ready(client: &Client, pod: &str, ready: bool) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    pods.patch_status(
+        pod,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": ready_status(ready) })),
+    )
+    .await
+    .expect("pod status patched");
+}
+
+/// The operator's work and requests while `change` runs and until `settled` holds.
+async fn work_of<C, S, SF>(cluster: &Converged, change: C, mut settled: S) -> (Work, u64)
+where
+    C: std::future::Future<Output = ()>,
+    S: FnMut() -> SF,
+    SF: std::future::Future<Output = Result<(), String>>,
+{
+    let before = (cluster.operator.metrics.work(), cluster.server.requests());
+    change.await;
+    until("the operator settles", &mut settled).await;
+    let work = cluster.operator.metrics.work() - before.0;
+    let requests = cluster
+        .server
+        .requests()
+        .since(&before.1)
+        .by_client("gpu-operator-rs");
+    (work, requests)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_2000_node_cluster_the_operators_work_follows_what_changed() {
+    let cluster = converged().await;
+    let client = cluster.client.clone();
+    let pod = format!("nvidia-device-plugin-daemonset-gpu-{}", NODES / 2);
+
+    // One pod stops being ready: the status says so.
+    let (lost, _) = work_of(&cluster, set_ready(&client, &pod, false), || async {
+        match policy_state(&client).await {
+            Some(State::NotReady) => Ok(()),
+            other => Err(format!("state {other:?}")),
+        }
+    })
+    .await;
+    // It becomes ready again: that is all the operator may work on.
+    let (regained, requests) = work_of(&cluster, set_ready(&client, &pod, true), || async {
+        match policy_state(&client).await {
+            Some(State::Ready) => Ok(()),
+            other => Err(format!("state {other:?}")),
+        }
+    })
+    .await;
+    for (what, work) in [("pod lost", lost), ("pod regained", regained)] {
+        assert!(work.policy_passes <= 3, "{what}: {work:?}");
+        assert!(work.upgrade_passes <= 3, "{what}: {work:?}");
+        assert!(
+            work.nodes_judged <= 10,
+            "{what}: one pod changed but the operator judged {} nodes: {work:?}",
+            work.nodes_judged
+        );
+        assert_eq!(work.objects_rendered, 0, "{what}: nothing to render: {work:?}");
+    }
+    assert!(requests <= 2, "one status write expected, saw {requests} requests");
+
+    // Unrelated churn on a tenth of the nodes, every second, for longer than every trust window: heartbeats
+    // and labels no GPU operator reads. Nothing may wake.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let before = (cluster.operator.metrics.work(), cluster.server.requests());
+    let started = tokio::time::Instant::now();
+    let mut round = 0u32;
+    while started.elapsed() < gpuop_operator::STEADY_STATE_WINDOW + Duration::from_secs(1) {
+        for index in (round % 10..NODES).step_by(10) {
+            let patch = json!({"metadata": {
+                "labels": {"example.com/churn": round.to_string()},
+                "annotations": {"example.com/last-seen": round.to_string()},
+            }});
+            nodes
+                .patch(&format!("gpu-{index}"), &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .expect("node patched");
+            let heartbeat = json!({"status": {"conditions": [{
+                "type": "Ready", "status": "True", "reason": "KubeletReady",
+                "lastHeartbeatTime": format!("2026-12-01T00:00:{:02}Z", round % 60),
+            }]}});
+            nodes
+                .patch_status(&format!("gpu-{index}"), &PatchParams::default(), &Patch::Strategic(heartbeat))
+                .await
+                .expect("node status patched");
+        }
+        round += 1;
+    }
+    let work = cluster.operator.metrics.work() - before.0;
+    let requests = cluster.server.requests().since(&before.1);
+    assert_eq!(
+        (work.policy_passes, work.upgrade_passes, work.nodes_judged),
+        (0, 0, 0),
+        "{round} rounds of unrelated churn woke the operator: {work:?}"
+    );
+    assert_eq!(
+        requests.by_client("gpu-operator-rs"),
+        0,
+        "unrelated churn made the operator write: {requests:?}"
+    );
+    cluster.operator.stop().await;
+}
