@@ -1,8 +1,10 @@
-//! The operator's view of the cluster: one reflector per kind it reads, each holding only what the
-//! decisions need. Nodes keep their labels, annotations, taints, cordon flag and node info (no images, no
-//! managed fields); pods of the operator namespace keep their owner, node and readiness; managed objects of
-//! every rendered kind keep only their metadata, with the main resource's managed fields (drift detection,
-//! [`crate::drift`]). Every change wakes the policy reconciler.
+//! The operator's view of the cluster: one watch per kind it reads, each holding only what the decisions
+//! need. Nodes and the operator namespace's pods are kept as compact projections ([`NodeCache`],
+//! [`PodCache`]; what they keep: [`crate::projection`]), and only a change of a projection wakes the
+//! controllers (and, for a node, the labeller): a heartbeat or an unrelated label wakes nobody. Managed
+//! objects of every rendered kind keep only their metadata, with the main resource's managed fields (drift
+//! detection, [`crate::drift`]); every change of those, of the policies, NVIDIADrivers, DaemonSets and
+//! ControllerRevisions wakes the controllers.
 //!
 //! Each resource's access is tracked on its own ([`Availability`]): one the API refuses to list (a missing
 //! CRD: `NotFound`; a missing permission: `Forbidden`) is reported by name and reason, in the log, on
@@ -570,6 +572,11 @@ struct NodeRelist {
 }
 
 impl NodeTable {
+    /// Every record.
+    pub fn records(&self) -> Vec<Arc<NodeRecord>> {
+        self.nodes.values().cloned().collect()
+    }
+
     /// Takes in one event of the node watch; says what the labeller is to hear of it: a node whose record
     /// changed, or a completed relist (once the table holds the new list, so that nothing is judged
     /// against the old one). An event that changes nothing a record keeps tells nothing.
@@ -697,15 +704,6 @@ impl NodeCache {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         NodeRecord::project(node, &keys, &mut interner)
     }
-
-    /// A cache filled by hand (tests, measurements).
-    pub fn from_table(table: NodeTable, interner: Arc<Mutex<Interner>>) -> Self {
-        Self {
-            table: Arc::new(RwLock::new(table)),
-            relist: Arc::default(),
-            interner,
-        }
-    }
 }
 
 /// Follows the node watch into `cache`: every node whose record changed, and every relist, goes to the
@@ -799,11 +797,6 @@ impl PodTable {
             }
         }
     }
-
-    /// Adds a pod (tests, measurements).
-    pub fn insert(&mut self, record: PodRecord) {
-        self.pods.insert(record.name.clone(), Arc::new(record));
-    }
 }
 
 impl PodCache {
@@ -823,14 +816,6 @@ impl PodCache {
             .values()
             .cloned()
             .collect()
-    }
-
-    /// A cache filled by hand (tests, measurements).
-    pub fn from_table(table: PodTable, interner: Arc<Mutex<Interner>>) -> Self {
-        Self {
-            table: Arc::new(RwLock::new(table)),
-            interner,
-        }
     }
 }
 
@@ -1006,9 +991,9 @@ mod tests {
         );
     }
 
-    /// The projection keeps the labels rules read and none of NFD's hundred others; an NFD label an
-    /// NVIDIADriver selects on is kept once the cache is told of it, after a relist, and only then does the
-    /// selector match.
+    /// The projection keeps the labels rules read and none of NFD's hundred others nor the cloud
+    /// provider's; an NFD label an NVIDIADriver selects on is kept once the cache is told of it, after a
+    /// relist, and only then does the selector match.
     #[test]
     fn an_nfd_key_a_selector_names_is_kept_after_a_relist() {
         let interner = Arc::new(Mutex::new(Interner::default()));
@@ -1052,10 +1037,22 @@ mod tests {
                 "feature.node.kubernetes.io/pci-10de.present",
                 "feature.node.kubernetes.io/system-os_release.ID",
                 "nvidia.com/gpu.product",
-                "topology.kubernetes.io/zone",
             ]
         );
         assert!(record.nfd_labels);
+
+        // A label the labeller's record names is kept whatever its key: the labeller may remove it.
+        let mut recorded = listed.clone();
+        recorded.metadata.annotations = Some(
+            [(
+                crate::labeler::OWNED_LABELS.to_owned(),
+                "topology.kubernetes.io/zone=a,nvidia.com/gpu.present=true".to_owned(),
+            )]
+            .into(),
+        );
+        let mut scratch = Interner::default();
+        let record = NodeRecord::project(&recorded, &NodeKeys::default(), &mut scratch);
+        assert_eq!(record.label("topology.kubernetes.io/zone"), Some("a"));
 
         let driver: NVIDIADriver = serde_json::from_value(serde_json::json!({
             "apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
@@ -1119,6 +1116,22 @@ mod tests {
             Arc::ptr_eq(plugin.node.as_ref().unwrap(), driver.node.as_ref().unwrap()),
             "node names are shared"
         );
+    }
+
+    /// A pod's status write that changes nothing kept (a new IP, a container's start time) wakes nobody;
+    /// it becoming ready does.
+    #[test]
+    fn a_pod_event_wakes_the_controllers_only_when_what_is_kept_changed() {
+        let mut table = PodTable::default();
+        let mut interner = Interner::default();
+        let mut plugin = pod("nvidia-device-plugin");
+        plugin.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+        assert!(table.apply(&watcher::Event::Apply(plugin.clone()), &mut interner));
+        plugin.metadata.resource_version = Some("2".into());
+        plugin.status.as_mut().unwrap().pod_ip = Some("10.1.0.7".into());
+        assert!(!table.apply(&watcher::Event::Apply(plugin.clone()), &mut interner));
+        plugin.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "True".into();
+        assert!(table.apply(&watcher::Event::Apply(plugin), &mut interner));
     }
 
     fn refused(code: u16, reason: &str) -> Result<watcher::Event<()>, watcher::Error> {

@@ -129,3 +129,82 @@ impl Judgements {
         judged
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::projection::{Interner, NodeKeys};
+    use k8s_openapi::api::core::v1::Node;
+
+    fn node(name: &str, labels: &[(&str, &str)]) -> Node {
+        let mut node = Node::default();
+        node.metadata.name = Some(name.into());
+        node.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+        node
+    }
+
+    /// At 2,000 nodes: every node is judged once, then none while nothing changes, then the one whose
+    /// labels changed, then all when the labeller's inputs change.
+    #[test]
+    fn facts_are_judged_again_only_for_the_node_that_changed() {
+        let gpu = ("feature.node.kubernetes.io/pci-10de.present", "true");
+        let mut interner = Interner::default();
+        let keys = NodeKeys::default();
+        let mut nodes: Vec<Arc<NodeRecord>> = (0..2000)
+            .map(|i| {
+                let node = node(&format!("gpu-{i:04}"), &[gpu]);
+                Arc::new(NodeRecord::project(&node, &keys, &mut interner))
+            })
+            .collect();
+        let labelling = LabelPolicy::default();
+        let detection = GpuDetection::Nfd;
+        let mut judgements = Judgements::default();
+        assert_eq!(judgements.refresh_facts(&nodes, &labelling, &detection), 2000);
+        assert_eq!(judgements.facts().filter(|(_, f)| f.unlabelled).count(), 2000);
+        assert_eq!(judgements.refresh_facts(&nodes, &labelling, &detection), 0);
+
+        // The labeller's patch reaches one node.
+        let patch = crate::labeler::desired_labels(
+            &nodes[3].labels,
+            &nodes[3].annotations,
+            Some(&labelling),
+            &detection,
+        );
+        let mut labelled = node("gpu-0003", &[gpu]);
+        for (key, value) in patch.labels {
+            labelled
+                .metadata
+                .labels
+                .as_mut()
+                .unwrap()
+                .insert(key, value.unwrap());
+        }
+        for (key, value) in patch.annotations {
+            labelled
+                .metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(key, value.unwrap());
+        }
+        nodes[3] = Arc::new(NodeRecord::project(&labelled, &keys, &mut interner));
+        assert_eq!(judgements.refresh_facts(&nodes, &labelling, &detection), 1);
+        assert_eq!(judgements.facts().filter(|(_, f)| f.unlabelled).count(), 1999);
+        assert!(!judgements.facts_of("gpu-0003").unwrap().unlabelled);
+
+        // A node that goes is forgotten.
+        nodes.pop();
+        assert_eq!(judgements.refresh_facts(&nodes, &labelling, &detection), 0);
+        assert_eq!(judgements.facts().count(), 1999);
+
+        let migrating = LabelPolicy {
+            mig_manager: true,
+            ..LabelPolicy::default()
+        };
+        assert_eq!(judgements.refresh_facts(&nodes, &migrating, &detection), 1999);
+    }
+}

@@ -2,12 +2,14 @@
 //! with the strings thousands of objects share (label keys and values, node names, owner uids, revision
 //! hashes) interned. At 10,000 nodes the caches hold these instead of `k8s_openapi` objects.
 //!
-//! **What a node keeps** ([`NodeRecord::project`]): every label whose key is not under
-//! `feature.node.kubernetes.io/` (NFD writes a hundred or more of those per node), and of NFD's labels only
-//! those a rule reads: GPU detection's, the OS and kernel ones the facts read, and every key named by
-//! [`NodeKeys`] (the selectors of the rendered pod templates and of the NVIDIADrivers, which the caches are
-//! told of before any decision uses them: [`crate::caches::NodeCache::covers`]); whether it carries any NFD
-//! label at all (the census); the `nvidia.com/` annotations (the labeller's record of what it owns, the
+//! **What a node keeps** ([`NodeRecord::project`]): the labels a rule reads, and no other (a real node
+//! carries a hundred or more NFD labels and dozens from its cloud provider). Those are: every `nvidia.com/`
+//! label (the labeller's, GPU feature discovery's, the upgrade state machine's); NFD's NVIDIA PCI, OS and
+//! kernel labels (GPU detection, the facts); the labels the node's own record of what the labeller wrote
+//! names (the labeller may remove those); and every key named by [`NodeKeys`]: the selectors of the rendered
+//! pod templates, of the NVIDIADrivers and of `--gpu-node-selector`, which the caches are told of before
+//! any decision uses them ([`crate::caches::NodeCache::covers`]). Also whether it carries any NFD label at
+//! all (the census); the `nvidia.com/` annotations (the labeller's record of what it owns, the
 //! upgrade controller's); taints, cordon, Ready; the container runtime. The resourceVersion is kept beside
 //! the record ([`crate::caches::NodeCache::resource_version`]), so that a new version that changes nothing
 //! kept leaves the record, and every judgement made of it, as it was.
@@ -26,6 +28,8 @@ use gpuop_api::labels::{
 use gpuop_api::read::{Labels, NodeRead, PodRead};
 use gpuop_api::upgrade::observe::{REVISION_HASH, is_driver_pod};
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+
+use crate::labeler::OWNED_LABELS;
 
 /// A shared string.
 pub type Text = Arc<str>;
@@ -64,9 +68,9 @@ impl Interner {
     }
 }
 
-/// The NFD label keys (beyond the ones every node keeps) that a rule the operator evaluates reads: the
-/// selectors and affinities of the rendered pod templates, the NVIDIADrivers' node selectors, GPU
-/// detection's selector. Keys outside NFD's prefix are always kept and need not be named.
+/// The label keys (beyond the ones every node keeps: [`always_kept`]) that a selector the operator
+/// evaluates reads: the selectors and affinities of the rendered pod templates, the NVIDIADrivers' node
+/// selectors, GPU detection's selector.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeKeys(BTreeSet<String>);
 
@@ -78,10 +82,10 @@ impl NodeKeys {
         keys
     }
 
-    /// Adds keys (those outside NFD's prefix are always kept and are not recorded).
+    /// Adds keys (those every node keeps are not recorded).
     pub fn extend<'a>(&mut self, keys: impl IntoIterator<Item = &'a str>) {
         for key in keys {
-            if key.starts_with(NFD_PREFIX) && !always_kept_nfd(key) && !self.0.contains(key) {
+            if !always_kept(key) && !self.0.contains(key) {
                 self.0.insert(key.to_owned());
             }
         }
@@ -114,14 +118,16 @@ impl NodeKeys {
     }
 
     fn keeps(&self, key: &str) -> bool {
-        !key.starts_with(NFD_PREFIX) || always_kept_nfd(key) || self.0.contains(key)
+        always_kept(key) || self.0.contains(key)
     }
 }
 
-/// NFD keys the operator's own rules read on every node: NVIDIA PCI detection, the OS release and kernel
-/// (driver pools, precompiled drivers).
-fn always_kept_nfd(key: &str) -> bool {
-    NFD_NVIDIA_PCI.contains(&key)
+/// Label keys the operator's own rules read on any node: NVIDIA's (`nvidia.com/`: the labeller's deploy
+/// switches, GPU feature discovery's MIG and product labels, the upgrade state), and NFD's NVIDIA PCI
+/// detection, OS release and kernel (driver pools, precompiled drivers).
+pub fn always_kept(key: &str) -> bool {
+    key.starts_with(NVIDIA_PREFIX)
+        || NFD_NVIDIA_PCI.contains(&key)
         || [
             NFD_KERNEL_VERSION,
             NFD_OS_ID,
@@ -213,23 +219,34 @@ pub struct NodeRecord {
     pub runtime_version: Option<Text>,
 }
 
-/// Annotations a rule reads are all NVIDIA's (the labeller's record, the upgrade state machine's).
-const KEPT_ANNOTATION_PREFIX: &str = "nvidia.com/";
+/// Annotations a rule reads are all NVIDIA's (the labeller's record, the upgrade state machine's), and so
+/// are the labels the operator's rules read by name.
+const NVIDIA_PREFIX: &str = "nvidia.com/";
 
 impl NodeRecord {
     /// The projection of `node`, keeping the NFD labels `keys` names.
     pub fn project(node: &Node, keys: &NodeKeys, interner: &mut Interner) -> Self {
         let labels = node.metadata.labels.iter().flatten();
         let annotations = node.metadata.annotations.iter().flatten();
+        // The labeller removes or rewrites a label its record names, whatever the key.
+        let owned: Vec<&str> = node
+            .annotation(OWNED_LABELS)
+            .map(|pairs| {
+                pairs
+                    .split(',')
+                    .filter_map(|pair| pair.split_once('=').map(|(key, _)| key))
+                    .collect()
+            })
+            .unwrap_or_default();
         Self {
             name: interner.intern(NodeRead::name(node)),
             uid: node.metadata.uid.as_deref().map(Box::from),
-            labels: LabelTable::project(labels.clone(), |key| keys.keeps(key), interner),
-            annotations: LabelTable::project(
-                annotations,
-                |key| key.starts_with(KEPT_ANNOTATION_PREFIX),
+            labels: LabelTable::project(
+                labels.clone(),
+                |key| keys.keeps(key) || owned.contains(&key),
                 interner,
             ),
+            annotations: LabelTable::project(annotations, |key| key.starts_with(NVIDIA_PREFIX), interner),
             nfd_labels: labels.into_iter().any(|(key, _)| key.starts_with(NFD_PREFIX)),
             taints: node.taints().to_vec().into_boxed_slice(),
             unschedulable: node.unschedulable(),
