@@ -124,17 +124,17 @@ pub const VALIDATIONS_DIR: &str = "/run/nvidia/validations";
 
 /// Whether the node's GPUs support MIG, as NVIDIA's operator decides it: never on vGPU hosts; feature
 /// discovery's `nvidia.com/mig.capable` when present; else the product is an A100, A30 or H100.
-pub fn is_mig_capable(labels: &std::collections::BTreeMap<String, String>) -> bool {
+pub fn is_mig_capable(labels: &(impl crate::read::Labels + ?Sized)) -> bool {
     if labels
-        .get(VGPU_HOST_DRIVER_VERSION)
+        .get_label(VGPU_HOST_DRIVER_VERSION)
         .is_some_and(|v| !v.is_empty())
     {
         return false;
     }
-    if let Some(capable) = labels.get(MIG_CAPABLE) {
+    if let Some(capable) = labels.get_label(MIG_CAPABLE) {
         return capable == "true";
     }
-    labels.get(GPU_PRODUCT).is_some_and(|product| {
+    labels.get_label(GPU_PRODUCT).is_some_and(|product| {
         let product = product.to_lowercase();
         ["h100", "a100", "a30"]
             .iter()
@@ -161,12 +161,27 @@ pub enum GpuDetection {
 
 impl GpuDetection {
     /// Whether a node with these labels has an NVIDIA GPU.
-    pub fn has_gpu(&self, labels: &std::collections::BTreeMap<String, String>) -> bool {
-        let nfd = has_nfd_gpu(labels.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    pub fn has_gpu(&self, labels: &(impl crate::read::Labels + ?Sized)) -> bool {
+        let nfd = NFD_NVIDIA_PCI
+            .iter()
+            .any(|key| labels.get_label(key) == Some("true"));
         match self {
             GpuDetection::Nfd => nfd,
             GpuDetection::NfdOrSelector(selector) => nfd || selector.matches(labels),
         }
+    }
+
+    /// The label keys the rule reads.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        let selector = match self {
+            GpuDetection::Nfd => None,
+            GpuDetection::NfdOrSelector(selector) => Some(selector),
+        };
+        NFD_NVIDIA_PCI.iter().copied().chain(
+            selector
+                .into_iter()
+                .flat_map(|s| s.requirements().iter().map(crate::selector::Requirement::key)),
+        )
     }
 }
 

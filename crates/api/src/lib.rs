@@ -15,6 +15,7 @@ pub mod labels;
 pub mod manifest;
 pub mod nvidia_driver;
 pub mod placement;
+pub mod read;
 pub mod routing;
 pub mod schema;
 pub mod selector;

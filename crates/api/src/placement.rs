@@ -1,14 +1,15 @@
 //! Whether a pod can go to a node, with Kubernetes' rules: node selector, required node affinity, taints
 //! and tolerations, cordoned nodes. The operator counts the nodes an operand should run on with it, the
 //! simulator's DaemonSet controller and scheduler place pods with it, and the doctor judges with it; none of
-//! them counts from `desiredNumberScheduled`.
+//! them counts from `desiredNumberScheduled`. The rules read a node through [`NodeRead`]: a `k8s_openapi`
+//! Node or the operator's cache projection.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{
-    Node, NodeSelectorRequirement, NodeSelectorTerm, PodSpec, Taint, Toleration,
-};
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, PodSpec, Taint, Toleration};
+
+use crate::read::NodeRead;
 
 /// Why a pod cannot go to a node.
 #[derive(Clone, Debug, PartialEq)]
@@ -87,10 +88,10 @@ const DAEMONSET_TOLERATED: &[(&str, &str)] = &[
 
 /// Whether a DaemonSet pod with this spec belongs on the node (the DaemonSet controller's rule: cordoned
 /// nodes still get DaemonSet pods).
-pub fn daemon_pod_fits(node: &Node, spec: &PodSpec) -> Result<(), Misfit> {
+pub fn daemon_pod_fits(node: &(impl NodeRead + ?Sized), spec: &PodSpec) -> Result<(), Misfit> {
     selectors_fit(node, spec)?;
     let tolerations = spec.tolerations.as_deref().unwrap_or_default();
-    for taint in taints(node) {
+    for taint in node.taints() {
         let automatic = DAEMONSET_TOLERATED
             .iter()
             .any(|(key, effect)| taint.key == *key && taint.effect == *effect);
@@ -102,10 +103,10 @@ pub fn daemon_pod_fits(node: &Node, spec: &PodSpec) -> Result<(), Misfit> {
 }
 
 /// Whether an ordinary pod with this spec may be scheduled to the node (resources aside).
-pub fn pod_fits(node: &Node, spec: &PodSpec) -> Result<(), Misfit> {
+pub fn pod_fits(node: &(impl NodeRead + ?Sized), spec: &PodSpec) -> Result<(), Misfit> {
     selectors_fit(node, spec)?;
     let tolerations = spec.tolerations.as_deref().unwrap_or_default();
-    if node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
+    if node.unschedulable() {
         let cordon = Taint {
             key: "node.kubernetes.io/unschedulable".into(),
             effect: "NoSchedule".into(),
@@ -115,7 +116,7 @@ pub fn pod_fits(node: &Node, spec: &PodSpec) -> Result<(), Misfit> {
             return Err(Misfit::Unschedulable);
         }
     }
-    for taint in taints(node) {
+    for taint in node.taints() {
         if blocks(taint) && !tolerations.iter().any(|t| tolerates(t, taint)) {
             return Err(Misfit::Taint(taint.clone()));
         }
@@ -151,13 +152,20 @@ pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
 
 /// Whether the labels satisfy a node selector term's expressions (`matchFields` on `metadata.name` too).
 pub fn term_matches(term: &NodeSelectorTerm, name: &str, labels: &BTreeMap<String, String>) -> bool {
+    term_matches_with(term, name, |key| labels.get(key).map(String::as_str))
+}
+
+/// [`term_matches`], reading each label through `label`.
+pub fn term_matches_with<'a>(
+    term: &NodeSelectorTerm,
+    name: &str,
+    label: impl Fn(&str) -> Option<&'a str>,
+) -> bool {
     let expressions = term.match_expressions.as_deref().unwrap_or_default();
     let fields = term.match_fields.as_deref().unwrap_or_default();
     // A term with no requirements matches nothing, as in Kubernetes.
     (!expressions.is_empty() || !fields.is_empty())
-        && expressions
-            .iter()
-            .all(|r| requirement_matches(r, labels.get(&r.key).map(String::as_str)))
+        && expressions.iter().all(|r| requirement_matches(r, label(&r.key)))
         && fields
             .iter()
             .all(|r| requirement_matches(r, (r.key == "metadata.name").then_some(name)))
@@ -181,15 +189,14 @@ fn requirement_matches(requirement: &NodeSelectorRequirement, value: Option<&str
     }
 }
 
-fn selectors_fit(node: &Node, spec: &PodSpec) -> Result<(), Misfit> {
-    let empty = BTreeMap::new();
-    let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+fn selectors_fit(node: &(impl NodeRead + ?Sized), spec: &PodSpec) -> Result<(), Misfit> {
     for (key, wanted) in spec.node_selector.iter().flatten() {
-        if labels.get(key) != Some(wanted) {
+        let found = node.label(key);
+        if found != Some(wanted.as_str()) {
             return Err(Misfit::NodeSelector {
                 key: key.clone(),
                 wanted: wanted.clone(),
-                found: labels.get(key).cloned(),
+                found: found.map(str::to_owned),
             });
         }
     }
@@ -198,25 +205,15 @@ fn selectors_fit(node: &Node, spec: &PodSpec) -> Result<(), Misfit> {
         .as_ref()
         .and_then(|a| a.node_affinity.as_ref())
         .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
-    if let Some(required) = required {
-        let name = node.metadata.name.as_deref().unwrap_or_default();
-        if !required
+    if let Some(required) = required
+        && !required
             .node_selector_terms
             .iter()
-            .any(|term| term_matches(term, name, labels))
-        {
-            return Err(Misfit::NodeAffinity);
-        }
+            .any(|term| term_matches_with(term, node.name(), |key| node.label(key)))
+    {
+        return Err(Misfit::NodeAffinity);
     }
     Ok(())
-}
-
-fn taints(node: &Node) -> impl Iterator<Item = &Taint> {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_deref())
-        .unwrap_or_default()
-        .iter()
 }
 
 /// Taints that keep pods off a node; `PreferNoSchedule` only discourages.
@@ -227,7 +224,7 @@ fn blocks(taint: &Taint) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{Affinity, NodeAffinity, NodeSelector, NodeSpec};
+    use k8s_openapi::api::core::v1::{Affinity, Node, NodeAffinity, NodeSelector, NodeSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn node(labels: &[(&str, &str)], taints: &[(&str, Option<&str>, &str)], cordoned: bool) -> Node {

@@ -119,8 +119,8 @@ impl DriverRouting {
 
 /// Routes each GPU node (name and labels) to an NVIDIADriver. Pass every NVIDIADriver in the cluster,
 /// valid or not; those with a deletion timestamp are left out.
-pub fn route_nodes<'a>(
-    gpu_nodes: impl IntoIterator<Item = (&'a str, &'a BTreeMap<String, String>)>,
+pub fn route_nodes<'a, L: crate::read::Labels + ?Sized + 'a>(
+    gpu_nodes: impl IntoIterator<Item = (&'a str, &'a L)>,
     drivers: &[&NVIDIADriver],
 ) -> DriverRouting {
     let mut live: Vec<(&str, &NVIDIADriver)> = drivers
@@ -159,7 +159,11 @@ pub fn route_nodes<'a>(
     for (node, labels) in gpu_nodes {
         let matching: Vec<&str> = selectors
             .iter()
-            .filter(|(_, selector)| selector.iter().all(|(k, v)| labels.get(k) == Some(v)))
+            .filter(|(_, selector)| {
+                selector
+                    .iter()
+                    .all(|(k, v)| labels.get_label(k) == Some(v.as_str()))
+            })
             .map(|(name, _)| *name)
             .collect();
         let claimants = if matching.is_empty() { &defaults } else { &matching };

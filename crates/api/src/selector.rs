@@ -1,7 +1,7 @@
 //! Label selectors in Kubernetes' string syntax (`a=b,c!=d,e in (x,y),f notin (z),g,!h`), parsed once and
 //! matched against label maps. Used for the operator's `--gpu-node-selector` on clusters without NFD.
 
-use std::collections::BTreeMap;
+use crate::read::Labels;
 use std::fmt;
 use std::str::FromStr;
 
@@ -69,7 +69,7 @@ impl LabelSelector {
     }
 
     /// Whether the labels satisfy every requirement.
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+    pub fn matches(&self, labels: &(impl Labels + ?Sized)) -> bool {
         self.requirements
             .iter()
             .all(|requirement| requirement.matches(labels))
@@ -82,15 +82,31 @@ impl LabelSelector {
 }
 
 impl Requirement {
-    /// Whether the labels satisfy this requirement.
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+    /// The label key it reads.
+    pub fn key(&self) -> &str {
         match self {
-            Requirement::Equals(key, value) => labels.get(key) == Some(value),
-            Requirement::NotEquals(key, value) => labels.get(key) != Some(value),
-            Requirement::In(key, values) => labels.get(key).is_some_and(|v| values.contains(v)),
-            Requirement::NotIn(key, values) => labels.get(key).is_none_or(|v| !values.contains(v)),
-            Requirement::Exists(key) => labels.contains_key(key),
-            Requirement::DoesNotExist(key) => !labels.contains_key(key),
+            Requirement::Equals(key, _)
+            | Requirement::NotEquals(key, _)
+            | Requirement::In(key, _)
+            | Requirement::NotIn(key, _)
+            | Requirement::Exists(key)
+            | Requirement::DoesNotExist(key) => key,
+        }
+    }
+
+    /// Whether the labels satisfy this requirement.
+    pub fn matches(&self, labels: &(impl Labels + ?Sized)) -> bool {
+        match self {
+            Requirement::Equals(key, value) => labels.get_label(key) == Some(value.as_str()),
+            Requirement::NotEquals(key, value) => labels.get_label(key) != Some(value.as_str()),
+            Requirement::In(key, values) => labels
+                .get_label(key)
+                .is_some_and(|v| values.iter().any(|x| x == v)),
+            Requirement::NotIn(key, values) => labels
+                .get_label(key)
+                .is_none_or(|v| !values.iter().any(|x| x == v)),
+            Requirement::Exists(key) => labels.get_label(key).is_some(),
+            Requirement::DoesNotExist(key) => labels.get_label(key).is_none(),
         }
     }
 }
@@ -198,6 +214,7 @@ impl fmt::Display for LabelSelector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

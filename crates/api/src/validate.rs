@@ -125,14 +125,12 @@ impl Sandbox {
     /// `nvidia.com/gpu.workload.config` label when it names a workload, else the policy's default.
     pub fn node_workload(
         sandbox: Option<Self>,
-        labels: &BTreeMap<String, String>,
+        labels: &(impl crate::read::Labels + ?Sized),
     ) -> (WorkloadConfig, SandboxMode) {
         match sandbox {
             None => (WorkloadConfig::Container, SandboxMode::KubeVirt),
             Some(sandbox) => {
-                let own = labels
-                    .get(WORKLOAD_CONFIG)
-                    .and_then(|value| WorkloadConfig::parse(value));
+                let own = labels.get_label(WORKLOAD_CONFIG).and_then(WorkloadConfig::parse);
                 (own.unwrap_or(sandbox.default_workload), sandbox.mode)
             }
         }

@@ -1,8 +1,10 @@
-//! The operator's view of the cluster: one reflector per kind it reads, each holding only what the
-//! decisions need. Nodes keep their labels, annotations, taints, cordon flag and node info (no images, no
-//! managed fields); pods of the operator namespace keep their owner, node and readiness; managed objects of
-//! every rendered kind keep only their metadata, with the main resource's managed fields (drift detection,
-//! [`crate::drift`]). Every change wakes the policy reconciler.
+//! The operator's view of the cluster: one watch per kind it reads, each holding only what the decisions
+//! need. Nodes and the operator namespace's pods are kept as compact projections ([`NodeCache`],
+//! [`PodCache`]; what they keep: [`crate::projection`]), and only a change of a projection wakes the
+//! controllers (and, for a node, the labeller): a heartbeat or an unrelated label wakes nobody. Managed
+//! objects of every rendered kind keep only their metadata, with the main resource's managed fields (drift
+//! detection, [`crate::drift`]); every change of those, of the policies, NVIDIADrivers, DaemonSets and
+//! ControllerRevisions wakes the controllers.
 //!
 //! Each resource's access is tracked on its own ([`Availability`]): one the API refuses to list (a missing
 //! CRD: `NotFound`; a missing permission: `Forbidden`) is reported by name and reason, in the log, on
@@ -11,13 +13,12 @@
 //! field's path in the error), so one that does not decode is kept as its metadata and the error instead
 //! of failing the whole list.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
 
 use futures::StreamExt;
-use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
 use gpuop_api::labels::{MANAGED_BY, MANAGED_BY_VALUE};
-use gpuop_api::upgrade::observe::is_driver;
+use gpuop_api::read::{NodeRead, PodRead};
 use gpuop_api::{ClusterPolicy, NVIDIADriver};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -32,7 +33,9 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::MANAGED_KINDS;
+use crate::index::Judgements;
 use crate::label_queue::NodeEvent;
+use crate::projection::{Interner, NodeKeys, NodeRecord, PodRecord, Text};
 
 /// Wakes every controller when a cache changes. Each has its own `Notify`, so that one controller's
 /// wake-up is never taken by another.
@@ -59,12 +62,14 @@ pub struct Caches {
     pub policies: Store<Decoded<ClusterPolicy>>,
     /// NVIDIADrivers.
     pub drivers: Store<NVIDIADriver>,
-    /// Nodes, trimmed.
-    pub nodes: Store<Node>,
+    /// Nodes, projected.
+    pub nodes: NodeCache,
     /// The operator's DaemonSets, whole.
     pub daemonsets: Store<DaemonSet>,
-    /// Pods in the operator namespace, trimmed.
-    pub pods: Store<Pod>,
+    /// Pods in the operator namespace, projected.
+    pub pods: PodCache,
+    /// Per node, the judgements made of it, reused while neither it nor their inputs change.
+    pub judged: Arc<Mutex<Judgements>>,
     /// ControllerRevisions in the operator namespace.
     pub revisions: Store<ControllerRevision>,
     /// Managed objects of every rendered kind, metadata only (managed fields trimmed), by kind.
@@ -107,20 +112,16 @@ impl Caches {
             shutdown,
         );
         let (node_names, node_events) = mpsc::unbounded_channel();
-        let (nodes, node_writer) = reflector::store();
-        let node_tracker = availability.track("nodes", false);
-        let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-            .default_backoff()
-            .modify(trim_node)
-            .reflect(node_writer)
-            .inspect(move |item| node_tracker.observe(item))
-            .map(move |event| {
-                if let Some(event) = event.as_ref().ok().and_then(node_event) {
-                    let _ = node_names.send(event);
-                }
-                event
-            });
-        run(node_stream, changed, shutdown);
+        let interner = Arc::new(Mutex::new(Interner::default()));
+        let nodes = NodeCache::new(interner.clone());
+        follow_nodes(
+            client.clone(),
+            nodes.clone(),
+            node_names,
+            availability.track("nodes", false),
+            changed,
+            shutdown,
+        );
         let daemonsets = spawn(
             Api::namespaced(client.clone(), namespace),
             watcher::Config::default().labels(&managed_label),
@@ -129,10 +130,10 @@ impl Caches {
             changed,
             shutdown,
         );
-        let pods = spawn(
+        let pods = PodCache::new(interner);
+        follow_pods(
             Api::namespaced(client.clone(), namespace),
-            watcher::Config::default(),
-            trim_pod,
+            pods.clone(),
             availability.track("pods", false),
             changed,
             shutdown,
@@ -176,6 +177,7 @@ impl Caches {
             nodes,
             daemonsets,
             pods,
+            judged: Arc::default(),
             revisions,
             managed,
             availability,
@@ -195,6 +197,13 @@ impl Caches {
             settled = access.wait_for(settled) => settled.is_ok(),
             () = self.shutdown.cancelled() => false,
         }
+    }
+
+    /// The judgements kept across passes (held only between awaits).
+    pub fn judgements(&self) -> std::sync::MutexGuard<'_, Judgements> {
+        self.judged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Resources the operator needs but cannot read, each with the API's reason.
@@ -530,90 +539,333 @@ where
     });
 }
 
-/// What a node watch event tells the labeller, once the reflector has applied it to the store. Objects
-/// of a relist are not passed on one by one: the store swaps the whole list in only at `InitDone`, so a
-/// node judged before then would be judged against the old store.
-pub(crate) fn node_event(event: &watcher::Event<Node>) -> Option<NodeEvent> {
-    match event {
-        watcher::Event::Apply(node) | watcher::Event::Delete(node) => {
-            Some(NodeEvent::Changed(kube::ResourceExt::name_any(node)))
+/// The projected nodes ([`NodeRecord`]), shared by the controllers: what the node watch delivered, each
+/// record replaced only when what it keeps changed, so that a record's identity (`Arc::ptr_eq`) says
+/// whether the node changed since it was last judged ([`crate::index`]).
+#[derive(Clone, Debug)]
+pub struct NodeCache {
+    table: Arc<RwLock<NodeTable>>,
+    /// Restarts the node watch (a relist) when the keys to keep grew.
+    relist: Arc<Notify>,
+    interner: Arc<Mutex<Interner>>,
+}
+
+/// The nodes and what they were projected with.
+#[derive(Debug, Default)]
+pub struct NodeTable {
+    nodes: HashMap<Text, Arc<NodeRecord>>,
+    versions: HashMap<Text, Box<str>>,
+    /// The NFD keys every record in `nodes` was projected with.
+    keys: NodeKeys,
+    /// The NFD keys new events are projected with (a superset of `keys`).
+    wanted: NodeKeys,
+    /// A relist under way.
+    relist: Option<NodeRelist>,
+}
+
+/// A relist under way: the keys it projects with, and the records and versions so far.
+#[derive(Debug, Default)]
+struct NodeRelist {
+    keys: NodeKeys,
+    nodes: HashMap<Text, Arc<NodeRecord>>,
+    versions: HashMap<Text, Box<str>>,
+}
+
+impl NodeTable {
+    /// Every record.
+    pub fn records(&self) -> Vec<Arc<NodeRecord>> {
+        self.nodes.values().cloned().collect()
+    }
+
+    /// Takes in one event of the node watch; says what the labeller is to hear of it: a node whose record
+    /// changed, or a completed relist (once the table holds the new list, so that nothing is judged
+    /// against the old one). An event that changes nothing a record keeps tells nothing.
+    pub fn apply(&mut self, event: &watcher::Event<Node>, interner: &mut Interner) -> Option<NodeEvent> {
+        match event {
+            watcher::Event::Apply(node) => {
+                let record = NodeRecord::project(node, &self.wanted, interner);
+                let name = record.name.clone();
+                if let Some(version) = node.metadata.resource_version.as_deref() {
+                    self.versions.insert(name.clone(), version.into());
+                }
+                if self.nodes.get(&name).is_some_and(|old| **old == record) {
+                    return None;
+                }
+                self.nodes.insert(name.clone(), Arc::new(record));
+                Some(NodeEvent::Changed(name.to_string()))
+            }
+            watcher::Event::Delete(node) => {
+                let name = NodeRead::name(node);
+                self.versions.remove(name);
+                self.nodes
+                    .remove(name)
+                    .map(|_| NodeEvent::Changed(name.to_owned()))
+            }
+            watcher::Event::Init => {
+                self.relist = Some(NodeRelist {
+                    keys: self.wanted.clone(),
+                    ..NodeRelist::default()
+                });
+                None
+            }
+            watcher::Event::InitApply(node) => {
+                let relist = self.relist.get_or_insert_with(Default::default);
+                let record = NodeRecord::project(node, &relist.keys, interner);
+                let name = record.name.clone();
+                if let Some(version) = node.metadata.resource_version.as_deref() {
+                    relist.versions.insert(name.clone(), version.into());
+                }
+                // An unchanged node keeps its record, and the judgements made of it.
+                let record = match self.nodes.get(&name) {
+                    Some(old) if **old == record => old.clone(),
+                    _ => Arc::new(record),
+                };
+                relist.nodes.insert(name, record);
+                None
+            }
+            watcher::Event::InitDone => {
+                let relist = self.relist.take().unwrap_or_default();
+                self.nodes = relist.nodes;
+                self.versions = relist.versions;
+                self.keys = relist.keys;
+                Some(NodeEvent::Relisted)
+            }
         }
-        watcher::Event::InitDone => Some(NodeEvent::Relisted),
-        watcher::Event::Init | watcher::Event::InitApply(_) => None,
     }
 }
 
-/// Keeps what the labeller, the facts and placement need.
-pub(crate) fn trim_node(node: &mut Node) {
-    node.metadata.managed_fields = None;
-    if let Some(status) = node.status.as_mut() {
-        status.images = None;
-        status.volumes_attached = None;
-        status.volumes_in_use = None;
-        status.conditions = status
-            .conditions
-            .take()
-            .map(|conditions| conditions.into_iter().filter(|c| c.type_ == "Ready").collect());
+impl NodeCache {
+    fn new(interner: Arc<Mutex<Interner>>) -> Self {
+        Self {
+            table: Arc::default(),
+            relist: Arc::default(),
+            interner,
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, NodeTable> {
+        self.table
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, NodeTable> {
+        self.table
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Every node.
+    pub fn state(&self) -> Vec<Arc<NodeRecord>> {
+        self.read().nodes.values().cloned().collect()
+    }
+
+    /// A node by name.
+    pub fn get(&self, name: &str) -> Option<Arc<NodeRecord>> {
+        self.read().nodes.get(name).cloned()
+    }
+
+    /// How many nodes there are.
+    pub fn len(&self) -> usize {
+        self.read().nodes.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.read().nodes.is_empty()
+    }
+
+    /// The node's resourceVersion as last seen.
+    pub fn resource_version(&self, name: &str) -> Option<String> {
+        self.read().versions.get(name).map(|v| v.to_string())
+    }
+
+    /// Whether the records keep every key of `needed`. When they do not, the keys are added and the node
+    /// watch relists (its completion wakes the controllers); until then no decision may read them.
+    pub fn covers(&self, needed: &NodeKeys) -> bool {
+        if self.read().keys.covers(needed) {
+            return true;
+        }
+        let mut table = self.write();
+        if !table.wanted.covers(needed) {
+            table.wanted = table.wanted.union(needed);
+            tracing::info!("a selector reads NFD labels the node cache does not keep; relisting the nodes");
+            self.relist.notify_one();
+        }
+        false
+    }
+
+    /// The projection of a node read from the API (after a write), with the keys the cache keeps.
+    pub fn project(&self, node: &Node) -> NodeRecord {
+        let keys = self.read().wanted.clone();
+        let mut interner = self
+            .interner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        NodeRecord::project(node, &keys, &mut interner)
     }
 }
 
-/// Keeps owner, labels, node and readiness; of driver pods also the highest restart count and
-/// `DRIVER_CONFIG_DIGEST` (which tells the upgrade controller whether a new revision needs a reinstall).
-fn trim_pod(pod: &mut Pod) {
-    use k8s_openapi::api::core::v1::{Container, ContainerStatus, EnvVar, PodSpec};
-    pod.metadata.managed_fields = None;
-    pod.metadata.annotations = None;
-    // Only driver pods keep a container (the one with the digest) and their restart count: there are a
-    // dozen operand pods per GPU node, and an empty container still costs half a kilobyte.
-    let driver = is_driver(pod.metadata.labels.as_ref());
-    if let Some(spec) = pod.spec.as_mut() {
-        let digest: Option<EnvVar> = driver
-            .then(|| {
-                spec.containers
-                    .iter()
-                    .flat_map(|c| c.env.iter().flatten())
-                    .find(|e| e.name == DRIVER_CONFIG_DIGEST)
-                    .cloned()
-            })
-            .flatten();
-        *spec = PodSpec {
-            node_name: spec.node_name.take(),
-            containers: digest
-                .map(|digest| {
-                    vec![Container {
-                        env: Some(vec![digest]),
-                        ..Container::default()
-                    }]
-                })
-                .unwrap_or_default(),
-            ..PodSpec::default()
-        };
+/// Follows the node watch into `cache`: every node whose record changed, and every relist, goes to the
+/// labeller's queue; controllers are woken only by a change of a record.
+fn follow_nodes(
+    client: Client,
+    cache: NodeCache,
+    labeller: mpsc::UnboundedSender<NodeEvent>,
+    tracker: Tracker,
+    changed: &Arc<Changes>,
+    shutdown: &CancellationToken,
+) {
+    let changed = changed.clone();
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            let stream =
+                watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).default_backoff();
+            let mut stream = std::pin::pin!(stream);
+            loop {
+                let item = tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    // A new watch lists every node again, projected with the keys now wanted.
+                    () = cache.relist.notified() => break,
+                    item = stream.next() => item,
+                };
+                let Some(item) = item else { return };
+                tracker.observe(&item);
+                let Ok(event) = item else { continue };
+                let told = {
+                    let mut interner = cache
+                        .interner
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    cache.write().apply(&event, &mut interner)
+                };
+                if let Some(told) = told {
+                    let _ = labeller.send(told);
+                    changed.notify();
+                }
+            }
+        }
+    });
+}
+
+/// The projected pods of the operator namespace ([`PodRecord`]), by name.
+#[derive(Clone, Debug)]
+pub struct PodCache {
+    table: Arc<RwLock<PodTable>>,
+    interner: Arc<Mutex<Interner>>,
+}
+
+/// The pods, and a relist under way.
+#[derive(Debug, Default)]
+pub struct PodTable {
+    pods: HashMap<Text, Arc<PodRecord>>,
+    relist: Option<HashMap<Text, Arc<PodRecord>>>,
+}
+
+impl PodTable {
+    /// Takes in one event of the pod watch; says whether a record changed.
+    pub fn apply(&mut self, event: &watcher::Event<Pod>, interner: &mut Interner) -> bool {
+        match event {
+            watcher::Event::Apply(pod) => {
+                let record = PodRecord::project(pod, interner);
+                if self.pods.get(&record.name).is_some_and(|old| **old == record) {
+                    return false;
+                }
+                self.pods.insert(record.name.clone(), Arc::new(record));
+                true
+            }
+            watcher::Event::Delete(pod) => self.pods.remove(PodRead::name(pod)).is_some(),
+            watcher::Event::Init => {
+                self.relist = Some(HashMap::new());
+                false
+            }
+            watcher::Event::InitApply(pod) => {
+                let record = PodRecord::project(pod, interner);
+                let record = match self.pods.get(&record.name) {
+                    Some(old) if **old == record => old.clone(),
+                    _ => Arc::new(record),
+                };
+                self.relist
+                    .get_or_insert_with(HashMap::new)
+                    .insert(record.name.clone(), record);
+                false
+            }
+            watcher::Event::InitDone => {
+                self.pods = self.relist.take().unwrap_or_default();
+                true
+            }
+        }
     }
-    if let Some(status) = pod.status.as_mut() {
-        let restarts = status
-            .container_statuses
-            .iter()
-            .flatten()
-            .map(|s| s.restart_count)
-            .max()
-            .filter(|_| driver);
-        status.container_statuses = restarts.map(|restart_count| {
-            vec![ContainerStatus {
-                restart_count,
-                ..ContainerStatus::default()
-            }]
-        });
-        status.init_container_statuses = None;
-        status.pod_ips = None;
+}
+
+impl PodCache {
+    fn new(interner: Arc<Mutex<Interner>>) -> Self {
+        Self {
+            table: Arc::default(),
+            interner,
+        }
     }
+
+    /// Every pod.
+    pub fn state(&self) -> Vec<Arc<PodRecord>> {
+        self.table
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pods
+            .values()
+            .cloned()
+            .collect()
+    }
+}
+
+/// Follows the pod watch into `cache`; controllers are woken only by a change of a record.
+fn follow_pods(
+    api: Api<Pod>,
+    cache: PodCache,
+    tracker: Tracker,
+    changed: &Arc<Changes>,
+    shutdown: &CancellationToken,
+) {
+    let changed = changed.clone();
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        let stream = watcher(api, watcher::Config::default()).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let item = tokio::select! {
+                () = shutdown.cancelled() => return,
+                item = stream.next() => item,
+            };
+            let Some(item) = item else { return };
+            tracker.observe(&item);
+            let Ok(event) = item else { continue };
+            let changed_record = {
+                let mut interner = cache
+                    .interner
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                cache
+                    .table
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .apply(&event, &mut interner)
+            };
+            if changed_record {
+                changed.notify();
+            }
+        }
+    });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuop_api::read::Labels;
     use gpuop_api::upgrade::observe::DriverPods;
 
     fn pod(component: &str) -> Pod {
+        use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": "p", "labels": {gpuop_api::labels::COMPONENT: component}, "managedFields": [{"manager": "x"}]},
             "spec": {
@@ -636,23 +888,25 @@ mod tests {
         .unwrap()
     }
 
+    fn node(version: &str, labels: &[(&str, &str)]) -> Node {
+        let mut node = Node::default();
+        node.metadata.name = Some("gpu-0".into());
+        node.metadata.resource_version = Some(version.into());
+        node.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+        node
+    }
+
     /// A relist (after a watch expired) in which a node changed: the labeller hears of it only once the
-    /// store holds the new list, and then of every node, so that nothing is judged against the old store.
+    /// table holds the new list, and then of every node, so that nothing is judged against the old table.
     #[test]
-    fn the_labeller_hears_of_a_relist_once_the_store_holds_the_new_list() {
-        let node = |version: &str, labels: &[(&str, &str)]| -> Node {
-            let mut node = Node::default();
-            node.metadata.name = Some("gpu-0".into());
-            node.metadata.resource_version = Some(version.into());
-            node.metadata.labels = Some(
-                labels
-                    .iter()
-                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                    .collect(),
-            );
-            node
-        };
-        let (store, mut writer) = reflector::store::<Node>();
+    fn the_labeller_hears_of_a_relist_once_the_table_holds_the_new_list() {
+        let mut table = NodeTable::default();
+        let mut interner = Interner::default();
         let before = node("1", &[]);
         let after = node("5", &[("feature.node.kubernetes.io/pci-10de.present", "true")]);
         let events = [
@@ -663,19 +917,166 @@ mod tests {
         ];
         let mut heard = Vec::new();
         for event in &events {
-            writer.apply_watcher_event(event);
-            if let Some(told) = node_event(event) {
-                let stored = store.get(&reflector::ObjectRef::new("gpu-0")).expect("stored");
-                heard.push((told, stored.metadata.resource_version.clone()));
+            if let Some(told) = table.apply(event, &mut interner) {
+                let gpu = table.nodes["gpu-0"]
+                    .label("feature.node.kubernetes.io/pci-10de.present")
+                    .is_some();
+                heard.push((told, table.versions["gpu-0"].to_string(), gpu));
             }
         }
         assert_eq!(
             heard,
             [
-                (NodeEvent::Changed("gpu-0".into()), Some("1".into())),
-                (NodeEvent::Relisted, Some("5".into())),
+                (NodeEvent::Changed("gpu-0".into()), "1".into(), false),
+                (NodeEvent::Relisted, "5".into(), true),
             ]
         );
+    }
+
+    /// A heartbeat, an unrelated label or annotation, a status field nobody reads: the record stays as it
+    /// was (so nothing judged of it is judged again), the resourceVersion follows, and nobody is told.
+    #[test]
+    fn an_event_that_changes_nothing_kept_tells_nobody() {
+        let mut table = NodeTable::default();
+        let mut interner = Interner::default();
+        let gpu = ("feature.node.kubernetes.io/pci-10de.present", "true");
+        let first = node("1", &[gpu, ("nvidia.com/gpu.deploy.driver", "true")]);
+        assert!(
+            table
+                .apply(&watcher::Event::Apply(first.clone()), &mut interner)
+                .is_some()
+        );
+        let record = table.nodes["gpu-0"].clone();
+
+        let mut heartbeat = first.clone();
+        heartbeat.metadata.resource_version = Some("2".into());
+        heartbeat.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            conditions: Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+                type_: "MemoryPressure".into(),
+                status: "False".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        let mut unrelated = heartbeat.clone();
+        unrelated.metadata.resource_version = Some("3".into());
+        let labels = unrelated.metadata.labels.as_mut().unwrap();
+        labels.insert(
+            "feature.node.kubernetes.io/cpu-cpuid.AVX512F".into(),
+            "true".into(),
+        );
+        unrelated.metadata.annotations.get_or_insert_default().insert(
+            "cluster-autoscaler.kubernetes.io/scale-down-disabled".into(),
+            "true".into(),
+        );
+        for event in [heartbeat, unrelated] {
+            assert_eq!(table.apply(&watcher::Event::Apply(event), &mut interner), None);
+            assert!(
+                Arc::ptr_eq(&table.nodes["gpu-0"], &record),
+                "the record is the same"
+            );
+        }
+        assert_eq!(
+            &*table.versions["gpu-0"], "3",
+            "a label write preconditions on the newest version"
+        );
+
+        let mut cordoned = first;
+        cordoned.metadata.resource_version = Some("4".into());
+        cordoned.spec.get_or_insert_default().unschedulable = Some(true);
+        assert_eq!(
+            table.apply(&watcher::Event::Apply(cordoned), &mut interner),
+            Some(NodeEvent::Changed("gpu-0".into())),
+            "a cordon is read"
+        );
+    }
+
+    /// The projection keeps the labels rules read and none of NFD's hundred others nor the cloud
+    /// provider's; an NFD label an NVIDIADriver selects on is kept once the cache is told of it, after a
+    /// relist, and only then does the selector match.
+    #[test]
+    fn an_nfd_key_a_selector_names_is_kept_after_a_relist() {
+        let interner = Arc::new(Mutex::new(Interner::default()));
+        let cache = NodeCache::new(interner.clone());
+        let mut labels: Vec<(String, String)> = (0..150)
+            .map(|i| {
+                (
+                    format!("feature.node.kubernetes.io/cpu-feature-{i}"),
+                    "true".to_owned(),
+                )
+            })
+            .collect();
+        labels.extend([
+            (
+                "feature.node.kubernetes.io/pci-10de.present".to_owned(),
+                "true".to_owned(),
+            ),
+            (
+                "feature.node.kubernetes.io/system-os_release.ID".to_owned(),
+                "ubuntu".to_owned(),
+            ),
+            (
+                "feature.node.kubernetes.io/cpu-model.vendor_id".to_owned(),
+                "AMD".to_owned(),
+            ),
+            ("topology.kubernetes.io/zone".to_owned(), "a".to_owned()),
+            ("nvidia.com/gpu.product".to_owned(), "H100".to_owned()),
+        ]);
+        let pairs: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let listed = node("1", &pairs);
+        let apply = |event: watcher::Event<Node>| {
+            let mut interner = interner.lock().unwrap();
+            cache.write().apply(&event, &mut interner)
+        };
+        apply(watcher::Event::Apply(listed.clone()));
+        let record = cache.get("gpu-0").unwrap();
+        let kept: Vec<&str> = record.labels.each_label().map(|(k, _)| k).collect();
+        assert_eq!(
+            kept,
+            [
+                "feature.node.kubernetes.io/pci-10de.present",
+                "feature.node.kubernetes.io/system-os_release.ID",
+                "nvidia.com/gpu.product",
+            ]
+        );
+        assert!(record.nfd_labels);
+
+        // A label the labeller's record names is kept whatever its key: the labeller may remove it.
+        let mut recorded = listed.clone();
+        recorded.metadata.annotations = Some(
+            [(
+                crate::labeler::OWNED_LABELS.to_owned(),
+                "topology.kubernetes.io/zone=a,nvidia.com/gpu.present=true".to_owned(),
+            )]
+            .into(),
+        );
+        let mut scratch = Interner::default();
+        let record = NodeRecord::project(&recorded, &NodeKeys::default(), &mut scratch);
+        assert_eq!(record.label("topology.kubernetes.io/zone"), Some("a"));
+
+        let driver: NVIDIADriver = serde_json::from_value(serde_json::json!({
+            "apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
+            "metadata": {"name": "amd-hosts"},
+            "spec": {"nodeSelector": {"feature.node.kubernetes.io/cpu-model.vendor_id": "AMD"}},
+        }))
+        .unwrap();
+        let mut keys = NodeKeys::default();
+        keys.extend(driver.spec.effective_node_selector().keys().map(String::as_str));
+        let route = |cache: &NodeCache| {
+            let nodes = cache.state();
+            gpuop_api::route_nodes(nodes.iter().map(|n| (&*n.name, &n.labels)), &[&driver])
+                .owner("gpu-0")
+                .map(str::to_owned)
+        };
+        assert_eq!(route(&cache), None, "the record lacks the key");
+        assert!(!cache.covers(&keys), "so no decision may use it yet");
+        // The watch restarts: a new list, projected with the key.
+        apply(watcher::Event::Init);
+        apply(watcher::Event::InitApply(listed));
+        assert!(!cache.covers(&keys), "not before the list is complete");
+        assert_eq!(apply(watcher::Event::InitDone), Some(NodeEvent::Relisted));
+        assert!(cache.covers(&keys));
+        assert_eq!(route(&cache).as_deref(), Some("amd-hosts"));
     }
 
     #[tokio::test]
@@ -700,26 +1101,37 @@ mod tests {
 
     #[test]
     fn driver_pods_keep_their_digest_and_restarts_and_others_only_their_readiness() {
-        let mut driver = pod(gpuop_api::Operand::Driver.info().component);
-        trim_pod(&mut driver);
+        let mut interner = Interner::default();
+        let driver = PodRecord::project(&pod(gpuop_api::Operand::Driver.info().component), &mut interner);
         let seen = DriverPods::index([&driver], &[], &[]);
         let seen = &seen.by_node["gpu-0"][0].pod;
         assert_eq!(seen.restarts, 12, "the highest restart count");
         assert!(seen.ready_since.is_some());
-        assert_eq!(
-            driver.spec.as_ref().unwrap().containers[0].env.as_ref().unwrap()[0]
-                .value
-                .as_deref(),
-            Some("d1")
-        );
-        let mut plugin = pod("nvidia-device-plugin");
-        trim_pod(&mut plugin);
-        assert!(plugin.spec.as_ref().unwrap().containers.is_empty());
-        assert!(plugin.status.as_ref().unwrap().container_statuses.is_none());
+        assert_eq!(driver.driver_digest(), Some("d1"));
+        let plugin = PodRecord::project(&pod("nvidia-device-plugin"), &mut interner);
+        assert!(plugin.driver.is_none());
+        assert!(plugin.ready_since.is_some(), "readiness stays");
+        assert_eq!(plugin.node.as_deref(), driver.node.as_deref());
         assert!(
-            plugin.status.as_ref().unwrap().conditions.is_some(),
-            "readiness stays"
+            Arc::ptr_eq(plugin.node.as_ref().unwrap(), driver.node.as_ref().unwrap()),
+            "node names are shared"
         );
+    }
+
+    /// A pod's status write that changes nothing kept (a new IP, a container's start time) wakes nobody;
+    /// it becoming ready does.
+    #[test]
+    fn a_pod_event_wakes_the_controllers_only_when_what_is_kept_changed() {
+        let mut table = PodTable::default();
+        let mut interner = Interner::default();
+        let mut plugin = pod("nvidia-device-plugin");
+        plugin.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+        assert!(table.apply(&watcher::Event::Apply(plugin.clone()), &mut interner));
+        plugin.metadata.resource_version = Some("2".into());
+        plugin.status.as_mut().unwrap().pod_ip = Some("10.1.0.7".into());
+        assert!(!table.apply(&watcher::Event::Apply(plugin.clone()), &mut interner));
+        plugin.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "True".into();
+        assert!(table.apply(&watcher::Event::Apply(plugin), &mut interner));
     }
 
     fn refused(code: u16, reason: &str) -> Result<watcher::Event<()>, watcher::Error> {

@@ -27,7 +27,7 @@ use gpuop_api::{ClusterPolicy, FieldError, NVIDIADriver, Operand, ValidatedPolic
 use gpuop_render::NvidiaDriverFacts;
 use gpuop_render::{Rendered, render};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -41,12 +41,13 @@ use crate::apply::{self, ApplyPlan, ObjectKey, Owned, Prune};
 use crate::caches::{Caches, Changes, Decoded};
 use crate::drift;
 use crate::drivers::{self, DriverOutcome, DriverPlan, DriversInput};
-use crate::facts::{FactsInput, NodeFacts, cluster_facts};
+use crate::facts::{FactsInput, cluster_facts};
 use crate::labeler::LabelPolicy;
 use crate::lease::Leadership;
 use crate::metrics::{Metrics, ReconciliationStatus};
 use crate::pod_security;
-use crate::readiness::{Observed, observe};
+use crate::projection::{NodeKeys, NodeRecord};
+use crate::readiness::{self, Observed, observe};
 use crate::status::Failure;
 use crate::status::{
     OperandObservation, Outcome, bounded_note, driver_status, only_counts_differ, policy_status, transition,
@@ -483,7 +484,18 @@ async fn reconcile_active(
     let keep_all = drivers_unknown || refused.contains("nodes");
     let keep_upgrades = keep_all || refused.contains("pods") || refused.contains("daemonsets.apps");
     let drivers = context.caches.drivers.state();
-    let nodes: Vec<Arc<Node>> = context.caches.nodes.state();
+    // No decision reads an NFD label the node cache does not keep: when a selector names a new one, the
+    // nodes are listed again first (the relist wakes this reconciler).
+    let mut keys = NodeKeys::of_detection(&context.detection);
+    if nvidia_drivers_on {
+        for driver in &drivers {
+            keys.extend(driver.spec.effective_node_selector().keys().map(String::as_str));
+        }
+    }
+    if !context.caches.nodes.covers(&keys) {
+        return Ok(IN_FLIGHT);
+    }
+    let nodes: Vec<Arc<NodeRecord>> = context.caches.nodes.state();
     let routing = if nvidia_drivers_on {
         drivers::routing(&drivers, &nodes, &context.detection)
     } else {
@@ -505,16 +517,19 @@ async fn reconcile_active(
             .send_if_modified(|current| replace(current, Some(Some(label_policy.clone()))));
     }
 
-    let (mut facts, mut census) = cluster_facts(
-        nodes.iter().map(|node| NodeFacts::of(node)),
-        FactsInput {
-            namespace: &context.namespace,
-            precompiled: validated.spec.driver.use_precompiled(),
-            service_monitor_crd: context.service_monitor_crd,
-            detection: &context.detection,
-            labelling: &label_policy,
-        },
-    );
+    let (mut facts, mut census) = {
+        let mut judged = context.caches.judgements();
+        let count = judged.refresh_facts(&nodes, &label_policy, &context.detection);
+        context.metrics.nodes_judged(count);
+        cluster_facts(
+            judged.facts(),
+            FactsInput {
+                namespace: &context.namespace,
+                precompiled: validated.spec.driver.use_precompiled(),
+                service_monitor_crd: context.service_monitor_crd,
+            },
+        )
+    };
     if nvidia_drivers_on {
         census.gpu_nodes_without_driver = routing.unmatched.iter().cloned().collect();
     }
@@ -561,11 +576,11 @@ async fn reconcile_active(
     let driver_plans = drivers::plan(
         &drivers,
         &nodes,
+        &context.caches.judgements(),
         &routing,
         DriversInput {
             enabled: nvidia_drivers_on,
             namespace: &context.namespace,
-            detection: &context.detection,
             image_defaults: &context.image_defaults,
             host_root: &host_root,
             runtime: facts.runtime,
@@ -595,28 +610,48 @@ async fn reconcile_active(
             .send_if_modified(|current| replace(current, Some(Upgrades::Pools(pools))));
     }
 
+    let mut next = if awaiting_echo { IN_FLIGHT } else { RESYNC };
+    // The pods are judged against the templates' selectors: the nodes must keep the NFD labels they read.
+    let mut keys = NodeKeys::default();
+    for rendered in std::iter::once(&rendered).chain(driver_plans.iter().map(|plan| &plan.rendered)) {
+        keys = keys.union(&readiness::template_keys(rendered));
+    }
+    if !context.caches.nodes.covers(&keys) {
+        return Ok(next.min(IN_FLIGHT));
+    }
     let daemonsets = context.caches.daemonsets.state();
     let pods = context.caches.pods.state();
     let revisions = context.caches.revisions.state();
+    let ready = readiness::ready_nodes(
+        daemonsets.iter().map(|ds| &**ds),
+        pods.iter().map(|pod| &**pod),
+        &revisions.iter().map(|r| &**r).collect::<Vec<_>>(),
+    );
     let observed = Observed {
         nodes: &nodes,
-        daemonsets: &daemonsets,
-        pods: &pods,
-        revisions: &revisions,
+        ready: &ready,
     };
-    let operands = observe(&rendered, observed, &context.detection);
-    context.metrics.operands(operands.iter().filter_map(|o| {
-        Some((
-            o.operand?.id().to_owned(),
-            o.expected.len() as i64,
-            o.ready.intersection(&o.expected).count() as i64,
-        ))
-    }));
-    let mut next = if awaiting_echo { IN_FLIGHT } else { RESYNC };
-    for plan in &driver_plans {
-        let observation = observe(&plan.rendered, observed, &context.detection)
-            .into_iter()
-            .next();
+    let (operands, driver_observations) = {
+        let mut judged = context.caches.judgements();
+        let (operands, mut count) = observe(&rendered, observed, &context.detection, &mut judged);
+        let driver_observations: Vec<Option<OperandObservation>> = driver_plans
+            .iter()
+            .map(|plan| {
+                let (observations, judged_now) =
+                    observe(&plan.rendered, observed, &context.detection, &mut judged);
+                count += judged_now;
+                observations.into_iter().next()
+            })
+            .collect();
+        context.metrics.nodes_judged(count);
+        (operands, driver_observations)
+    };
+    context.metrics.operands(
+        operands
+            .iter()
+            .filter_map(|o| Some((o.operand?.id().to_owned(), o.expected as i64, o.ready as i64))),
+    );
+    for (plan, observation) in driver_plans.iter().zip(driver_observations) {
         match write_driver_status(context, plan, observation.as_ref(), leader).await {
             Ok(Some(deferred)) => next = next.min(deferred),
             Ok(None) => {}

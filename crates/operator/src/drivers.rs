@@ -11,16 +11,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use gpuop_api::labels::{DRIVER_OWNER, GpuDetection};
+use gpuop_api::read::NodeRead;
 use gpuop_api::upgrade::UpgradePolicy;
 use gpuop_api::upgrade::observe::PoolScope;
 use gpuop_api::validate::{ImageDefaults, validate_driver_with};
 use gpuop_api::{DriverRouting, FieldError, NVIDIADriver, route_nodes};
 use gpuop_render::{ContainerRuntime, NvidiaDriverFacts, Rendered, render_nvidia_driver};
-use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use crate::facts::{FactsInput, NodeFacts, cluster_facts};
-use crate::labeler::LabelPolicy;
+use crate::facts::{FactsInput, cluster_facts};
+use crate::index::Judgements;
+use crate::projection::NodeRecord;
 use crate::upgrade::UpgradePool;
 
 /// What became of one NVIDIADriver this pass, before its pods are judged.
@@ -63,8 +64,6 @@ pub struct DriversInput<'a> {
     pub enabled: bool,
     /// The operator namespace.
     pub namespace: &'a str,
-    /// How GPU nodes are recognised.
-    pub detection: &'a GpuDetection,
     /// Images from the operator's environment.
     pub image_defaults: &'a ImageDefaults,
     /// The host's root filesystem.
@@ -80,38 +79,39 @@ pub struct DriversInput<'a> {
 /// The routing of the GPU nodes among the live NVIDIADrivers.
 pub fn routing(
     drivers: &[Arc<NVIDIADriver>],
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<NodeRecord>],
     detection: &GpuDetection,
 ) -> DriverRouting {
     let live: Vec<&NVIDIADriver> = drivers.iter().map(|d| &**d).collect();
     route_nodes(
-        nodes.iter().filter_map(|node| {
-            let labels = node.metadata.labels.as_ref()?;
-            detection
-                .has_gpu(labels)
-                .then(|| (node.metadata.name.as_deref().unwrap_or_default(), labels))
-        }),
+        nodes
+            .iter()
+            .filter(|node| detection.has_gpu(&node.labels))
+            .map(|node| (&*node.name, &node.labels)),
         &live,
     )
 }
 
-/// Validates and renders every live NVIDIADriver for the nodes routed to it.
+/// Validates and renders every live NVIDIADriver for the nodes routed to it; `judged` holds every node's
+/// facts.
 pub fn plan(
     drivers: &[Arc<NVIDIADriver>],
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<NodeRecord>],
+    judged: &Judgements,
     routing: &DriverRouting,
     input: DriversInput<'_>,
 ) -> Vec<DriverPlan> {
     drivers
         .iter()
         .filter(|d| d.metadata.deletion_timestamp.is_none())
-        .map(|driver| plan_one(driver, nodes, routing, input))
+        .map(|driver| plan_one(driver, nodes, judged, routing, input))
         .collect()
 }
 
 fn plan_one(
     driver: &Arc<NVIDIADriver>,
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<NodeRecord>],
+    judged: &Judgements,
     routing: &DriverRouting,
     input: DriversInput<'_>,
 ) -> DriverPlan {
@@ -139,22 +139,21 @@ fn plan_one(
     let held: BTreeSet<String> = routed
         .map(|r| r.conflicts.keys().cloned().collect())
         .unwrap_or_default();
-    let serves = |node: &Node| {
-        let node_name = node.metadata.name.as_deref().unwrap_or_default();
-        let owned = node.metadata.labels.as_ref().and_then(|l| l.get(DRIVER_OWNER)) == Some(&name);
+    let serves = |node: &NodeRecord| {
+        let node_name: &str = &node.name;
+        let owned = node.label(DRIVER_OWNER) == Some(name.as_str());
         routed.is_some_and(|r| r.nodes.contains(node_name)) || (held.contains(node_name) && owned)
     };
+    // Only what does not depend on the labeller's inputs is read of the facts: pools, runtime, failures.
     let (facts, census) = cluster_facts(
         nodes
             .iter()
             .filter(|node| serves(node))
-            .map(|node| NodeFacts::of(node)),
+            .filter_map(|node| Some((&*node.name, judged.facts_of(&node.name)?))),
         FactsInput {
             namespace: input.namespace,
             precompiled: driver.spec.use_precompiled(),
             service_monitor_crd: false,
-            detection: input.detection,
-            labelling: &LabelPolicy::default(),
         },
     );
     let facts = NvidiaDriverFacts {

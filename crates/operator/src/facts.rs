@@ -10,53 +10,76 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpuop_api::labels::{
-    GpuDetection, NFD_KERNEL_VERSION, NFD_OS_ID, NFD_OS_VERSION, NFD_PREFIX, UPGRADE_FAILURE, UPGRADE_STATE,
+    GpuDetection, NFD_KERNEL_VERSION, NFD_OS_ID, NFD_OS_VERSION, UPGRADE_FAILURE, UPGRADE_STATE,
 };
+use gpuop_api::read::NodeRead;
 use gpuop_api::upgrade::UpgradeState;
 use gpuop_render::{ClusterFacts, ContainerRuntime, OsPool};
-use k8s_openapi::api::core::v1::Node;
 
 use crate::labeler::{LabelPolicy, desired_labels};
+use crate::projection::{NodeRecord, Text};
 
-/// The fields of a cached Node the facts come from, borrowed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NodeFacts<'a> {
-    /// Node name.
-    pub name: &'a str,
-    /// All labels.
-    pub labels: &'a BTreeMap<String, String>,
-    /// All annotations.
-    pub annotations: &'a BTreeMap<String, String>,
-    /// `status.nodeInfo.containerRuntimeVersion`, e.g. `containerd://1.7.27`.
-    pub runtime_version: Option<&'a str>,
+/// What one node contributes to the facts and the census: judged once per node ([`judge_node`]) and reused
+/// while neither the node's record nor the labeller's inputs change ([`crate::index`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// Whether it carries any NFD label.
+    pub nfd_labels: bool,
+    /// Whether it has an NVIDIA GPU; the rest is only filled in for GPU nodes.
+    pub gpu: bool,
+    /// Its labels are not yet what the labeller wants.
+    pub unlabelled: bool,
+    /// Why its driver upgrade failed, while it did.
+    pub upgrade_failure: Option<String>,
+    /// Its container runtime, when the toolkit knows it.
+    pub runtime: Option<ContainerRuntime>,
+    /// NFD's OS id and version, both non-empty.
+    pub os: Option<(Text, Text)>,
+    /// NFD's full kernel version, non-empty.
+    pub kernel: Option<Text>,
 }
 
-impl<'a> NodeFacts<'a> {
-    /// The facts of a node.
-    pub fn of(node: &'a Node) -> Self {
-        static EMPTY: BTreeMap<String, String> = BTreeMap::new();
-        Self {
-            name: node.metadata.name.as_deref().unwrap_or_default(),
-            labels: node.metadata.labels.as_ref().unwrap_or(&EMPTY),
-            annotations: node.metadata.annotations.as_ref().unwrap_or(&EMPTY),
-            runtime_version: node
-                .status
-                .as_ref()
-                .and_then(|s| s.node_info.as_ref())
-                .map(|i| i.container_runtime_version.as_str()),
-        }
+/// The runtime named by a `containerRuntimeVersion` (`containerd://1.7.27`), if it is one the toolkit knows.
+pub fn runtime_of(runtime_version: &str) -> Option<ContainerRuntime> {
+    let (name, _) = runtime_version.split_once("://")?;
+    match name {
+        "containerd" => Some(ContainerRuntime::Containerd),
+        "cri-o" => Some(ContainerRuntime::Crio),
+        "docker" => Some(ContainerRuntime::Docker),
+        _ => None,
     }
+}
 
-    /// The runtime named by `containerRuntimeVersion`, if it is one the toolkit knows.
-    pub fn runtime(&self) -> Option<ContainerRuntime> {
-        let (name, _) = self.runtime_version?.split_once("://")?;
-        match name {
-            "containerd" => Some(ContainerRuntime::Containerd),
-            "cri-o" => Some(ContainerRuntime::Crio),
-            "docker" => Some(ContainerRuntime::Docker),
-            _ => None,
-        }
+/// Judges one node: whether it has a GPU and carries NFD labels, and of a GPU node, whether its labels are
+/// what the labeller wants, its upgrade failure, runtime, OS and kernel.
+pub fn judge_node(node: &NodeRecord, labelling: &LabelPolicy, detection: &GpuDetection) -> NodeFacts {
+    let mut facts = NodeFacts {
+        nfd_labels: node.nfd_labels,
+        gpu: detection.has_gpu(&node.labels),
+        unlabelled: false,
+        upgrade_failure: None,
+        runtime: None,
+        os: None,
+        kernel: None,
+    };
+    if !facts.gpu {
+        return facts;
     }
+    if node.label(UPGRADE_STATE) == Some(UpgradeState::Failed.label()) {
+        facts.upgrade_failure = Some(
+            node.annotation(UPGRADE_FAILURE)
+                .unwrap_or("no reason recorded")
+                .to_owned(),
+        );
+    }
+    facts.unlabelled = !desired_labels(&node.labels, &node.annotations, Some(labelling), detection)
+        .labels
+        .is_empty();
+    facts.runtime = node.runtime_version.as_deref().and_then(runtime_of);
+    let label = |key: &str| node.labels.shared(key).filter(|v| !v.is_empty());
+    facts.os = label(NFD_OS_ID).zip(label(NFD_OS_VERSION));
+    facts.kernel = label(NFD_KERNEL_VERSION);
+    facts
 }
 
 /// Counts the status conditions are built from.
@@ -84,10 +107,6 @@ pub struct FactsInput<'a> {
     pub precompiled: bool,
     /// Whether the ServiceMonitor CRD is installed.
     pub service_monitor_crd: bool,
-    /// How GPU nodes are recognised.
-    pub detection: &'a GpuDetection,
-    /// The labeller's inputs, to tell which GPU nodes still wait for their labels.
-    pub labelling: &'a LabelPolicy,
 }
 
 /// The facts for rendering, and the census, from the cached nodes.
@@ -95,59 +114,52 @@ pub struct FactsInput<'a> {
 /// The runtime follows NVIDIA's rule: containerd if any GPU node runs it, else CRI-O, else Docker; unknown
 /// means containerd. OS pools are the distinct OS releases of the GPU nodes, with the kernel when drivers are
 /// precompiled.
+///
+/// The nodes are given by name with their judged [`NodeFacts`].
 pub fn cluster_facts<'a>(
-    nodes: impl IntoIterator<Item = NodeFacts<'a>>,
+    nodes: impl IntoIterator<Item = (&'a str, &'a NodeFacts)>,
     input: FactsInput<'_>,
 ) -> (ClusterFacts, Census) {
     let mut census = Census::default();
     let mut runtimes = Vec::new();
     let mut pools = BTreeSet::new();
-    for node in nodes {
-        census.nfd_labels |= node.labels.keys().any(|key| key.starts_with(NFD_PREFIX));
-        if !input.detection.has_gpu(node.labels) {
+    for (name, node) in nodes {
+        census.nfd_labels |= node.nfd_labels;
+        if !node.gpu {
             continue;
         }
         census.gpu_nodes += 1;
-        if node.labels.get(UPGRADE_STATE).map(String::as_str) == Some(UpgradeState::Failed.label()) {
-            let why = node
-                .annotations
-                .get(UPGRADE_FAILURE)
-                .cloned()
-                .unwrap_or_else(|| "no reason recorded".to_owned());
-            census.upgrade_failures.push((node.name.to_owned(), why));
+        if let Some(why) = &node.upgrade_failure {
+            census.upgrade_failures.push((name.to_owned(), why.clone()));
         }
-        let patch = desired_labels(
-            node.labels,
-            node.annotations,
-            Some(input.labelling),
-            input.detection,
-        );
-        if !patch.labels.is_empty() {
-            census.gpu_nodes_unlabelled.push(node.name.to_owned());
+        if node.unlabelled {
+            census.gpu_nodes_unlabelled.push(name.to_owned());
         }
-        if let Some(runtime) = node.runtime().filter(|runtime| !runtimes.contains(runtime)) {
+        if let Some(runtime) = node.runtime.filter(|runtime| !runtimes.contains(runtime)) {
             runtimes.push(runtime);
         }
-        let label = |key: &str| node.labels.get(key).filter(|v| !v.is_empty());
-        if let (Some(os_id), Some(os_version)) = (label(NFD_OS_ID), label(NFD_OS_VERSION)) {
+        if let Some((os_id, os_version)) = &node.os {
             let kernel = if input.precompiled {
-                label(NFD_KERNEL_VERSION)
+                node.kernel.as_deref()
             } else {
                 None
             };
             // Thousands of nodes share a few releases: copy the strings only for a new one.
             let known = pools.iter().any(|pool: &OsPool| {
-                &pool.os_id == os_id && &pool.os_version == os_version && pool.kernel.as_ref() == kernel
+                *pool.os_id == **os_id && *pool.os_version == **os_version && pool.kernel.as_deref() == kernel
             });
             if !known {
                 pools.insert(OsPool {
-                    os_id: os_id.clone(),
-                    os_version: os_version.clone(),
-                    kernel: kernel.cloned(),
+                    os_id: os_id.to_string(),
+                    os_version: os_version.to_string(),
+                    kernel: kernel.map(str::to_owned),
                 });
             }
         }
     }
+    // Node order is the cache's; the names listed in the status are the first in name order.
+    census.gpu_nodes_unlabelled.sort_unstable();
+    census.upgrade_failures.sort_unstable();
     let runtime = [
         ContainerRuntime::Containerd,
         ContainerRuntime::Crio,
@@ -169,8 +181,9 @@ pub fn cluster_facts<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::projection::{Interner, NodeKeys};
     use gpuop_api::labels::GPU_PRESENT;
-    use k8s_openapi::api::core::v1::{NodeStatus, NodeSystemInfo};
+    use k8s_openapi::api::core::v1::{Node, NodeStatus, NodeSystemInfo};
 
     const NFD_GPU: &str = "feature.node.kubernetes.io/pci-10de.present";
 
@@ -203,10 +216,17 @@ mod tests {
             namespace,
             precompiled,
             service_monitor_crd,
-            detection: &GpuDetection::Nfd,
-            labelling: &LabelPolicy::default(),
         };
-        cluster_facts(nodes.iter().map(NodeFacts::of), input)
+        let mut interner = Interner::default();
+        let judged: Vec<(String, NodeFacts)> = nodes
+            .iter()
+            .map(|node| {
+                let record = NodeRecord::project(node, &NodeKeys::default(), &mut interner);
+                let facts = judge_node(&record, &LabelPolicy::default(), &GpuDetection::Nfd);
+                (record.name.to_string(), facts)
+            })
+            .collect();
+        cluster_facts(judged.iter().map(|(name, facts)| (name.as_str(), facts)), input)
     }
 
     fn gpu(name: &str, os: &str, version: &str, kernel: &str, runtime: &str) -> Node {

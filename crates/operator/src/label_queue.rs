@@ -27,16 +27,17 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use gpuop_api::labels::GpuDetection;
+use gpuop_api::read::Labels;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::reflector::ObjectRef;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::controller::{Context, IN_FLIGHT};
 use crate::labeler::{LabelPolicy, NodePatch, desired_labels};
+use crate::projection::NodeRecord;
 
 /// Nodes labelled at once. A label patch is one small write; a handful in flight keep a node watch's
 /// worth of work moving while leaving the API server's other clients their share (the labeller used to
@@ -263,16 +264,16 @@ pub struct Sent {
 
 impl Sent {
     /// Whether the node as cached carries every change of the patch.
-    fn shown_by(&self, node: &Node) -> bool {
+    fn shown_by(&self, node: &NodeRecord) -> bool {
         self.patch
             .labels
             .iter()
-            .all(|(k, v)| node.labels().get(k) == v.as_ref())
+            .all(|(k, v)| node.labels.get_label(k) == v.as_deref())
             && self
                 .patch
                 .annotations
                 .iter()
-                .all(|(k, v)| node.annotations().get(k) == v.as_ref())
+                .all(|(k, v)| node.annotations.get_label(k) == v.as_deref())
     }
 }
 
@@ -292,13 +293,13 @@ pub enum Decision {
 
 /// Decides what to write to `node` at `now`, given the patch sent last and not yet shown by the cache.
 pub fn decide(
-    node: &Node,
+    node: &NodeRecord,
     policy: Option<&LabelPolicy>,
     detection: &GpuDetection,
     sent: Option<&Sent>,
     now: Instant,
 ) -> Decision {
-    let patch = desired_labels(node.labels(), node.annotations(), policy, detection);
+    let patch = desired_labels(&node.labels, &node.annotations, policy, detection);
     if patch.is_empty() {
         return Decision::Nothing;
     }
@@ -339,7 +340,7 @@ pub async fn run_labeller(
             .nodes
             .state()
             .iter()
-            .map(|n| n.name_any())
+            .map(|n| n.name.to_string())
             .collect()
     };
     if leading {
@@ -409,9 +410,10 @@ async fn label(
     policy: Option<LabelPolicy>,
     sent: Option<Sent>,
 ) -> (String, Outcome, Option<Sent>) {
-    let Some(mut node) = context.caches.nodes.get(&ObjectRef::new(&name)) else {
+    let Some(mut node) = context.caches.nodes.get(&name) else {
         return (name, Outcome::Done { recheck_at: None }, None);
     };
+    let mut version = context.caches.nodes.resource_version(&name);
     let mut sent = sent;
     for attempt in 1..=CONFLICT_ATTEMPTS {
         let patch = match decide(&node, policy.as_ref(), &context.detection, sent.as_ref(), now()) {
@@ -427,7 +429,7 @@ async fn label(
             }
             Decision::Write(patch) => patch,
         };
-        match write_labels(&context.client, &name, node.resource_version(), &patch).await {
+        match write_labels(&context.client, &name, version.clone(), &patch).await {
             Ok(()) => {
                 log_write(&name, &patch);
                 let at = now();
@@ -439,7 +441,8 @@ async fn label(
                 // write the cache does not show yet): decide again on the node as it is now.
                 match Api::<Node>::all(context.client.clone()).get_opt(&name).await {
                     Ok(Some(fresh)) => {
-                        node = Arc::new(fresh);
+                        version = fresh.metadata.resource_version.clone();
+                        node = Arc::new(context.caches.nodes.project(&fresh));
                         // The API server's answer is newer than anything sent: nothing left to trust.
                         sent = None;
                     }
@@ -716,6 +719,11 @@ mod tests {
         node
     }
 
+    fn record(node: &Node) -> NodeRecord {
+        let keys = crate::projection::NodeKeys::default();
+        NodeRecord::project(node, &keys, &mut crate::projection::Interner::default())
+    }
+
     fn policy() -> LabelPolicy {
         LabelPolicy::default()
     }
@@ -725,7 +733,7 @@ mod tests {
         let t0 = Instant::now();
         let detection = GpuDetection::Nfd;
         let node = gpu_node(&[]);
-        let Decision::Write(patch) = decide(&node, Some(&policy()), &detection, None, t0) else {
+        let Decision::Write(patch) = decide(&record(&node), Some(&policy()), &detection, None, t0) else {
             panic!("a new GPU node is labelled");
         };
         assert_eq!(patch.labels.get(GPU_PRESENT), Some(&Some("true".into())));
@@ -735,7 +743,7 @@ mod tests {
         };
         // The node changes (its status, say) before the cache shows the patch: it is not sent again...
         let later = t0 + Duration::from_secs(1);
-        let decision = decide(&node, Some(&policy()), &detection, Some(&sent), later);
+        let decision = decide(&record(&node), Some(&policy()), &detection, Some(&sent), later);
         assert_eq!(
             decision,
             Decision::Wait {
@@ -758,7 +766,13 @@ mod tests {
         // Then, with the cache still not showing it, the patch goes again (preconditioned: if it had landed,
         // the API server answers 409 and the node is read afresh).
         assert_eq!(
-            decide(&node, Some(&policy()), &detection, Some(&sent), t0 + IN_FLIGHT),
+            decide(
+                &record(&node),
+                Some(&policy()),
+                &detection,
+                Some(&sent),
+                t0 + IN_FLIGHT
+            ),
             Decision::Write(patch.clone())
         );
         // Once the cache shows it, there is nothing to do.
@@ -780,7 +794,7 @@ mod tests {
             }
         }
         assert_eq!(
-            decide(&shown, Some(&policy()), &detection, Some(&sent), later),
+            decide(&record(&shown), Some(&policy()), &detection, Some(&sent), later),
             Decision::Nothing
         );
     }

@@ -21,6 +21,7 @@ use gpuop_api::labels::{
     DEPLOY_OPERANDS, DEPLOY_PREFIX, DRIVER_OWNER, GPU_PRESENT, GpuDetection, LEGACY_DEPLOY_LABELS,
     MIG_CONFIG, PAUSED_FOR_DRIVER_UPGRADE, PAUSED_FOR_MIG_CHANGE, is_mig_capable,
 };
+use gpuop_api::read::Labels;
 use gpuop_api::validate::{Sandbox, ValidatedPolicy};
 use gpuop_api::{NVIDIADriver, route_nodes};
 
@@ -92,13 +93,13 @@ impl NodePatch {
 ///
 /// `policy` is `None` when no ClusterPolicy is active: the operator then removes what it owns.
 pub fn desired_labels(
-    labels: &BTreeMap<String, String>,
-    annotations: &BTreeMap<String, String>,
+    labels: &(impl Labels + ?Sized),
+    annotations: &(impl Labels + ?Sized),
     policy: Option<&LabelPolicy>,
     detection: &GpuDetection,
 ) -> NodePatch {
     let owned: BTreeMap<&str, &str> = annotations
-        .get(OWNED_LABELS)
+        .get_label(OWNED_LABELS)
         .map(|pairs| pairs.split(',').filter_map(|pair| pair.split_once('=')).collect())
         .unwrap_or_default();
     let ours_unchanged = |key: &str, value: &str| owned.get(key) == Some(&value);
@@ -107,10 +108,7 @@ pub fn desired_labels(
     let mut patch = NodePatch::default();
     let mut now_owned: BTreeMap<&str, &str> = BTreeMap::new();
     for (key, value) in &wanted {
-        let current = labels
-            .get(key.as_str())
-            .map(String::as_str)
-            .filter(|v| !v.is_empty());
+        let current = labels.get_label(key).filter(|v| !v.is_empty());
         let write = match current {
             // Absent or empty (treated as absent): write it.
             None => true,
@@ -128,8 +126,8 @@ pub fn desired_labels(
         }
         now_owned.insert(key, value);
     }
-    let kill_switch = labels.get(DEPLOY_OPERANDS).is_some_and(|v| v == "false");
-    for (key, value) in labels {
+    let kill_switch = labels.get_label(DEPLOY_OPERANDS) == Some("false");
+    for (key, value) in labels.each_label() {
         if wanted.contains_key(key) {
             continue;
         }
@@ -137,8 +135,7 @@ pub fn desired_labels(
         // uses any more, they go even when the operator did not write them.
         let stray_switch = value == "true"
             && key != DEPLOY_OPERANDS
-            && (LEGACY_DEPLOY_LABELS.contains(&key.as_str())
-                || (kill_switch && key.starts_with(DEPLOY_PREFIX)));
+            && (LEGACY_DEPLOY_LABELS.contains(&key) || (kill_switch && key.starts_with(DEPLOY_PREFIX)));
         // A switch the driver or MIG manager paused was the operator's; with no policy nobody will ever
         // resume it, and no person writes these values.
         let paused_switch = policy.is_none()
@@ -147,7 +144,7 @@ pub fn desired_labels(
         // The routing label is the operator's alone (NVIDIADrivers may not select on it): a node no
         // NVIDIADriver serves has none, whoever wrote it.
         if ours_unchanged(key, value) || stray_switch || paused_switch || key == DRIVER_OWNER {
-            patch.labels.insert(key.clone(), None);
+            patch.labels.insert(key.to_owned(), None);
         }
     }
 
@@ -156,7 +153,7 @@ pub fn desired_labels(
         .map(|(key, value)| format!("{key}={value}"))
         .collect();
     let record = (!record.is_empty()).then(|| record.join(","));
-    if annotations.get(OWNED_LABELS) != record.as_ref() {
+    if annotations.get_label(OWNED_LABELS) != record.as_deref() {
         patch.annotations.insert(OWNED_LABELS.to_owned(), record);
     }
     patch
@@ -164,7 +161,7 @@ pub fn desired_labels(
 
 /// Every label the operator wants to own on the node, with its value.
 fn wanted_labels(
-    labels: &BTreeMap<String, String>,
+    labels: &(impl Labels + ?Sized),
     policy: Option<&LabelPolicy>,
     detection: &GpuDetection,
 ) -> BTreeMap<String, String> {
@@ -173,7 +170,7 @@ fn wanted_labels(
     let has_gpu = detection.has_gpu(labels);
     if has_gpu {
         wanted.insert(GPU_PRESENT.to_owned(), "true".to_owned());
-    } else if labels.contains_key(GPU_PRESENT) {
+    } else if labels.get_label(GPU_PRESENT).is_some() {
         // The GPU went away: say so (flip, do not delete), as NVIDIA's operator does.
         wanted.insert(GPU_PRESENT.to_owned(), "false".to_owned());
     }
@@ -187,14 +184,14 @@ fn wanted_labels(
         let owner = match routing.owner(name) {
             Some(owner) => Some(owner),
             // Claimed by several: fail closed, the node keeps what it has.
-            None if routing.conflicts.contains_key(name) => labels.get(DRIVER_OWNER).map(String::as_str),
+            None if routing.conflicts.contains_key(name) => labels.get_label(DRIVER_OWNER),
             None => None,
         };
         if let Some(owner) = owner {
             wanted.insert(DRIVER_OWNER.to_owned(), owner.to_owned());
         }
     }
-    if labels.get(DEPLOY_OPERANDS).is_some_and(|v| v == "false") {
+    if labels.get_label(DEPLOY_OPERANDS) == Some("false") {
         return wanted;
     }
     let (workload, mode) = Sandbox::node_workload(policy.sandbox, labels);
@@ -207,7 +204,7 @@ fn wanted_labels(
         && mig_capable
         && let Some(layout) = &policy.mig_default_layout
         && labels
-            .get(MIG_CONFIG)
+            .get_label(MIG_CONFIG)
             .is_none_or(|current| current.is_empty() || current == layout)
     {
         wanted.insert(MIG_CONFIG.to_owned(), layout.clone());

@@ -6,39 +6,46 @@
 //! tolerate. "Ready" means a pod of the operand's DaemonSet runs on the node, is Ready, and comes from the
 //! DaemonSet's latest revision: a node still running an outdated driver is not counted as done.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+use gpuop_api::OPERANDS;
 use gpuop_api::labels::GpuDetection;
 use gpuop_api::placement::{Misfit, daemon_pod_fits};
-use gpuop_api::upgrade::observe::{is_pod_ready, latest_revision, revision_of};
-use gpuop_api::{OPERANDS, Operand};
+use gpuop_api::read::{NodeRead, PodRead};
+use gpuop_api::status::MAX_LISTED_NODES;
+use gpuop_api::upgrade::observe::{latest_revision, revision_of};
+use gpuop_api::{Operand, OperandInfo};
 use gpuop_render::Rendered;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec};
 
+use crate::index::{Judgements, Placement};
+use crate::projection::{NodeKeys, NodeRecord, PodRecord, Text};
 use crate::status::OperandObservation;
 
 /// What the cluster looks like to the judge: the caches' contents, shared rather than copied.
 #[derive(Clone, Copy, Debug)]
 pub struct Observed<'a> {
     /// Every node.
-    pub nodes: &'a [Arc<Node>],
-    /// The operator's DaemonSets.
-    pub daemonsets: &'a [Arc<DaemonSet>],
-    /// The operand pods.
-    pub pods: &'a [Arc<Pod>],
-    /// The ControllerRevisions of the operator's DaemonSets.
-    pub revisions: &'a [Arc<ControllerRevision>],
+    pub nodes: &'a [Arc<NodeRecord>],
+    /// Per DaemonSet name, the nodes where it runs a ready pod of its latest revision ([`ready_nodes`]).
+    pub ready: &'a ReadyNodes,
 }
 
+/// Per DaemonSet name, the nodes where one of its pods of the latest revision runs and is Ready.
+pub type ReadyNodes = HashMap<String, HashSet<Text>>;
+
 /// One observation per enabled operand, in catalogue order; `detection` tells which nodes have a GPU.
+/// Placements are taken from `judgements` where the node and the templates are unchanged; returns how many
+/// were judged anew too.
 pub fn observe(
     rendered: &Rendered,
     observed: Observed<'_>,
     detection: &GpuDetection,
-) -> Vec<OperandObservation> {
-    let mut templates: BTreeMap<Operand, Vec<(&str, PodTemplateSpec)>> = BTreeMap::new();
+    judgements: &mut Judgements,
+) -> (Vec<OperandObservation>, usize) {
+    let mut templates: BTreeMap<Operand, Vec<(String, PodSpec)>> = BTreeMap::new();
     for manifest in rendered.objects.iter().filter(|m| m.kind() == "DaemonSet") {
         let Some(operand) = manifest.operand else { continue };
         let Ok(template) =
@@ -49,85 +56,130 @@ pub fn observe(
         templates
             .entry(operand)
             .or_default()
-            .push((manifest.name(), template));
+            .push((manifest.name().to_owned(), template.spec.unwrap_or_default()));
     }
-    let ready_by_daemonset = ready_nodes(observed);
-    OPERANDS
+    let mut judged = 0;
+    let observations = OPERANDS
         .iter()
         .filter_map(|info| {
             let templates = templates.get(&info.operand)?;
+            let scope: Vec<&str> = templates.iter().map(|(ds, _)| ds.as_str()).collect();
             let mut observation = OperandObservation {
                 operand: Some(info.operand),
                 ..OperandObservation::default()
             };
-            for node in observed.nodes {
-                let name = node.metadata.name.clone().unwrap_or_default();
-                let fits: Vec<(&str, Result<(), Misfit>)> = templates
-                    .iter()
-                    .map(|(ds, template)| {
-                        (
-                            *ds,
-                            daemon_pod_fits(node, template.spec.as_ref().unwrap_or(&Default::default())),
-                        )
-                    })
-                    .collect();
-                match fits.iter().find(|(_, fit)| fit.is_ok()) {
-                    Some((ds, _)) => {
-                        if ready_by_daemonset
-                            .get(*ds)
-                            .is_some_and(|ready| ready.contains(&name))
-                        {
-                            observation.ready.insert(name.clone());
-                        }
-                        observation.expected.insert(name);
-                    }
-                    None => {
-                        // Wanted here (a GPU node with the deploy switch on) but the pods cannot come.
-                        let switched_on = labels(node).get(info.deploy_label).is_some_and(|v| v == "true");
-                        let gpu = detection.has_gpu(labels(node));
-                        let blocked = fits
-                            .iter()
-                            .any(|(_, fit)| fit.as_ref().is_err_and(Misfit::excludes));
-                        if switched_on && gpu && blocked {
-                            observation.excluded.insert(name);
+            let ready: Vec<Option<&HashSet<Text>>> =
+                templates.iter().map(|(ds, _)| observed.ready.get(ds)).collect();
+            let mut not_ready: Vec<Text> = Vec::new();
+            judged += judgements.placements(
+                &format!("{}/{}", info.operand.id(), scope.join(",")),
+                templates,
+                observed.nodes,
+                |node| judge_placement(node, templates, info, detection),
+                |name, placement| match placement {
+                    Placement::Expected(template) => {
+                        observation.expected += 1;
+                        if ready[template].is_some_and(|ready| ready.contains(name)) {
+                            observation.ready += 1;
+                        } else {
+                            not_ready.push(name.clone());
                         }
                     }
-                }
-            }
+                    Placement::Excluded => {
+                        observation.excluded.insert(name.to_string());
+                    }
+                    Placement::Elsewhere => {}
+                },
+            );
+            observation.not_ready = first_by_name(not_ready, MAX_LISTED_NODES);
             Some(observation)
         })
-        .collect()
+        .collect();
+    (observations, judged)
 }
 
-fn labels(node: &Node) -> &BTreeMap<String, String> {
-    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
-    node.metadata.labels.as_ref().unwrap_or(&EMPTY)
+/// The NFD label keys the rendered DaemonSets' pod templates select on (node selector, required node
+/// affinity): the node cache must keep them before the pods are judged.
+pub fn template_keys(rendered: &Rendered) -> NodeKeys {
+    let mut keys = NodeKeys::default();
+    for manifest in rendered.objects.iter().filter(|m| m.kind() == "DaemonSet") {
+        if let Ok(template) =
+            serde_json::from_value::<PodTemplateSpec>(manifest.object["spec"]["template"].clone())
+        {
+            keys.extend_from_pod_spec(&template.spec.unwrap_or_default());
+        }
+    }
+    keys
 }
 
-/// Per DaemonSet name, the nodes where one of its pods of the latest revision is Running and Ready.
-fn ready_nodes(observed: Observed<'_>) -> BTreeMap<String, BTreeSet<String>> {
-    let mut ready = BTreeMap::new();
-    for daemonset in observed.daemonsets {
-        let Some(uid) = daemonset.metadata.uid.as_deref() else {
+/// The first `count` names in name order, in O(n).
+fn first_by_name(mut names: Vec<Text>, count: usize) -> Vec<String> {
+    if names.len() > count {
+        names.select_nth_unstable(count);
+        names.truncate(count);
+    }
+    names.sort_unstable();
+    names.into_iter().map(|name| name.to_string()).collect()
+}
+
+/// Where an operand's pods go on a node: the first template whose pods fit; else excluded when the node
+/// wants them (a GPU node with the deploy switch on) and a taint or the required affinity keeps them off.
+pub fn judge_placement(
+    node: &NodeRecord,
+    templates: &[(String, PodSpec)],
+    info: &OperandInfo,
+    detection: &GpuDetection,
+) -> Placement {
+    let fits: Vec<Result<(), Misfit>> = templates
+        .iter()
+        .map(|(_, spec)| daemon_pod_fits(node, spec))
+        .collect();
+    if let Some(template) = fits.iter().position(Result::is_ok) {
+        return Placement::Expected(template);
+    }
+    let switched_on = node.label(info.deploy_label) == Some("true");
+    let gpu = detection.has_gpu(&node.labels);
+    let blocked = fits.iter().any(|fit| fit.as_ref().is_err_and(Misfit::excludes));
+    if switched_on && gpu && blocked {
+        Placement::Excluded
+    } else {
+        Placement::Elsewhere
+    }
+}
+
+/// Per DaemonSet name, the nodes where one of its pods of the latest revision is Running and Ready: one
+/// look at each pod, whatever the number of DaemonSets.
+pub fn ready_nodes<'a>(
+    daemonsets: impl IntoIterator<Item = &'a DaemonSet>,
+    pods: impl IntoIterator<Item = &'a PodRecord>,
+    revisions: &[&ControllerRevision],
+) -> ReadyNodes {
+    // By uid: the DaemonSet's name and its latest revision.
+    let owners: HashMap<&str, (&str, Option<String>)> = daemonsets
+        .into_iter()
+        .filter_map(|ds| {
+            let uid = ds.metadata.uid.as_deref()?;
+            let name = ds.metadata.name.as_deref().unwrap_or_default();
+            Some((uid, (name, latest_revision(uid, revisions.iter().copied()))))
+        })
+        .collect();
+    let mut ready: ReadyNodes = owners
+        .values()
+        .map(|(name, _)| ((*name).to_owned(), HashSet::new()))
+        .collect();
+    for pod in pods {
+        let Some((name, latest)) = pod.daemonset_uid().and_then(|uid| owners.get(uid)) else {
             continue;
         };
-        let name = daemonset.metadata.name.clone().unwrap_or_default();
-        let latest = latest_revision(uid, observed.revisions.iter().map(|r| &**r));
-        let nodes: BTreeSet<String> = observed
-            .pods
-            .iter()
-            .filter(|pod| {
-                pod.metadata
-                    .owner_references
-                    .iter()
-                    .flatten()
-                    .any(|o| o.uid == uid)
-            })
-            .filter(|pod| pod.metadata.deletion_timestamp.is_none() && is_pod_ready(pod))
-            .filter(|pod| latest.is_none() || revision_of(pod) == latest.as_deref())
-            .filter_map(|pod| pod.spec.as_ref()?.node_name.clone())
-            .collect();
-        ready.insert(name, nodes);
+        if pod.terminating() || pod.ready_since().is_none() {
+            continue;
+        }
+        if latest.is_some() && revision_of(pod) != latest.as_deref() {
+            continue;
+        }
+        if let (Some(node), Some(set)) = (&pod.node, ready.get_mut(*name)) {
+            set.insert(node.clone());
+        }
     }
     ready
 }
@@ -135,12 +187,10 @@ fn ready_nodes(observed: Observed<'_>) -> BTreeMap<String, BTreeSet<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::projection::Interner;
     use gpuop_api::upgrade::observe::REVISION_HASH;
-
-    fn arcs<T, const N: usize>(items: [T; N]) -> Vec<Arc<T>> {
-        items.into_iter().map(Arc::new).collect()
-    }
     use gpuop_render::Manifest;
+    use k8s_openapi::api::core::v1::{Node, Pod};
     use k8s_openapi::api::core::v1::{NodeSpec, PodCondition, PodSpec, PodStatus, Taint};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
     use serde_json::json;
@@ -205,6 +255,8 @@ mod tests {
                 name: Some(format!("{operand}-{node}")),
                 labels: Some([(REVISION_HASH.to_owned(), hash.to_owned())].into()),
                 owner_references: Some(vec![OwnerReference {
+                    kind: "DaemonSet".into(),
+                    controller: Some(true),
                     uid: format!("uid-{operand}"),
                     ..OwnerReference::default()
                 }]),
@@ -244,12 +296,41 @@ mod tests {
     const ON: (&str, &str) = ("nvidia.com/gpu.deploy.device-plugin", "true");
     const GPU: (&str, &str) = ("feature.node.kubernetes.io/pci-10de.present", "true");
 
+    /// The cluster as the caches project it, observed once with fresh judgements.
+    fn observe_all(
+        rendered: &Rendered,
+        nodes: &[Node],
+        daemonsets: &[DaemonSet],
+        pods: &[Pod],
+        revisions: &[ControllerRevision],
+    ) -> Vec<OperandObservation> {
+        let mut interner = Interner::default();
+        let nodes = project_nodes(nodes, &mut interner);
+        let pods: Vec<PodRecord> = pods
+            .iter()
+            .map(|p| PodRecord::project(p, &mut interner))
+            .collect();
+        let ready = ready_nodes(daemonsets, &pods, &revisions.iter().collect::<Vec<_>>());
+        let observed = Observed {
+            nodes: &nodes,
+            ready: &ready,
+        };
+        observe(rendered, observed, &GpuDetection::Nfd, &mut Judgements::default()).0
+    }
+
+    fn project_nodes(nodes: &[Node], interner: &mut Interner) -> Vec<Arc<NodeRecord>> {
+        nodes
+            .iter()
+            .map(|n| Arc::new(NodeRecord::project(n, &NodeKeys::default(), interner)))
+            .collect()
+    }
+
     #[test]
     fn expected_nodes_come_from_the_templates_and_tainted_ones_are_excluded() {
         let rendered = Rendered {
             objects: vec![rendered_daemonset(Operand::DevicePlugin)],
         };
-        let nodes = arcs([
+        let nodes = [
             node("a", &[ON, GPU], None),
             node("b", &[ON, GPU], None),
             node("tainted", &[ON, GPU], Some("dedicated")),
@@ -259,27 +340,17 @@ mod tests {
                 None,
             ),
             node("cpu", &[], None),
-        ]);
-        let daemonsets = arcs([daemonset(Operand::DevicePlugin)]);
-        let pods = arcs([
+        ];
+        let pods = [
             pod(Operand::DevicePlugin, "a", true, "h1"),
             pod(Operand::DevicePlugin, "b", false, "h1"),
-        ]);
-        let observations = observe(
-            &rendered,
-            Observed {
-                nodes: &nodes,
-                daemonsets: &daemonsets,
-                pods: &pods,
-                revisions: &[],
-            },
-            &GpuDetection::Nfd,
-        );
+        ];
+        let observations = observe_all(&rendered, &nodes, &[daemonset(Operand::DevicePlugin)], &pods, &[]);
         assert_eq!(observations.len(), 1);
         let plugin = &observations[0];
         assert_eq!(plugin.operand, Some(Operand::DevicePlugin));
-        assert_eq!(plugin.expected, ["a", "b"].map(String::from).into());
-        assert_eq!(plugin.ready, ["a"].map(String::from).into());
+        assert_eq!((plugin.expected, plugin.ready), (2, 1));
+        assert_eq!(plugin.not_ready, ["b"]);
         assert_eq!(plugin.excluded, ["tainted"].map(String::from).into());
     }
 
@@ -288,45 +359,178 @@ mod tests {
         let rendered = Rendered {
             objects: vec![rendered_daemonset(Operand::Driver)],
         };
-        let nodes = arcs([
+        let nodes = [
             node("a", &[("nvidia.com/gpu.deploy.driver", "true")], None),
             node("b", &[("nvidia.com/gpu.deploy.driver", "true")], None),
-        ]);
-        let daemonsets = arcs([daemonset(Operand::Driver)]);
-        let pods = arcs([
+        ];
+        let pods = [
             pod(Operand::Driver, "a", true, "new"),
             pod(Operand::Driver, "b", true, "old"),
-        ]);
-        let revisions = arcs([
+        ];
+        let revisions = [
             revision(Operand::Driver, "old", 1),
             revision(Operand::Driver, "new", 2),
-        ]);
-        let observations = observe(
+        ];
+        let observations = observe_all(
             &rendered,
-            Observed {
-                nodes: &nodes,
-                daemonsets: &daemonsets,
-                pods: &pods,
-                revisions: &revisions,
-            },
-            &GpuDetection::Nfd,
+            &nodes,
+            &[daemonset(Operand::Driver)],
+            &pods,
+            &revisions,
         );
-        assert_eq!(observations[0].ready, ["a"].map(String::from).into());
+        assert_eq!(observations[0].ready, 1);
+        assert_eq!(observations[0].not_ready, ["b"]);
     }
 
     #[test]
     fn operands_that_were_not_rendered_are_not_observed() {
-        let rendered = Rendered::default();
-        let observations = observe(
-            &rendered,
-            Observed {
-                nodes: &[],
-                daemonsets: &[],
-                pods: &[],
-                revisions: &[],
-            },
-            &GpuDetection::Nfd,
+        assert!(observe_all(&Rendered::default(), &[], &[], &[], &[]).is_empty());
+    }
+
+    #[test]
+    fn the_status_lists_the_first_nodes_by_name_and_counts_them_all() {
+        let rendered = Rendered {
+            objects: vec![rendered_daemonset(Operand::DevicePlugin)],
+        };
+        let nodes: Vec<Node> = (0..100)
+            .rev()
+            .map(|i| node(&format!("gpu-{i:03}"), &[ON, GPU], None))
+            .collect();
+        let observations = observe_all(&rendered, &nodes, &[], &[], &[]);
+        assert_eq!((observations[0].expected, observations[0].ready), (100, 0));
+        let first: Vec<String> = (0..MAX_LISTED_NODES).map(|i| format!("gpu-{i:03}")).collect();
+        assert_eq!(observations[0].not_ready, first);
+    }
+
+    /// The readiness scan as it was before the pod index: per DaemonSet, every pod it owns.
+    fn scanned(daemonsets: &[DaemonSet], pods: &[Pod], revisions: &[ControllerRevision]) -> ReadyNodes {
+        daemonsets
+            .iter()
+            .map(|ds| {
+                let uid = ds.metadata.uid.as_deref().unwrap();
+                let latest = latest_revision(uid, revisions);
+                let nodes = pods
+                    .iter()
+                    .filter(|pod| {
+                        pod.metadata
+                            .owner_references
+                            .iter()
+                            .flatten()
+                            .any(|o| o.uid == uid)
+                    })
+                    .filter(|pod| pod.metadata.deletion_timestamp.is_none() && pod.ready_since().is_some())
+                    .filter(|pod| latest.is_none() || revision_of(*pod) == latest.as_deref())
+                    .filter_map(|pod| pod.node_name().map(Text::from))
+                    .collect();
+                (ds.metadata.name.clone().unwrap(), nodes)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_pod_index_finds_the_same_ready_nodes_as_a_scan_per_daemonset() {
+        let operands = [Operand::Driver, Operand::DevicePlugin, Operand::DcgmExporter];
+        let daemonsets: Vec<DaemonSet> = operands.iter().map(|o| daemonset(*o)).collect();
+        let revisions = [
+            revision(Operand::Driver, "old", 1),
+            revision(Operand::Driver, "new", 2),
+            revision(Operand::DevicePlugin, "p1", 1),
+        ];
+        let mut pods = Vec::new();
+        for i in 0..300 {
+            let operand = operands[i % 3];
+            let hash = match (operand, i % 7) {
+                (Operand::Driver, 0) => "old",
+                (Operand::Driver, _) => "new",
+                (Operand::DevicePlugin, 3) => "p0",
+                _ => "p1",
+            };
+            let mut pod = pod(operand, &format!("gpu-{}", i % 50), i % 5 != 0, hash);
+            if i % 11 == 0 {
+                pod.metadata.deletion_timestamp = Some(time());
+            }
+            pods.push(pod);
+        }
+        // A pod of a DaemonSet the operator does not own, on a node its own pods also run on.
+        let mut stray = pod(Operand::Driver, "gpu-1", true, "new");
+        stray.metadata.owner_references.as_mut().unwrap()[0].uid = "someone-else".into();
+        pods.push(stray);
+        let mut interner = Interner::default();
+        let records: Vec<PodRecord> = pods
+            .iter()
+            .map(|p| PodRecord::project(p, &mut interner))
+            .collect();
+        let indexed = ready_nodes(&daemonsets, &records, &revisions.iter().collect::<Vec<_>>());
+        let expected = scanned(&daemonsets, &pods, &revisions);
+        assert_eq!(indexed, expected);
+        assert!(
+            indexed
+                .values()
+                .all(|nodes| !nodes.is_empty() && nodes.len() < 50)
         );
-        assert!(observations.is_empty());
+    }
+
+    fn time() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+    }
+
+    /// At 2,000 nodes, a pass with nothing changed judges no node, and one after a node's labels changed
+    /// judges that node once per operand; a change of the templates judges every node again.
+    #[test]
+    fn only_changed_nodes_are_judged_again() {
+        let operands = [Operand::Driver, Operand::DevicePlugin, Operand::DcgmExporter];
+        let rendered = Rendered {
+            objects: operands.iter().map(|o| rendered_daemonset(*o)).collect(),
+        };
+        let on: Vec<(&str, &str)> = operands
+            .iter()
+            .map(|o| (o.info().deploy_label, "true"))
+            .chain([GPU])
+            .collect();
+        let nodes: Vec<Node> = (0..2000)
+            .map(|i| node(&format!("gpu-{i:04}"), &on, None))
+            .collect();
+        let mut interner = Interner::default();
+        let mut records = project_nodes(&nodes, &mut interner);
+        let ready = ReadyNodes::new();
+        let mut judgements = Judgements::default();
+        let mut pass = |records: &[Arc<NodeRecord>], rendered: &Rendered| {
+            let observed = Observed {
+                nodes: records,
+                ready: &ready,
+            };
+            observe(rendered, observed, &GpuDetection::Nfd, &mut judgements)
+        };
+        let (first, judged) = pass(&records, &rendered);
+        assert_eq!(judged, 2000 * operands.len());
+        assert!(first.iter().all(|o| o.expected == 2000));
+
+        let (again, judged) = pass(&records, &rendered);
+        assert_eq!(judged, 0, "nothing changed");
+        assert_eq!(again, first);
+
+        // One node's deploy switch goes off: that node is judged again, for each operand.
+        let mut changed = nodes[7].clone();
+        changed
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(Operand::DevicePlugin.info().deploy_label.into(), "false".into());
+        records[7] = Arc::new(NodeRecord::project(&changed, &NodeKeys::default(), &mut interner));
+        let (after, judged) = pass(&records, &rendered);
+        assert_eq!(judged, operands.len());
+        let plugin = after
+            .iter()
+            .find(|o| o.operand == Some(Operand::DevicePlugin))
+            .unwrap();
+        assert_eq!(plugin.expected, 1999);
+
+        // Templates that changed judge every node against them again.
+        let mut tolerant = rendered.clone();
+        tolerant.objects[0].object["spec"]["template"]["spec"]["tolerations"] =
+            json!([{"operator": "Exists"}]);
+        let (_, judged) = pass(&records, &tolerant);
+        assert_eq!(judged, 2000, "only the driver's templates changed");
     }
 }

@@ -168,8 +168,10 @@ pub async fn diff_live(
 
     use crate::apply::{self, MANAGED_KINDS, Owned};
     use crate::diff_live::{LivePod, desired_objects, diff};
-    use crate::facts::{FactsInput, NodeFacts, cluster_facts};
+    use crate::facts::{FactsInput, cluster_facts};
+    use crate::index::Judgements;
     use crate::labeler::LabelPolicy;
+    use crate::projection::{Interner, NodeKeys, NodeRecord};
 
     let read = |what: &str| {
         let what = what.to_owned();
@@ -189,14 +191,11 @@ pub async fn diff_live(
             .collect::<Vec<_>>()
             .join("\n"),
     })?;
-    let nodes: Vec<Arc<Node>> = Api::<Node>::all(client.clone())
+    let listed_nodes = Api::<Node>::all(client.clone())
         .list(&list)
         .await
         .map_err(read("Nodes"))?
-        .items
-        .into_iter()
-        .map(Arc::new)
-        .collect();
+        .items;
     let nvidia_drivers_on = validated.spec.driver.use_nvidia_driver_crd();
     let drivers: Vec<Arc<NVIDIADriver>> = if nvidia_drivers_on {
         Api::<NVIDIADriver>::all(client.clone())
@@ -214,15 +213,25 @@ pub async fn diff_live(
     if nvidia_drivers_on {
         label_policy.nvidia_drivers = Some(drivers.iter().map(|d| (**d).clone()).collect());
     }
+    // The nodes as the operator's cache keeps them, with the NFD labels the NVIDIADrivers select on.
+    let mut keys = NodeKeys::of_detection(input.detection);
+    for driver in &drivers {
+        keys.extend(driver.spec.effective_node_selector().keys().map(String::as_str));
+    }
+    let mut interner = Interner::default();
+    let nodes: Vec<Arc<NodeRecord>> = listed_nodes
+        .iter()
+        .map(|node| Arc::new(NodeRecord::project(node, &keys, &mut interner)))
+        .collect();
+    let mut judged = Judgements::default();
+    judged.refresh_facts(&nodes, &label_policy, input.detection);
     let service_monitor_crd = crate::run::service_monitor_crd(client).await;
     let (mut facts, _) = cluster_facts(
-        nodes.iter().map(|node| NodeFacts::of(node)),
+        judged.facts(),
         FactsInput {
             namespace: input.namespace,
             precompiled: validated.spec.driver.use_precompiled(),
             service_monitor_crd,
-            detection: input.detection,
-            labelling: &label_policy,
         },
     );
     facts.config_map_keys = crate::controller::read_config_map_keys(
@@ -247,11 +256,11 @@ pub async fn diff_live(
     let plans = crate::drivers::plan(
         &drivers,
         &nodes,
+        &judged,
         &routing,
         crate::drivers::DriversInput {
             enabled: nvidia_drivers_on,
             namespace: input.namespace,
-            detection: input.detection,
             image_defaults: input.image_defaults,
             host_root: &host_root,
             runtime: facts.runtime,

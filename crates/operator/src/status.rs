@@ -21,11 +21,13 @@ use crate::facts::Census;
 pub struct OperandObservation {
     /// The operand (its catalogue id is the status name).
     pub operand: Option<Operand>,
-    /// Nodes its DaemonSets should run on: the deploy switch is on, the selectors match, taints are
-    /// tolerated.
-    pub expected: BTreeSet<String>,
-    /// Of those, nodes where its pod runs and is ready.
-    pub ready: BTreeSet<String>,
+    /// How many nodes its DaemonSets should run on: the deploy switch is on, the selectors match, taints
+    /// are tolerated.
+    pub expected: usize,
+    /// Of those, how many run its pod, ready.
+    pub ready: usize,
+    /// Of the others, the first [`MAX_LISTED_NODES`] by name (all the status lists).
+    pub not_ready: Vec<String>,
     /// GPU nodes with its deploy switch on that its pods cannot go to (an untolerated taint, a selector).
     pub excluded: BTreeSet<String>,
 }
@@ -456,9 +458,9 @@ fn operand_status(observation: &OperandObservation) -> Option<OperandStatus> {
     };
     Some(OperandStatus {
         name: operand.id().to_owned(),
-        expected: count(observation.expected.len()),
-        ready: count(observation.ready.intersection(&observation.expected).count()),
-        not_ready_nodes: listed(&mut observation.expected.difference(&observation.ready)),
+        expected: count(observation.expected),
+        ready: count(observation.ready),
+        not_ready_nodes: listed(&mut observation.not_ready.iter()),
         excluded_nodes: listed(&mut observation.excluded.iter()),
     })
 }
@@ -540,10 +542,16 @@ mod tests {
     }
 
     fn observation(operand: Operand, expected: &[&str], ready: &[&str]) -> OperandObservation {
+        let (expected, ready) = (nodes(expected), nodes(ready));
         OperandObservation {
             operand: Some(operand),
-            expected: nodes(expected),
-            ready: nodes(ready),
+            expected: expected.len(),
+            ready: ready.intersection(&expected).count(),
+            not_ready: expected
+                .difference(&ready)
+                .take(MAX_LISTED_NODES)
+                .cloned()
+                .collect(),
             excluded: BTreeSet::new(),
         }
     }

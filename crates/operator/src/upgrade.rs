@@ -16,16 +16,17 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use gpuop_api::labels::{UPGRADE_ENABLED_ANNOTATION, UPGRADE_STATE};
+use gpuop_api::read::NodeRead;
 use gpuop_api::upgrade::observe::{DriverPods, PoolScope, node_view, validators, workload_pod};
 use gpuop_api::upgrade::{
     Decision, EVICTION_RETRY_SECONDS, Step, UpgradeCounts, UpgradePolicy, UpgradeState, WorkloadPod, decide,
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
 use kube::api::{DeleteParams, EvictParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Resource, ResourceExt};
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -33,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::controller::Context;
+use crate::projection::NodeRecord;
 
 /// The shortest time between the starts of two passes while nodes are being upgraded: each of a node's
 /// moves waits for a pass.
@@ -77,8 +79,9 @@ pub type Pools = watch::Sender<Option<Upgrades>>;
 struct Memory {
     /// Per node, the state seen and since when (seconds).
     since: BTreeMap<String, (UpgradeState, i64)>,
-    /// Per node, the resourceVersion it had when this controller patched it, and the patched node.
-    patched: BTreeMap<String, (Option<String>, Arc<Node>, Instant)>,
+    /// Per node, the resourceVersion it had when this controller patched it, the patched node and its
+    /// resourceVersion.
+    patched: BTreeMap<String, Patched>,
     /// Driver pods deleted, by name.
     deleted: BTreeMap<String, Instant>,
     /// Pods whose eviction was asked for, by `namespace/name`: not asked again before
@@ -88,6 +91,15 @@ struct Memory {
     node_pods: NodePods,
     /// Whether the last pass saw nodes waiting for or in an upgrade.
     upgrading: bool,
+}
+
+/// A node as this controller patched it, until the cache shows the patch.
+#[derive(Debug)]
+struct Patched {
+    before: Option<String>,
+    node: Arc<NodeRecord>,
+    version: Option<String>,
+    at: Instant,
 }
 
 /// Runs the upgrade controller until `shutdown`.
@@ -138,7 +150,9 @@ pub async fn run_upgrades(context: Arc<Context>, shutdown: CancellationToken) {
 async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> Duration {
     context.metrics.upgrade_pass();
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    memory.patched.retain(|_, (_, _, at)| at.elapsed() < IN_FLIGHT);
+    memory
+        .patched
+        .retain(|_, patched| patched.at.elapsed() < IN_FLIGHT);
     memory.deleted.retain(|_, at| at.elapsed() < IN_FLIGHT);
     memory
         .evicted
@@ -158,7 +172,7 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
     let mut total = UpgradeCounts::default();
     let mut seen: BTreeSet<String> = BTreeSet::new();
     for pool in pools {
-        let members: Vec<&Arc<Node>> = nodes
+        let members: Vec<&Arc<NodeRecord>> = nodes
             .values()
             .filter(|node| pool.scope.includes(node, &drivers))
             .collect();
@@ -169,7 +183,7 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
         let mut views = Vec::with_capacity(members.len());
         let mut unknown: BTreeSet<String> = BTreeSet::new();
         for node in &members {
-            let name = node.name_any();
+            let name = node.name.to_string();
             seen.insert(name.clone());
             let mut view = node_view(
                 node,
@@ -211,25 +225,32 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
 }
 
 /// Every node, with this controller's own patches standing in for cached copies that do not show them yet.
-fn current_nodes(context: &Context, memory: &mut Memory) -> BTreeMap<String, Arc<Node>> {
-    let mut nodes: BTreeMap<String, Arc<Node>> = context
+fn current_nodes(context: &Context, memory: &mut Memory) -> BTreeMap<String, Arc<NodeRecord>> {
+    let mut nodes: BTreeMap<String, Arc<NodeRecord>> = context
         .caches
         .nodes
         .state()
         .into_iter()
-        .map(|node| (node.name_any(), node))
+        .map(|node| (node.name.to_string(), node))
         .collect();
-    memory
-        .patched
-        .retain(|name, (before, patched, _)| match nodes.get_mut(name) {
-            // The cache still shows the node as it was before the patch: the patched copy is newer.
-            Some(cached) if cached.metadata.resource_version == *before => {
-                *cached = patched.clone();
-                true
-            }
-            _ => false,
-        });
+    memory.patched.retain(|name, patched| match nodes.get_mut(name) {
+        // The cache still shows the node as it was before the patch: the patched copy is newer.
+        Some(cached) if context.caches.nodes.resource_version(name) == patched.before => {
+            *cached = patched.node.clone();
+            true
+        }
+        _ => false,
+    });
     nodes
+}
+
+/// The resourceVersion of the node as this controller sees it: its own patch's while the cache does not
+/// show it, else the cache's.
+fn version_of(context: &Context, memory: &Memory, name: &str) -> Option<String> {
+    match memory.patched.get(name) {
+        Some(patched) => patched.version.clone(),
+        None => context.caches.nodes.resource_version(name),
+    }
 }
 
 /// The node states in which the node's pods are needed.
@@ -362,7 +383,7 @@ async fn carry_out(
     context: &Context,
     pool: &UpgradePool,
     decision: &Decision,
-    nodes: &BTreeMap<String, Arc<Node>>,
+    nodes: &BTreeMap<String, Arc<NodeRecord>>,
     memory: &mut Memory,
 ) -> Duration {
     let mut next = decision.recheck_in.map_or(RESYNC, Duration::from_secs);
@@ -392,27 +413,25 @@ async fn carry_out(
     for chunk in steps.chunks(CONCURRENCY) {
         let results = futures::future::join_all(chunk.iter().map(|step| {
             let node = nodes.get(&step.node).cloned();
+            let version = version_of(context, memory, &step.node);
             async move {
-                (
-                    step,
-                    node.clone(),
-                    execute(context, pool, step, node.as_deref()).await,
-                )
+                let result = execute(context, pool, step, node.as_deref(), version.clone()).await;
+                (step, node.map(|_| version), result)
             }
         }))
         .await;
         for (step, before, result) in results {
             match result {
                 Ok(outcome) => {
-                    if let (Some(mut patched), Some(before)) = (outcome.patched, before) {
-                        crate::caches::trim_node(&mut patched);
+                    if let (Some(patched), Some(before)) = (outcome.patched, before) {
                         memory.patched.insert(
                             step.node.clone(),
-                            (
-                                before.metadata.resource_version.clone(),
-                                Arc::new(patched),
-                                Instant::now(),
-                            ),
+                            Patched {
+                                before,
+                                node: Arc::new(context.caches.nodes.project(&patched)),
+                                version: patched.metadata.resource_version.clone(),
+                                at: Instant::now(),
+                            },
                         );
                     }
                     if let Some(pod) = &step.restart_driver {
@@ -447,13 +466,14 @@ async fn execute(
     context: &Context,
     pool: &UpgradePool,
     step: &Step,
-    node: Option<&Node>,
+    node: Option<&NodeRecord>,
+    version: Option<String>,
 ) -> Result<Executed, kube::Error> {
     let mut executed = Executed::default();
     if step.patches_node() {
-        let Some(node) = node else {
+        if node.is_none() {
             return Ok(executed);
-        };
+        }
         let api: Api<Node> = Api::all(context.client.clone());
         let mut metadata = Map::new();
         if let Some(state) = step.to {
@@ -474,8 +494,8 @@ async fn execute(
         }
         if step.unschedulable == Some(true) {
             // A cordon takes budget: it holds only for the node as decided on.
-            if let Some(version) = &node.metadata.resource_version {
-                metadata.insert("resourceVersion".into(), Value::String(version.clone()));
+            if let Some(version) = version {
+                metadata.insert("resourceVersion".into(), Value::String(version));
             }
         }
         let mut patch = json!({ "metadata": metadata });
@@ -535,7 +555,14 @@ async fn execute(
             action: "DriverUpgrade".into(),
             secondary: None,
         };
-        if let Err(error) = context.recorder.publish(&event, &node.object_ref(&())).await {
+        let regarding = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.name.to_string()),
+            uid: node.uid.as_deref().map(str::to_owned),
+            ..Default::default()
+        };
+        if let Err(error) = context.recorder.publish(&event, &regarding).await {
             warn!(%error, "cannot publish an event");
         }
         if note.warning {
@@ -547,12 +574,12 @@ async fn execute(
 
 /// With automatic upgrades off, the state labels go (as NVIDIA's operator removes them), so that a later
 /// switch-on starts from what the drivers are, not from stale states.
-async fn switch_off(context: &Context, pool: &UpgradePool, members: &[&Arc<Node>]) -> Duration {
+async fn switch_off(context: &Context, pool: &UpgradePool, members: &[&Arc<NodeRecord>]) -> Duration {
     let api: Api<Node> = Api::all(context.client.clone());
     let mut next = RESYNC;
     for node in members {
-        let labelled = label(&node.metadata.labels, UPGRADE_STATE).is_some();
-        let annotated = label(&node.metadata.annotations, UPGRADE_ENABLED_ANNOTATION).is_some();
+        let labelled = node.label(UPGRADE_STATE).is_some();
+        let annotated = node.annotation(UPGRADE_ENABLED_ANNOTATION).is_some();
         if !labelled && !annotated {
             continue;
         }
@@ -563,14 +590,14 @@ async fn switch_off(context: &Context, pool: &UpgradePool, members: &[&Arc<Node>
             }
         });
         match api
-            .patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
             Ok(_) => {
-                info!(node = %node.name_any(), pool = %pool.owner, "automatic driver upgrades are off; state label removed")
+                info!(node = %node.name, pool = %pool.owner, "automatic driver upgrades are off; state label removed")
             }
             Err(error) => {
-                warn!(node = %node.name_any(), %error, "cannot remove the upgrade state label; retrying");
+                warn!(node = %node.name, %error, "cannot remove the upgrade state label; retrying");
                 next = Duration::from_secs(2);
             }
         }
@@ -591,18 +618,18 @@ async fn release_all(context: &Context) -> Duration {
         }
         match api
             .patch(
-                &node.name_any(),
+                &node.name,
                 &PatchParams::default(),
                 &Patch::Merge(release_patch(&release)),
             )
             .await
         {
             Ok(_) => {
-                info!(node = %node.name_any(), uncordoned = release.uncordon, "no ClusterPolicy: driver upgrade state removed")
+                info!(node = %node.name, uncordoned = release.uncordon, "no ClusterPolicy: driver upgrade state removed")
             }
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             Err(error) => {
-                warn!(node = %node.name_any(), %error, "cannot remove the driver upgrade state; retrying");
+                warn!(node = %node.name, %error, "cannot remove the driver upgrade state; retrying");
                 next = Duration::from_secs(2);
             }
         }
@@ -611,12 +638,11 @@ async fn release_all(context: &Context) -> Duration {
 }
 
 /// [`gpuop_api::upgrade::release`] of a node.
-pub fn release_of(node: &Node) -> gpuop_api::upgrade::Release {
-    let empty = BTreeMap::new();
+pub fn release_of(node: &NodeRecord) -> gpuop_api::upgrade::Release {
     gpuop_api::upgrade::release(
-        node.metadata.labels.as_ref().unwrap_or(&empty),
-        node.metadata.annotations.as_ref().unwrap_or(&empty),
-        node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+        &node.labels.to_map(),
+        &node.annotations.to_map(),
+        node.unschedulable,
     )
 }
 
@@ -636,10 +662,6 @@ pub fn release_patch(release: &gpuop_api::upgrade::Release) -> Value {
         patch["spec"] = json!({ "unschedulable": false });
     }
     patch
-}
-
-fn label<'a>(labels: &'a Option<BTreeMap<String, String>>, key: &str) -> Option<&'a str> {
-    labels.as_ref()?.get(key).map(String::as_str)
 }
 
 fn add(total: &mut UpgradeCounts, counts: &UpgradeCounts) {

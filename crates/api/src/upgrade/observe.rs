@@ -5,17 +5,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Container, Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 use super::{Disruption, DriverPod, NodeView, UpgradeState, WorkloadPod};
 use crate::Operand;
-use crate::driver::DRIVER_CONFIG_DIGEST;
 use crate::labels::{
     COMPONENT, DRIVER_OWNER, UPGRADE_ENABLED_ANNOTATION, UPGRADE_INITIAL_UNSCHEDULABLE, UPGRADE_REQUESTED,
     UPGRADE_RESTART_ONLY, UPGRADE_SKIP, UPGRADE_STATE, UPGRADE_VALIDATION_START,
     UPGRADE_WAIT_FOR_COMPLETION_START, UPGRADE_WAIT_FOR_SAFE_LOAD,
 };
+use crate::read::{NodeRead, PodRead};
 use crate::selector::{LabelSelector, SelectorError};
 
 /// Label naming the revision a DaemonSet pod or ControllerRevision belongs to.
@@ -34,39 +34,18 @@ pub fn latest_revision<'a>(
 }
 
 /// The pod's revision hash.
-pub fn revision_of(pod: &Pod) -> Option<&str> {
-    pod.metadata
-        .labels
-        .as_ref()?
-        .get(REVISION_HASH)
-        .map(String::as_str)
+pub fn revision_of<P: PodRead + ?Sized>(pod: &P) -> Option<&str> {
+    pod.label(REVISION_HASH)
 }
 
 /// Running with its Ready condition True.
-pub fn is_pod_ready(pod: &Pod) -> bool {
-    let Some(status) = pod.status.as_ref() else {
-        return false;
-    };
-    status.phase.as_deref() == Some("Running")
-        && status
-            .conditions
-            .iter()
-            .flatten()
-            .any(|c| c.type_ == "Ready" && c.status == "True")
+pub fn is_pod_ready(pod: &(impl PodRead + ?Sized)) -> bool {
+    pod.ready_since().is_some()
 }
 
 /// Since when the pod has been Ready (seconds), if it is.
-pub fn ready_since(pod: &Pod) -> Option<i64> {
-    if !is_pod_ready(pod) {
-        return None;
-    }
-    pod.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == "Ready")
-        .map(|c| c.last_transition_time.as_ref().map_or(0, |t| t.0.as_second()))
+pub fn ready_since(pod: &(impl PodRead + ?Sized)) -> Option<i64> {
+    pod.ready_since()
 }
 
 /// Whether an object's labels make it a driver's: the catalogue's `app.kubernetes.io/component` of the
@@ -75,16 +54,9 @@ pub fn is_driver(labels: Option<&BTreeMap<String, String>>) -> bool {
     labels.and_then(|l| l.get(COMPONENT)).map(String::as_str) == Some(Operand::Driver.info().component)
 }
 
-fn label<'a>(labels: &'a Option<BTreeMap<String, String>>, key: &str) -> Option<&'a str> {
-    labels.as_ref()?.get(key).map(String::as_str)
-}
-
-fn digest(containers: &[Container]) -> Option<&str> {
-    containers
-        .iter()
-        .flat_map(|c| c.env.iter().flatten())
-        .find(|e| e.name == DRIVER_CONFIG_DIGEST)
-        .and_then(|e| e.value.as_deref())
+/// Whether a pod is a driver's ([`is_driver`] on its labels).
+pub fn is_driver_pod(pod: &(impl PodRead + ?Sized)) -> bool {
+    pod.label(COMPONENT) == Some(Operand::Driver.info().component)
 }
 
 /// A driver pod, with the DaemonSet that owns it.
@@ -106,26 +78,20 @@ pub struct DriverPods {
 impl DriverPods {
     /// Indexes the driver pods among `pods` (those labelled `app.kubernetes.io/component=nvidia-driver`),
     /// judging each against its DaemonSet's latest revision.
-    pub fn index<'a>(
-        pods: impl IntoIterator<Item = &'a Pod>,
+    pub fn index<'a, P: PodRead + 'a>(
+        pods: impl IntoIterator<Item = &'a P>,
         daemonsets: &[&DaemonSet],
         revisions: &[&ControllerRevision],
     ) -> Self {
         let mut by_node: BTreeMap<String, Vec<OwnedDriver>> = BTreeMap::new();
-        for pod in pods.into_iter().filter(|p| is_driver(p.metadata.labels.as_ref())) {
-            let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+        for pod in pods.into_iter().filter(|p| is_driver_pod(*p)) {
+            let Some(node) = pod.node_name().map(str::to_owned) else {
                 continue;
             };
-            let owner = pod
-                .metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .find(|o| o.kind == "DaemonSet" && o.controller == Some(true));
-            let daemonset = owner.and_then(|o| {
+            let daemonset = pod.daemonset_uid().and_then(|uid| {
                 daemonsets
                     .iter()
-                    .find(|ds| ds.metadata.uid.as_deref() == Some(o.uid.as_str()))
+                    .find(|ds| ds.metadata.uid.as_deref() == Some(uid))
             });
             let (in_sync, restart_only) = match daemonset {
                 Some(ds) => {
@@ -139,31 +105,30 @@ impl DriverPods {
                         .spec
                         .as_ref()
                         .and_then(|s| s.template.spec.as_ref())
-                        .and_then(|s| digest(&s.containers));
-                    let running = pod.spec.as_ref().and_then(|s| digest(&s.containers));
-                    (in_sync, wanted.is_some() && wanted == running)
+                        .and_then(|s| {
+                            s.containers
+                                .iter()
+                                .flat_map(|c| c.env.iter().flatten())
+                                .find(|e| e.name == crate::driver::DRIVER_CONFIG_DIGEST)
+                        })
+                        .and_then(|e| e.value.as_deref());
+                    (in_sync, wanted.is_some() && wanted == pod.driver_digest())
                 }
                 None => (false, false),
             };
-            let restarts = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .map_or(0, |statuses| {
-                    statuses.iter().map(|s| s.restart_count).max().unwrap_or(0)
-                });
+            let restarts = pod.restarts();
             by_node.entry(node).or_default().push(OwnedDriver {
                 daemonset: daemonset
                     .and_then(|ds| ds.metadata.name.clone())
                     .unwrap_or_default(),
                 pod: DriverPod {
-                    name: pod.metadata.name.clone().unwrap_or_default(),
+                    name: pod.name().to_owned(),
                     in_sync,
                     orphaned: daemonset.is_none(),
                     restart_only,
-                    ready_since: ready_since(pod),
+                    ready_since: pod.ready_since(),
                     restarts,
-                    terminating: pod.metadata.deletion_timestamp.is_some(),
+                    terminating: pod.terminating(),
                 },
             });
         }
@@ -214,22 +179,17 @@ impl PoolScope {
     /// and running a driver pod (its own, or one left behind by an NVIDIADriver, which it must replace) or
     /// in the middle of an upgrade (its driver pod may be gone for a moment, and the node still holds
     /// budget).
-    pub fn includes(&self, node: &Node, drivers: &DriverPods) -> bool {
-        let labels = &node.metadata.labels;
-        let owner = label(labels, DRIVER_OWNER);
-        if self
-            .held
-            .contains(node.metadata.name.as_deref().unwrap_or_default())
-        {
+    pub fn includes(&self, node: &(impl NodeRead + ?Sized), drivers: &DriverPods) -> bool {
+        let owner = node.label(DRIVER_OWNER);
+        if self.held.contains(node.name()) {
             return false;
         }
         match &self.routed_to {
             Some(name) => owner == Some(name.as_str()),
             None => {
-                let name = node.metadata.name.as_deref().unwrap_or_default();
                 owner.is_none()
-                    && (drivers.by_node.contains_key(name)
-                        || UpgradeState::from_label(label(labels, UPGRADE_STATE)).is_in_progress())
+                    && (drivers.by_node.contains_key(node.name())
+                        || UpgradeState::from_label(node.label(UPGRADE_STATE)).is_in_progress())
             }
         }
     }
@@ -237,25 +197,24 @@ impl PoolScope {
 
 /// The decision's view of a node, from its labels, annotations, cordon and Ready condition. The caller
 /// adds the time it has seen the state since, and the pods when the node is being emptied.
-pub fn node_view(node: &Node, driver: Option<DriverPod>, validator_ready_since: Option<i64>) -> NodeView {
-    let labels = &node.metadata.labels;
-    let annotations = &node.metadata.annotations;
-    let time = |key: &str| label(annotations, key).and_then(|v| v.parse::<i64>().ok());
+pub fn node_view(
+    node: &(impl NodeRead + ?Sized),
+    driver: Option<DriverPod>,
+    validator_ready_since: Option<i64>,
+) -> NodeView {
+    let annotation = |key: &str| node.annotation(key);
+    let time = |key: &str| annotation(key).and_then(|v| v.parse::<i64>().ok());
     NodeView {
-        name: node.metadata.name.clone().unwrap_or_default(),
-        state: UpgradeState::from_label(label(labels, UPGRADE_STATE)),
-        skip: label(labels, UPGRADE_SKIP) == Some("true"),
-        unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true),
-        ready: node
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
-        initially_unschedulable: label(annotations, UPGRADE_INITIAL_UNSCHEDULABLE).is_some(),
-        requested: label(annotations, UPGRADE_REQUESTED) == Some("true"),
-        waiting_for_safe_load: label(annotations, UPGRADE_WAIT_FOR_SAFE_LOAD) == Some("true"),
-        upgrade_enabled_annotation: label(annotations, UPGRADE_ENABLED_ANNOTATION) == Some("true"),
-        restart_only: label(annotations, UPGRADE_RESTART_ONLY) == Some("true"),
+        name: node.name().to_owned(),
+        state: UpgradeState::from_label(node.label(UPGRADE_STATE)),
+        skip: node.label(UPGRADE_SKIP) == Some("true"),
+        unschedulable: node.unschedulable(),
+        ready: node.ready(),
+        initially_unschedulable: annotation(UPGRADE_INITIAL_UNSCHEDULABLE).is_some(),
+        requested: annotation(UPGRADE_REQUESTED) == Some("true"),
+        waiting_for_safe_load: annotation(UPGRADE_WAIT_FOR_SAFE_LOAD) == Some("true"),
+        upgrade_enabled_annotation: annotation(UPGRADE_ENABLED_ANNOTATION) == Some("true"),
+        restart_only: annotation(UPGRADE_RESTART_ONLY) == Some("true"),
         wait_started: time(UPGRADE_WAIT_FOR_COMPLETION_START),
         validation_started: time(UPGRADE_VALIDATION_START),
         state_since: 0,
@@ -266,11 +225,13 @@ pub fn node_view(node: &Node, driver: Option<DriverPod>, validator_ready_since: 
 }
 
 /// Per node, since when its validator pod has been Ready (`None` while it is not).
-pub fn validators<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> BTreeMap<String, Option<i64>> {
+pub fn validators<'a, P: PodRead + 'a>(
+    pods: impl IntoIterator<Item = &'a P>,
+) -> BTreeMap<String, Option<i64>> {
     pods.into_iter()
-        .filter(|p| label(&p.metadata.labels, "app") == Some(Operand::OperatorValidator.info().daemonset))
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, ready_since(p))))
+        .filter(|p| p.label("app") == Some(Operand::OperatorValidator.info().daemonset))
+        .filter(|p| !p.terminating())
+        .filter_map(|p| Some((p.node_name()?.to_owned(), p.ready_since())))
         .collect()
 }
 
@@ -340,7 +301,9 @@ pub fn disruption(pdb: &PodDisruptionBudget) -> Result<Option<Disruption>, Selec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::DRIVER_CONFIG_DIGEST;
     use k8s_openapi::api::apps::v1::DaemonSetSpec;
+    use k8s_openapi::api::core::v1::Container;
     use k8s_openapi::api::core::v1::{EnvVar, PodCondition, PodSpec, PodStatus, PodTemplateSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 

@@ -1,0 +1,209 @@
+//! What the shared rules read of a Node and of a Pod, as two small traits: placement
+//! ([`crate::placement`]) and the upgrade views ([`crate::upgrade::observe`]) are written once against
+//! them, and work alike on `k8s_openapi` objects (the simulator, the doctor) and on the operator's compact
+//! cache projections. Each reading rule (a pod is ready when it runs with its Ready condition true; a
+//! node's taints; its cordon) lives in the `k8s_openapi` implementation here; a projection keeps what
+//! these methods answered.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+
+use crate::driver::DRIVER_CONFIG_DIGEST;
+
+/// A Node as the rules read it.
+pub trait NodeRead {
+    /// `metadata.name` (empty when absent).
+    fn name(&self) -> &str;
+    /// A label's value.
+    fn label(&self, key: &str) -> Option<&str>;
+    /// An annotation's value.
+    fn annotation(&self, key: &str) -> Option<&str>;
+    /// `spec.taints`.
+    fn taints(&self) -> &[Taint];
+    /// `spec.unschedulable` (cordoned).
+    fn unschedulable(&self) -> bool;
+    /// Whether its `Ready` condition is `True`.
+    fn ready(&self) -> bool;
+}
+
+/// A Pod as the rules read it.
+pub trait PodRead {
+    /// `metadata.name` (empty when absent).
+    fn name(&self) -> &str;
+    /// `spec.nodeName`.
+    fn node_name(&self) -> Option<&str>;
+    /// A label's value.
+    fn label(&self, key: &str) -> Option<&str>;
+    /// Whether it is being deleted (`metadata.deletionTimestamp`).
+    fn terminating(&self) -> bool;
+    /// Since when (seconds) it has been Ready, when it runs with its Ready condition true (0 when the
+    /// condition has no transition time); `None` while it is not ready.
+    fn ready_since(&self) -> Option<i64>;
+    /// The uid of the DaemonSet that controls it (its controller owner reference of kind DaemonSet).
+    fn daemonset_uid(&self) -> Option<&str>;
+    /// The value of `DRIVER_CONFIG_DIGEST` in its containers' environment.
+    fn driver_digest(&self) -> Option<&str>;
+    /// The highest restart count of its containers.
+    fn restarts(&self) -> i32;
+}
+
+impl NodeRead for Node {
+    fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    fn label(&self, key: &str) -> Option<&str> {
+        self.metadata.labels.as_ref()?.get(key).map(String::as_str)
+    }
+
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+    }
+
+    fn taints(&self) -> &[Taint] {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_deref())
+            .unwrap_or_default()
+    }
+
+    fn unschedulable(&self) -> bool {
+        self.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+    }
+
+    fn ready(&self) -> bool {
+        self.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    }
+}
+
+impl PodRead for Pod {
+    fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    fn node_name(&self) -> Option<&str> {
+        self.spec.as_ref()?.node_name.as_deref()
+    }
+
+    fn label(&self, key: &str) -> Option<&str> {
+        self.metadata.labels.as_ref()?.get(key).map(String::as_str)
+    }
+
+    fn terminating(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+
+    fn ready_since(&self) -> Option<i64> {
+        let status = self.status.as_ref()?;
+        let ready = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "Ready" && c.status == "True")?;
+        (status.phase.as_deref() == Some("Running"))
+            .then(|| ready.last_transition_time.as_ref().map_or(0, |t| t.0.as_second()))
+    }
+
+    fn daemonset_uid(&self) -> Option<&str> {
+        self.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.kind == "DaemonSet" && o.controller == Some(true))
+            .map(|o| o.uid.as_str())
+    }
+
+    fn driver_digest(&self) -> Option<&str> {
+        self.spec
+            .as_ref()?
+            .containers
+            .iter()
+            .flat_map(|c| c.env.iter().flatten())
+            .find(|e| e.name == DRIVER_CONFIG_DIGEST)
+            .and_then(|e| e.value.as_deref())
+    }
+
+    fn restarts(&self) -> i32 {
+        self.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|statuses| statuses.iter().map(|s| s.restart_count).max())
+            .unwrap_or(0)
+    }
+}
+
+macro_rules! forward {
+    ($trait:ident for $wrapper:ty { $($method:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)* }) => {
+        impl<T: $trait + ?Sized> $trait for $wrapper {
+            $(fn $method(&self $(, $arg: $ty)*) -> $ret {
+                (**self).$method($($arg),*)
+            })*
+        }
+    };
+}
+
+macro_rules! forward_node {
+    ($wrapper:ty) => {
+        forward!(NodeRead for $wrapper {
+            name() -> &str;
+            label(key: &str) -> Option<&str>;
+            annotation(key: &str) -> Option<&str>;
+            taints() -> &[Taint];
+            unschedulable() -> bool;
+            ready() -> bool;
+        });
+    };
+}
+
+macro_rules! forward_pod {
+    ($wrapper:ty) => {
+        forward!(PodRead for $wrapper {
+            name() -> &str;
+            node_name() -> Option<&str>;
+            label(key: &str) -> Option<&str>;
+            terminating() -> bool;
+            ready_since() -> Option<i64>;
+            daemonset_uid() -> Option<&str>;
+            driver_digest() -> Option<&str>;
+            restarts() -> i32;
+        });
+    };
+}
+
+forward_node!(&T);
+forward_node!(Arc<T>);
+forward_pod!(&T);
+forward_pod!(Arc<T>);
+
+/// A node's labels as the label rules (GPU detection, selectors, routing, the labeller) read them: a
+/// `BTreeMap` of a `k8s_openapi` object, or a cache projection's compact table.
+pub trait Labels {
+    /// A label's value.
+    fn get_label(&self, key: &str) -> Option<&str>;
+    /// Every label, by key.
+    fn each_label(&self) -> impl Iterator<Item = (&str, &str)>;
+}
+
+impl Labels for std::collections::BTreeMap<String, String> {
+    fn get_label(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+
+    fn each_label(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+}
+
+impl<T: Labels + ?Sized> Labels for &T {
+    fn get_label(&self, key: &str) -> Option<&str> {
+        (**self).get_label(key)
+    }
+
+    fn each_label(&self) -> impl Iterator<Item = (&str, &str)> {
+        (**self).each_label()
+    }
+}

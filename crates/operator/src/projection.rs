@@ -1,0 +1,381 @@
+//! Compact projections of Nodes and Pods: what the operator's decisions read of them, and nothing else,
+//! with the strings thousands of objects share (label keys and values, node names, owner uids, revision
+//! hashes) interned. At 10,000 nodes the caches hold these instead of `k8s_openapi` objects.
+//!
+//! **What a node keeps** ([`NodeRecord::project`]): the labels a rule reads, and no other (a real node
+//! carries a hundred or more NFD labels and dozens from its cloud provider). Those are: every `nvidia.com/`
+//! label (the labeller's, GPU feature discovery's, the upgrade state machine's); NFD's NVIDIA PCI, OS and
+//! kernel labels (GPU detection, the facts); the labels the node's own record of what the labeller wrote
+//! names (the labeller may remove those); and every key named by [`NodeKeys`]: the selectors of the rendered
+//! pod templates, of the NVIDIADrivers and of `--gpu-node-selector`, which the caches are told of before
+//! any decision uses them ([`crate::caches::NodeCache::covers`]). Also whether it carries any NFD label at
+//! all (the census); the `nvidia.com/` annotations (the labeller's record of what it owns, the
+//! upgrade controller's); taints, cordon, Ready; the container runtime. The resourceVersion is kept beside
+//! the record ([`crate::caches::NodeCache::resource_version`]), so that a new version that changes nothing
+//! kept leaves the record, and every judgement made of it, as it was.
+//!
+//! **What a pod keeps** ([`PodRecord::project`]): name, node, its DaemonSet owner's uid, its revision hash,
+//! `app` and component labels, readiness and since when, deletion; of driver pods the highest restart
+//! count and the `DRIVER_CONFIG_DIGEST` its containers run with.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+
+use gpuop_api::labels::{
+    COMPONENT, GpuDetection, NFD_KERNEL_VERSION, NFD_NVIDIA_PCI, NFD_OS_ID, NFD_OS_VERSION,
+    NFD_OS_VERSION_MAJOR, NFD_OSTREE_VERSION, NFD_PREFIX,
+};
+use gpuop_api::read::{Labels, NodeRead, PodRead};
+use gpuop_api::upgrade::observe::{REVISION_HASH, is_driver_pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+
+use crate::labeler::OWNED_LABELS;
+
+/// A shared string.
+pub type Text = Arc<str>;
+
+/// One copy of each string the projections share. Strings no projection holds any more are dropped when
+/// the table has doubled since the last sweep.
+#[derive(Debug, Default)]
+pub struct Interner {
+    strings: HashSet<Text>,
+    swept_at: usize,
+}
+
+impl Interner {
+    /// The shared copy of `text`.
+    pub fn intern(&mut self, text: &str) -> Text {
+        if let Some(shared) = self.strings.get(text) {
+            return shared.clone();
+        }
+        if self.strings.len() >= 2 * self.swept_at.max(1024) {
+            self.strings.retain(|s| Arc::strong_count(s) > 1);
+            self.swept_at = self.strings.len();
+        }
+        let shared: Text = Arc::from(text);
+        self.strings.insert(shared.clone());
+        shared
+    }
+
+    /// How many strings it holds.
+    pub fn len(&self) -> usize {
+        self.strings.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.strings.is_empty()
+    }
+}
+
+/// The label keys (beyond the ones every node keeps: [`always_kept`]) that a selector the operator
+/// evaluates reads: the selectors and affinities of the rendered pod templates, the NVIDIADrivers' node
+/// selectors, GPU detection's selector.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeKeys(BTreeSet<String>);
+
+impl NodeKeys {
+    /// The keys GPU detection reads.
+    pub fn of_detection(detection: &GpuDetection) -> Self {
+        let mut keys = Self::default();
+        keys.extend(detection.keys());
+        keys
+    }
+
+    /// Adds keys (those every node keeps are not recorded).
+    pub fn extend<'a>(&mut self, keys: impl IntoIterator<Item = &'a str>) {
+        for key in keys {
+            if !always_kept(key) && !self.0.contains(key) {
+                self.0.insert(key.to_owned());
+            }
+        }
+    }
+
+    /// Adds the keys a pod spec's node selector and required node affinity read.
+    pub fn extend_from_pod_spec(&mut self, spec: &k8s_openapi::api::core::v1::PodSpec) {
+        self.extend(spec.node_selector.iter().flatten().map(|(key, _)| key.as_str()));
+        let terms = spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref())
+            .map(|r| r.node_selector_terms.as_slice())
+            .unwrap_or_default();
+        for term in terms {
+            self.extend(term.match_expressions.iter().flatten().map(|r| r.key.as_str()));
+        }
+    }
+
+    /// Whether every key of `other` is one of these.
+    pub fn covers(&self, other: &NodeKeys) -> bool {
+        other.0.is_subset(&self.0)
+    }
+
+    /// Both sets together.
+    #[must_use]
+    pub fn union(&self, other: &NodeKeys) -> NodeKeys {
+        NodeKeys(self.0.union(&other.0).cloned().collect())
+    }
+
+    fn keeps(&self, key: &str) -> bool {
+        always_kept(key) || self.0.contains(key)
+    }
+}
+
+/// Label keys the operator's own rules read on any node: NVIDIA's (`nvidia.com/`: the labeller's deploy
+/// switches, GPU feature discovery's MIG and product labels, the upgrade state), and NFD's NVIDIA PCI
+/// detection, OS release and kernel (driver pools, precompiled drivers).
+pub fn always_kept(key: &str) -> bool {
+    key.starts_with(NVIDIA_PREFIX)
+        || NFD_NVIDIA_PCI.contains(&key)
+        || [
+            NFD_KERNEL_VERSION,
+            NFD_OS_ID,
+            NFD_OS_VERSION,
+            NFD_OS_VERSION_MAJOR,
+            NFD_OSTREE_VERSION,
+        ]
+        .contains(&key)
+}
+
+/// A table of labels (or annotations), sorted by key, keys and values shared.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LabelTable(Box<[(Text, Text)]>);
+
+impl LabelTable {
+    fn project<'a>(
+        pairs: impl IntoIterator<Item = (&'a String, &'a String)>,
+        keep: impl Fn(&str) -> bool,
+        interner: &mut Interner,
+    ) -> Self {
+        // A BTreeMap iterates in key order already; the table stays sorted.
+        let kept: Vec<(Text, Text)> = pairs
+            .into_iter()
+            .filter(|(k, _)| keep(k))
+            .map(|(k, v)| (interner.intern(k), interner.intern(v)))
+            .collect();
+        Self(kept.into_boxed_slice())
+    }
+
+    /// How many it holds.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// A value, shared.
+    pub fn shared(&self, key: &str) -> Option<Text> {
+        self.0
+            .binary_search_by(|(k, _)| (**k).cmp(key))
+            .ok()
+            .map(|i| self.0[i].1.clone())
+    }
+
+    /// The table as a map, for code that needs one.
+    pub fn to_map(&self) -> std::collections::BTreeMap<String, String> {
+        self.each_label()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+}
+
+impl Labels for LabelTable {
+    fn get_label(&self, key: &str) -> Option<&str> {
+        self.0
+            .binary_search_by(|(k, _)| (**k).cmp(key))
+            .ok()
+            .map(|i| &*self.0[i].1)
+    }
+
+    fn each_label(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (&**k, &**v))
+    }
+}
+
+/// A Node as the operator keeps it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeRecord {
+    /// `metadata.name`.
+    pub name: Text,
+    /// `metadata.uid` (events name the node by it).
+    pub uid: Option<Box<str>>,
+    /// The labels kept (see the module's doc).
+    pub labels: LabelTable,
+    /// The `nvidia.com/` annotations.
+    pub annotations: LabelTable,
+    /// Whether the node carries any NFD label (kept or not).
+    pub nfd_labels: bool,
+    /// `spec.taints`.
+    pub taints: Box<[Taint]>,
+    /// `spec.unschedulable`.
+    pub unschedulable: bool,
+    /// Its Ready condition is True.
+    pub ready: bool,
+    /// `status.nodeInfo.containerRuntimeVersion`.
+    pub runtime_version: Option<Text>,
+}
+
+/// Annotations a rule reads are all NVIDIA's (the labeller's record, the upgrade state machine's), and so
+/// are the labels the operator's rules read by name.
+const NVIDIA_PREFIX: &str = "nvidia.com/";
+
+impl NodeRecord {
+    /// The projection of `node`, keeping the NFD labels `keys` names.
+    pub fn project(node: &Node, keys: &NodeKeys, interner: &mut Interner) -> Self {
+        let labels = node.metadata.labels.iter().flatten();
+        let annotations = node.metadata.annotations.iter().flatten();
+        // The labeller removes or rewrites a label its record names, whatever the key.
+        let owned: Vec<&str> = node
+            .annotation(OWNED_LABELS)
+            .map(|pairs| {
+                pairs
+                    .split(',')
+                    .filter_map(|pair| pair.split_once('=').map(|(key, _)| key))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self {
+            name: interner.intern(NodeRead::name(node)),
+            uid: node.metadata.uid.as_deref().map(Box::from),
+            labels: LabelTable::project(
+                labels.clone(),
+                |key| keys.keeps(key) || owned.contains(&key),
+                interner,
+            ),
+            annotations: LabelTable::project(annotations, |key| key.starts_with(NVIDIA_PREFIX), interner),
+            nfd_labels: labels.into_iter().any(|(key, _)| key.starts_with(NFD_PREFIX)),
+            taints: node.taints().to_vec().into_boxed_slice(),
+            unschedulable: node.unschedulable(),
+            ready: node.ready(),
+            runtime_version: node
+                .status
+                .as_ref()
+                .and_then(|s| s.node_info.as_ref())
+                .map(|i| interner.intern(&i.container_runtime_version)),
+        }
+    }
+}
+
+impl NodeRead for NodeRecord {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn label(&self, key: &str) -> Option<&str> {
+        self.labels.get_label(key)
+    }
+
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.annotations.get_label(key)
+    }
+
+    fn taints(&self) -> &[Taint] {
+        &self.taints
+    }
+
+    fn unschedulable(&self) -> bool {
+        self.unschedulable
+    }
+
+    fn ready(&self) -> bool {
+        self.ready
+    }
+}
+
+/// What a driver pod keeps beyond what every pod keeps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriverFields {
+    /// The highest restart count of its containers.
+    pub restarts: i32,
+    /// `DRIVER_CONFIG_DIGEST` in its containers' environment.
+    pub digest: Option<Text>,
+}
+
+/// A Pod as the operator keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRecord {
+    /// `metadata.name`.
+    pub name: Text,
+    /// `spec.nodeName`.
+    pub node: Option<Text>,
+    /// Its DaemonSet's uid.
+    pub daemonset_uid: Option<Text>,
+    /// `controller-revision-hash`.
+    pub revision: Option<Text>,
+    /// Its `app` label (the validator's pods are told by it).
+    pub app: Option<Text>,
+    /// Its `app.kubernetes.io/component` label.
+    pub component: Option<Text>,
+    /// Since when it has been ready, while it runs and is ready.
+    pub ready_since: Option<i64>,
+    /// Being deleted.
+    pub terminating: bool,
+    /// Of driver pods.
+    pub driver: Option<Box<DriverFields>>,
+}
+
+impl PodRecord {
+    /// The projection of `pod`.
+    pub fn project(pod: &Pod, interner: &mut Interner) -> Self {
+        let driver = is_driver_pod(pod).then(|| {
+            Box::new(DriverFields {
+                restarts: pod.restarts(),
+                digest: pod.driver_digest().map(|d| interner.intern(d)),
+            })
+        });
+        Self {
+            name: Arc::from(PodRead::name(pod)),
+            node: pod.node_name().map(|n| interner.intern(n)),
+            daemonset_uid: pod.daemonset_uid().map(|u| interner.intern(u)),
+            revision: pod.label(REVISION_HASH).map(|r| interner.intern(r)),
+            app: pod.label("app").map(|a| interner.intern(a)),
+            component: pod.label(COMPONENT).map(|c| interner.intern(c)),
+            ready_since: pod.ready_since(),
+            terminating: pod.terminating(),
+            driver,
+        }
+    }
+}
+
+impl PodRead for PodRecord {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn node_name(&self) -> Option<&str> {
+        self.node.as_deref()
+    }
+
+    fn label(&self, key: &str) -> Option<&str> {
+        match key {
+            REVISION_HASH => self.revision.as_deref(),
+            "app" => self.app.as_deref(),
+            COMPONENT => self.component.as_deref(),
+            _ => None,
+        }
+    }
+
+    fn terminating(&self) -> bool {
+        self.terminating
+    }
+
+    fn ready_since(&self) -> Option<i64> {
+        self.ready_since
+    }
+
+    fn daemonset_uid(&self) -> Option<&str> {
+        self.daemonset_uid.as_deref()
+    }
+
+    fn driver_digest(&self) -> Option<&str> {
+        self.driver.as_ref()?.digest.as_deref()
+    }
+
+    fn restarts(&self) -> i32 {
+        self.driver.as_ref().map_or(0, |d| d.restarts)
+    }
+}
