@@ -332,6 +332,30 @@ pub struct LiveObject {
     pub managed_fields: Vec<ManagedFieldsEntry>,
 }
 
+impl LiveObject {
+    /// Whether the two differ in nothing a plan reads: the `resourceVersion` changes with every write to
+    /// the object, its status's included, and tells the plan nothing.
+    pub fn same_for_plan(&self, other: &LiveObject) -> bool {
+        let Self {
+            hash,
+            owners,
+            managed,
+            driver,
+            nvidia_driver,
+            uid,
+            resource_version: _,
+            managed_fields,
+        } = self;
+        *hash == other.hash
+            && *owners == other.owners
+            && *managed == other.managed
+            && *driver == other.driver
+            && *nvidia_driver == other.nvidia_driver
+            && *uid == other.uid
+            && *managed_fields == other.managed_fields
+    }
+}
+
 /// Objects rendered for one owner (the ClusterPolicy, or one NVIDIADriver).
 #[derive(Clone, Copy, Debug)]
 pub struct Owned<'a> {

@@ -21,7 +21,7 @@ use gpuop_api::labels::{MANAGED_BY, MANAGED_BY_VALUE};
 use gpuop_api::read::{NodeRead, PodRead};
 use gpuop_api::{ClusterPolicy, NVIDIADriver};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
 use kube::core::error_boundary::InvalidObject;
@@ -72,6 +72,9 @@ pub struct Caches {
     pub judged: Arc<Mutex<Judgements>>,
     /// ControllerRevisions in the operator namespace.
     pub revisions: Store<ControllerRevision>,
+    /// ConfigMaps in the operator namespace, their keys without the values: drivers mount the ones a policy
+    /// or an NVIDIADriver names file by file, so the rendering depends on their keys.
+    pub config_maps: Store<ConfigMap>,
     /// Managed objects of every rendered kind, metadata only (managed fields trimmed), by kind.
     pub managed: BTreeMap<&'static str, Store<DynamicObject>>,
     /// Which resources can be read.
@@ -149,6 +152,14 @@ impl Caches {
             changed,
             shutdown,
         );
+        let config_maps = spawn(
+            Api::namespaced(client.clone(), namespace),
+            watcher::Config::default(),
+            trim_config_map,
+            availability.track(CONFIG_MAP_KEYS, false),
+            changed,
+            shutdown,
+        );
         let mut managed = BTreeMap::new();
         for kind in MANAGED_KINDS {
             if kind.kind == "ServiceMonitor" && !service_monitor_crd {
@@ -179,6 +190,7 @@ impl Caches {
             pods,
             judged: Arc::default(),
             revisions,
+            config_maps,
             managed,
             availability,
             shutdown: shutdown.clone(),
@@ -631,6 +643,30 @@ impl NodeTable {
                 Some(NodeEvent::Relisted)
             }
         }
+    }
+}
+
+/// How the ConfigMap keys' watch is named in the availability (the managed ConfigMaps' watch is
+/// `configmaps`): both need the same permission.
+pub const CONFIG_MAP_KEYS: &str = "configmaps (keys of those drivers mount)";
+
+/// Keeps the name and the keys: the values are the user's, and nothing the operator decides reads them.
+fn trim_config_map(config_map: &mut ConfigMap) {
+    config_map.metadata = ObjectMeta {
+        name: config_map.metadata.name.take(),
+        namespace: config_map.metadata.namespace.take(),
+        resource_version: config_map.metadata.resource_version.take(),
+        ..ObjectMeta::default()
+    };
+    for value in config_map.data.iter_mut().flat_map(|data| data.values_mut()) {
+        value.clear();
+    }
+    for value in config_map
+        .binary_data
+        .iter_mut()
+        .flat_map(|data| data.values_mut())
+    {
+        value.0.clear();
     }
 }
 

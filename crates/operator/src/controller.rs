@@ -25,7 +25,7 @@ use gpuop_api::upgrade::observe::PoolScope;
 use gpuop_api::validate::{ImageDefaults, validate_with};
 use gpuop_api::{ClusterPolicy, FieldError, NVIDIADriver, Operand, ValidatedPolicy};
 use gpuop_render::NvidiaDriverFacts;
-use gpuop_render::{Rendered, render};
+use gpuop_render::{ClusterFacts, Rendered, render};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -95,6 +95,7 @@ pub struct Context {
     /// The namespace's Pod Security labels as last applied.
     pub pod_security: pod_security::Applied,
     recent: Mutex<Recent>,
+    memo: Mutex<Memo>,
 }
 
 impl std::fmt::Debug for Context {
@@ -103,6 +104,51 @@ impl std::fmt::Debug for Context {
             .field("namespace", &self.namespace)
             .field("detection", &self.detection)
             .finish_non_exhaustive()
+    }
+}
+
+/// What the last passes computed from inputs that have not changed since, reused instead of computed again.
+#[derive(Debug, Default)]
+struct Memo {
+    render: Option<RenderMemo>,
+    /// The inputs of the last apply plan that came out empty: while they stay the same, there is nothing
+    /// to apply or prune.
+    settled: Option<ApplyInputs>,
+}
+
+#[derive(Debug)]
+struct RenderMemo {
+    validated: ValidatedPolicy,
+    facts: ClusterFacts,
+    rendered: Arc<Rendered>,
+}
+
+/// Everything an apply plan is made from.
+#[derive(Debug)]
+struct ApplyInputs {
+    rendered: Arc<Rendered>,
+    drivers: Vec<(String, Rendered)>,
+    live: BTreeMap<ObjectKey, apply::LiveObject>,
+    orphan_drivers: bool,
+    keep_drivers: BTreeSet<String>,
+    keep_all: bool,
+    unwatched: BTreeSet<String>,
+}
+
+impl ApplyInputs {
+    fn same(&self, other: &ApplyInputs) -> bool {
+        (Arc::ptr_eq(&self.rendered, &other.rendered) || self.rendered == other.rendered)
+            && self.drivers == other.drivers
+            && self.orphan_drivers == other.orphan_drivers
+            && self.keep_drivers == other.keep_drivers
+            && self.keep_all == other.keep_all
+            && self.unwatched == other.unwatched
+            && self.live.len() == other.live.len()
+            && self
+                .live
+                .iter()
+                .zip(&other.live)
+                .all(|((key, live), (other_key, other))| key == other_key && live.same_for_plan(other))
     }
 }
 
@@ -150,6 +196,7 @@ impl Context {
             upgrade_validation_timeout_seconds,
             pod_security: pod_security::Applied::default(),
             recent: Mutex::default(),
+            memo: Mutex::default(),
         }
     }
 
@@ -157,6 +204,33 @@ impl Context {
         self.recent
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn memo(&self) -> std::sync::MutexGuard<'_, Memo> {
+        self.memo.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The policy's objects for these facts: the last render while neither changed (a rollout changes pods
+    /// and node labels by the thousand, and nothing rendered reads them), a new one otherwise.
+    fn render(
+        &self,
+        validated: &ValidatedPolicy,
+        facts: &ClusterFacts,
+    ) -> Result<Arc<Rendered>, gpuop_render::RenderError> {
+        if let Some(last) = &self.memo().render
+            && last.validated == *validated
+            && last.facts == *facts
+        {
+            return Ok(last.rendered.clone());
+        }
+        let rendered = Arc::new(render(validated, facts)?);
+        self.metrics.objects_rendered(rendered.objects.len());
+        self.memo().render = Some(RenderMemo {
+            validated: validated.clone(),
+            facts: facts.clone(),
+            rendered: rendered.clone(),
+        });
+        Ok(rendered)
     }
 }
 
@@ -538,12 +612,9 @@ async fn reconcile_active(
     } else {
         Vec::new()
     };
-    let read = async {
-        let policy = config_map_keys(context, policy_config_maps(&validated.spec)).await?;
-        let drivers = config_map_keys(context, driver_config_maps).await?;
-        Ok::<_, ReconcileError>((policy, drivers))
-    };
-    let driver_config_map_keys = match read.await {
+    let read = config_map_keys(context, policy_config_maps(&validated.spec))
+        .and_then(|policy| config_map_keys(context, driver_config_maps).map(|drivers| (policy, drivers)));
+    let driver_config_map_keys = match read {
         Ok((policy, drivers)) => {
             facts.config_map_keys = policy;
             drivers
@@ -556,7 +627,7 @@ async fn reconcile_active(
         .metrics
         .auto_upgrade(validated.spec.driver.is_auto_upgrade());
 
-    let rendered = match render(&validated, &facts) {
+    let rendered = match context.render(&validated, &facts) {
         Ok(rendered) => rendered,
         Err(error) => {
             let error = ReconcileError::Render {
@@ -571,7 +642,6 @@ async fn reconcile_active(
             return Ok(written.deferred.unwrap_or(RESYNC));
         }
     };
-    context.metrics.objects_rendered(rendered.objects.len());
     let host_root = NvidiaDriverFacts::host_root_of(Some(&validated.spec));
     let driver_plans = drivers::plan(
         &drivers,
@@ -613,7 +683,7 @@ async fn reconcile_active(
     let mut next = if awaiting_echo { IN_FLIGHT } else { RESYNC };
     // The pods are judged against the templates' selectors: the nodes must keep the NFD labels they read.
     let mut keys = NodeKeys::default();
-    for rendered in std::iter::once(&rendered).chain(driver_plans.iter().map(|plan| &plan.rendered)) {
+    for rendered in std::iter::once(&*rendered).chain(driver_plans.iter().map(|plan| &plan.rendered)) {
         keys = keys.union(&readiness::template_keys(rendered));
     }
     if !context.caches.nodes.covers(&keys) {
@@ -859,17 +929,55 @@ struct AppliedPass {
 async fn apply_rendered(
     context: &Context,
     policy: &ClusterPolicy,
-    rendered: &Rendered,
+    rendered: &Arc<Rendered>,
     drivers: &[DriverPlan],
     pools: &[UpgradePool],
     keep_all: bool,
 ) -> Result<AppliedPass, ReconcileError> {
+    // Objects of a kind the caches cannot watch (required or optional) are not written: nothing would tell
+    // what is live, so each pass would write them again. The status already names a required resource
+    // (ReconcileError::Watch). With the nodes or the NVIDIADrivers refused, nothing is deleted.
+    let unwatched: BTreeSet<String> = context
+        .caches
+        .availability
+        .unavailable(true)
+        .into_iter()
+        .map(|u| u.resource)
+        .collect();
+    let inputs = ApplyInputs {
+        rendered: rendered.clone(),
+        drivers: drivers
+            .iter()
+            .map(|plan| (plan.driver.name_any(), plan.rendered.clone()))
+            .collect(),
+        live: apply::live_hashes(&context.caches.managed),
+        orphan_drivers: pools.iter().any(|pool| pool.policy.is_some()),
+        keep_drivers: drivers
+            .iter()
+            .filter(|plan| matches!(plan.outcome, DriverOutcome::Invalid(_) | DriverOutcome::Failed(_)))
+            .map(|plan| plan.driver.name_any())
+            .collect(),
+        keep_all,
+        unwatched,
+    };
+    // Nothing that the last empty plan was made from has changed: it would come out empty again.
+    if context
+        .memo()
+        .settled
+        .as_ref()
+        .is_some_and(|settled| settled.same(&inputs))
+    {
+        return Ok(AppliedPass {
+            awaiting_echo: false,
+            refused: Vec::new(),
+        });
+    }
     let owner = apply::owner_reference(policy);
     let driver_owners: Vec<_> = drivers
         .iter()
         .map(|plan| apply::owner_reference(&*plan.driver))
         .collect();
-    let mut rendered = rendered.clone();
+    let mut rendered = (**rendered).clone();
     keep_live_driver_digests(context, &mut rendered).await?;
     let mut driver_rendered = Vec::with_capacity(drivers.len());
     for plan in drivers {
@@ -887,30 +995,15 @@ async fn apply_rendered(
             .zip(&driver_owners)
             .map(|(rendered, owner)| Owned { rendered, owner }),
     );
-    let keep: BTreeSet<String> = drivers
-        .iter()
-        .filter(|plan| matches!(plan.outcome, DriverOutcome::Invalid(_) | DriverOutcome::Failed(_)))
-        .map(|plan| plan.driver.name_any())
-        .collect();
-    let live = apply::live_hashes(&context.caches.managed);
+    let live = &inputs.live;
     let rules = Prune {
-        orphan_drivers: pools.iter().any(|pool| pool.policy.is_some()),
-        keep_drivers: &keep,
+        orphan_drivers: inputs.orphan_drivers,
+        keep_drivers: &inputs.keep_drivers,
     };
-    let mut plan = apply::plan(&owned, &live, rules).map_err(|error| ReconcileError::Render {
+    let mut plan = apply::plan(&owned, live, rules).map_err(|error| ReconcileError::Render {
         policy: policy.name_any(),
         message: error.to_string(),
     })?;
-    // Objects of a kind the caches cannot watch (required or optional) are not written: nothing would tell
-    // what is live, so each pass would write them again. The status already names a required resource
-    // (ReconcileError::Watch). With the nodes or the NVIDIADrivers refused, nothing is deleted.
-    let unwatched: BTreeSet<String> = context
-        .caches
-        .availability
-        .unavailable(true)
-        .into_iter()
-        .map(|u| u.resource)
-        .collect();
     if keep_all {
         plan.delete.clear();
     }
@@ -918,12 +1011,19 @@ async fn apply_rendered(
         apply::MANAGED_KINDS
             .iter()
             .find(|k| k.kind == *kind)
-            .is_none_or(|k| !unwatched.contains(&k.resource()))
+            .is_none_or(|k| !inputs.unwatched.contains(&k.resource()))
     });
     {
         let mut recent = context.recent();
-        recent.repairs.retain_live(&live);
-        recent.repairs.skip_made(&mut plan, &live);
+        recent.repairs.retain_live(live);
+        recent.repairs.skip_made(&mut plan, live);
+    }
+    if plan == ApplyPlan::default() {
+        context.memo().settled = Some(inputs);
+        return Ok(AppliedPass {
+            awaiting_echo: false,
+            refused: Vec::new(),
+        });
     }
     let wanted = plan.apply.len() + plan.delete.len();
     let now = Instant::now();
@@ -1211,12 +1311,42 @@ pub(crate) fn policy_config_maps(spec: &gpuop_api::ClusterPolicySpec) -> Vec<Str
     names.into_iter().flatten().filter(|n| !n.is_empty()).collect()
 }
 
-/// Keys of the named ConfigMaps (those a driver mounts file by file), read from the operator namespace.
-async fn config_map_keys(
+/// Keys of the named ConfigMaps (those a driver mounts file by file) in the operator namespace, from the
+/// cache; a missing ConfigMap has no entry. Without the cache (the API refuses to list ConfigMaps) a policy
+/// that names any cannot be rendered right.
+fn config_map_keys(
     context: &Context,
     names: Vec<String>,
 ) -> Result<BTreeMap<String, Vec<String>>, ReconcileError> {
-    read_config_map_keys(&context.client, &context.namespace, names).await
+    if names.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    if let Some(refused) = context
+        .caches
+        .unavailable_required()
+        .into_iter()
+        .find(|u| u.resource == crate::caches::CONFIG_MAP_KEYS)
+    {
+        return Err(ReconcileError::Watch {
+            resource: refused.resource,
+            reason: refused.reason,
+            message: refused.message,
+        });
+    }
+    let mut keys = BTreeMap::new();
+    for name in names {
+        let reference = kube::runtime::reflector::ObjectRef::new(&name).within(&context.namespace);
+        if let Some(config_map) = context.caches.config_maps.get(&reference) {
+            keys.insert(name, keys_of(&config_map));
+        }
+    }
+    Ok(keys)
+}
+
+fn keys_of(config_map: &ConfigMap) -> Vec<String> {
+    let mut names: Vec<String> = config_map.data.iter().flatten().map(|(k, _)| k.clone()).collect();
+    names.extend(config_map.binary_data.iter().flatten().map(|(k, _)| k.clone()));
+    names
 }
 
 /// Keys of the named ConfigMaps in `namespace`; a missing ConfigMap has no entry.
@@ -1236,9 +1366,7 @@ pub(crate) async fn read_config_map_keys(
             source,
         })?;
         if let Some(config_map) = found {
-            let mut names: Vec<String> = config_map.data.iter().flatten().map(|(k, _)| k.clone()).collect();
-            names.extend(config_map.binary_data.iter().flatten().map(|(k, _)| k.clone()));
-            keys.insert(name, names);
+            keys.insert(name, keys_of(&config_map));
         }
     }
     Ok(keys)

@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use gpuop_api::ClusterPolicy;
 use gpuop_api::labels::UPGRADE_STATE;
 use gpuop_api::placement::daemon_pod_fits;
@@ -24,10 +25,42 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-use crate::operator::{pool, until};
+use crate::operator::pool;
 
-const NODES: u32 = 2_000;
+/// The cluster's size; `SCALE_TEST_NODES` overrides it to look into a failure on a smaller cluster.
+fn nodes() -> u32 {
+    std::env::var("SCALE_TEST_NODES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2_000)
+}
 const REVISION: &str = "rev1";
+
+/// Generous for a debug build of 2,000 nodes on a loaded two-core machine: a failure guard, not a
+/// performance assertion (the benchmarks measure time).
+const PATIENCE: Duration = Duration::from_secs(600);
+
+/// Waits until the check passes, checking once a second (each check may list 2,000 nodes; polling faster
+/// would take the CPU the operator needs); panics with its last answer after [`PATIENCE`].
+async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let started = tokio::time::Instant::now();
+    loop {
+        match check().await {
+            Ok(()) => {
+                eprintln!("scale: {what} after {:.1}s", started.elapsed().as_secs_f64());
+                return;
+            }
+            Err(last) if started.elapsed() > PATIENCE => {
+                panic!("{what}: still not so after {PATIENCE:?}: {last}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
+}
 
 struct Converged {
     server: FakeServer,
@@ -41,20 +74,28 @@ async fn converged() -> Converged {
     let server = FakeServer::new();
     let client = server.client_as(gpuop_sim::USER_AGENT);
     install(&client).await.expect("CRDs and namespace install");
-    let gpu_pool = pool("gpu", NODES, Some(gpuop_sim::hardware::GpuModel::H100_80GB));
-    for index in 0..NODES {
+    let count = nodes();
+    let gpu_pool = pool("gpu", count, Some(gpuop_sim::hardware::GpuModel::H100_80GB));
+    let started = tokio::time::Instant::now();
+    for index in 0..count {
         let node = node_object(&format!("gpu-{index}"), &gpu_pool, true, index);
         server
             .insert(serde_json::to_value(node).expect("a node serializes"))
             .expect("node stored");
     }
+    eprintln!(
+        "scale: {count} nodes stored in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
     let operator = run::start(
         server.client_as(gpuop_operator::USER_AGENT),
         Config::in_process(NAMESPACE),
     )
     .await
     .expect("operator starts");
-    apply_policy(&client, DEFAULT_POLICY).await.expect("policy applied");
+    apply_policy(&client, DEFAULT_POLICY)
+        .await
+        .expect("policy applied");
 
     let nodes: Api<Node> = Api::all(client.clone());
     until("every node carries its deploy switches", || async {
@@ -82,21 +123,38 @@ async fn converged() -> Converged {
         (count >= 7).then_some(()).ok_or(format!("{count} DaemonSets"))
     })
     .await;
-    let nodes = nodes.list(&ListParams::default()).await.expect("nodes list").items;
+    let nodes = nodes
+        .list(&ListParams::default())
+        .await
+        .expect("nodes list")
+        .items;
+    let started = tokio::time::Instant::now();
+    let mut pods = Vec::new();
     for daemonset in daemonsets.list(&ListParams::default()).await.expect("list").items {
-        play_daemonset(&server, &daemonset, &nodes);
+        pods.extend(play_daemonset(&server, &daemonset, &nodes));
     }
+    // The server starts every pod Pending, as a real one does; its kubelet reports it ready.
+    futures::stream::iter(pods)
+        .for_each_concurrent(16, |pod| {
+            let client = client.clone();
+            async move { set_ready(&client, &pod, true).await }
+        })
+        .await;
+    eprintln!("scale: pods stored in {:.1}s", started.elapsed().as_secs_f64());
 
     let policies: Api<ClusterPolicy> = Api::all(client.clone());
     let all_nodes: Api<Node> = Api::all(client.clone());
     until("the policy is ready and every driver upgrade done", || async {
-        let policy = policies
-            .get("cluster-policy")
-            .await
-            .map_err(|e| e.to_string())?;
-        let state = policy.status.map(|s| s.state);
-        if state != Some(State::Ready) {
-            return Err(format!("state {state:?}"));
+        let policy = policies.get("cluster-policy").await.map_err(|e| e.to_string())?;
+        let status = policy.status.unwrap_or_default();
+        if status.state != State::Ready {
+            let why: Vec<String> = status
+                .conditions
+                .iter()
+                .flatten()
+                .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+                .collect();
+            return Err(format!("state {:?}: {}", status.state, why.join("; ")));
         }
         let pending = all_nodes
             .list(&ListParams::default())
@@ -108,7 +166,7 @@ async fn converged() -> Converged {
             .count();
         (pending == 0)
             .then_some(())
-            .ok_or(format!("{pending} nodes not upgrade-done"))
+            .ok_or(format!("ready, but {pending} nodes not upgrade-done"))
     })
     .await;
     Converged {
@@ -118,8 +176,9 @@ async fn converged() -> Converged {
     }
 }
 
-/// Stores the DaemonSet's only ControllerRevision and a Running, Ready pod of it on every node it fits.
-fn play_daemonset(server: &FakeServer, daemonset: &DaemonSet, nodes: &[Node]) {
+/// Stores the DaemonSet's only ControllerRevision and a pod of it on every node it fits; returns the pods'
+/// names.
+fn play_daemonset(server: &FakeServer, daemonset: &DaemonSet, nodes: &[Node]) -> Vec<String> {
     let name = daemonset.name_any();
     let uid = daemonset.uid().expect("a stored DaemonSet has a uid");
     let owner = json!([{
@@ -144,22 +203,31 @@ fn play_daemonset(server: &FakeServer, daemonset: &DaemonSet, nodes: &[Node]) {
         .and_then(|m| m.labels.clone())
         .unwrap_or_default();
     labels.insert("controller-revision-hash".into(), REVISION.into());
+    // What the operator reads of a pod's spec: its node and, of a driver pod, the configuration digest in
+    // its containers' environment. The rest of the template would only cost the server time per pod.
+    let containers: Vec<serde_json::Value> = spec
+        .containers
+        .iter()
+        .map(|c| json!({"name": c.name, "image": c.image, "env": c.env}))
+        .collect();
+    let mut pods = Vec::new();
     for node in nodes.iter().filter(|node| daemon_pod_fits(node, &spec).is_ok()) {
         let node_name = node.name_any();
-        let mut pod_spec = spec.clone();
-        pod_spec.node_name = Some(node_name.clone());
+        let pod = format!("{name}-{node_name}");
+        let pod_spec = json!({"nodeName": node_name, "containers": containers});
         server
             .insert(json!({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {
-                    "name": format!("{name}-{node_name}"), "namespace": NAMESPACE,
+                    "name": pod, "namespace": NAMESPACE,
                     "labels": labels, "ownerReferences": owner,
                 },
                 "spec": pod_spec,
-                "status": ready_status(true),
             }))
             .expect("pod stored");
+        pods.push(pod);
     }
+    pods
 }
 
 fn ready_status(ready: bool) -> serde_json::Value {
@@ -217,7 +285,7 @@ where
 async fn in_a_2000_node_cluster_the_operators_work_follows_what_changed() {
     let cluster = converged().await;
     let client = cluster.client.clone();
-    let pod = format!("nvidia-device-plugin-daemonset-gpu-{}", NODES / 2);
+    let pod = format!("nvidia-device-plugin-daemonset-gpu-{}", nodes() / 2);
 
     // One pod stops being ready: the status says so.
     let (lost, _) = work_of(&cluster, set_ready(&client, &pod, false), || async {
@@ -235,6 +303,7 @@ async fn in_a_2000_node_cluster_the_operators_work_follows_what_changed() {
         }
     })
     .await;
+    eprintln!("scale: pod lost {lost:?}; pod regained {regained:?}, {requests} requests");
     for (what, work) in [("pod lost", lost), ("pod regained", regained)] {
         assert!(work.policy_passes <= 3, "{what}: {work:?}");
         assert!(work.upgrade_passes <= 3, "{what}: {work:?}");
@@ -245,22 +314,30 @@ async fn in_a_2000_node_cluster_the_operators_work_follows_what_changed() {
         );
         assert_eq!(work.objects_rendered, 0, "{what}: nothing to render: {work:?}");
     }
-    assert!(requests <= 2, "one status write expected, saw {requests} requests");
+    assert!(
+        requests <= 2,
+        "one status write expected, saw {requests} requests"
+    );
 
     // Unrelated churn on a tenth of the nodes, every second, for longer than every trust window: heartbeats
     // and labels no GPU operator reads. Nothing may wake.
+    let count = nodes();
     let nodes: Api<Node> = Api::all(client.clone());
     let before = (cluster.operator.metrics.work(), cluster.server.requests());
     let started = tokio::time::Instant::now();
     let mut round = 0u32;
     while started.elapsed() < gpuop_operator::STEADY_STATE_WINDOW + Duration::from_secs(1) {
-        for index in (round % 10..NODES).step_by(10) {
+        for index in (round % 10..count).step_by(10) {
             let patch = json!({"metadata": {
                 "labels": {"example.com/churn": round.to_string()},
                 "annotations": {"example.com/last-seen": round.to_string()},
             }});
             nodes
-                .patch(&format!("gpu-{index}"), &PatchParams::default(), &Patch::Merge(patch))
+                .patch(
+                    &format!("gpu-{index}"),
+                    &PatchParams::default(),
+                    &Patch::Merge(patch),
+                )
                 .await
                 .expect("node patched");
             let heartbeat = json!({"status": {"conditions": [{
@@ -268,7 +345,11 @@ async fn in_a_2000_node_cluster_the_operators_work_follows_what_changed() {
                 "lastHeartbeatTime": format!("2026-12-01T00:00:{:02}Z", round % 60),
             }]}});
             nodes
-                .patch_status(&format!("gpu-{index}"), &PatchParams::default(), &Patch::Strategic(heartbeat))
+                .patch_status(
+                    &format!("gpu-{index}"),
+                    &PatchParams::default(),
+                    &Patch::Strategic(heartbeat),
+                )
                 .await
                 .expect("node status patched");
         }
