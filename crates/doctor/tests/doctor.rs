@@ -2297,6 +2297,99 @@ mod live {
     }
 }
 
+mod paged {
+    //! The live reader against the fake API server with more objects than a page holds: each list is read
+    //! page by page (500 objects and `continue`), and what it reads is the whole cluster.
+
+    use super::*;
+    use gpuop_api::labels::RESOURCE_GPU;
+    use gpuop_doctor::live::{Connection, Live, Reads};
+    use gpuop_fakeserver::{FakeServer, Verb};
+    use serde_json::Value;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cluster_larger_than_a_page_is_read_page_by_page() {
+        // 1,001 nodes (two GPU nodes with their operands), and 600 GPU workloads that only the cluster-wide
+        // pod list finds.
+        let mut snapshot = ClusterBuilder::new()
+            .with_node(Node::gpu("a100-01"))
+            .with_node(Node::gpu("a100-02"))
+            .with_nodes((0..999).map(|i| Node::cpu(&format!("cpu-{i:03}"))))
+            .build();
+        let operand_pods = snapshot.pods.len();
+        for i in 0..600 {
+            let node = if i % 2 == 0 { "a100-01" } else { "a100-02" };
+            // Bare pods: the server's garbage collector deletes the pods of a ReplicaSet it does not have.
+            snapshot.pods.push(
+                PodFacts::workload("team-a", &format!("train-{i:03}"))
+                    .requesting(RESOURCE_GPU, 1)
+                    .running_on(node)
+                    .unmanaged(),
+            );
+        }
+        let mut written = Vec::new();
+        snapshot.write_json(&mut written).unwrap();
+        let mut list: Value = serde_json::from_slice(&written).unwrap();
+
+        let server = FakeServer::new();
+        gpuop_sim::demo::install(&server.client())
+            .await
+            .expect("CRDs and namespace install");
+        server
+            .insert(
+                serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}),
+            )
+            .unwrap();
+        for mut item in list["items"].as_array_mut().unwrap().drain(..) {
+            // The API server wants an image; the doctor's projection does not keep it.
+            for containers in ["containers", "initContainers"] {
+                for container in item["spec"][containers].as_array_mut().into_iter().flatten() {
+                    container["image"] = "nvcr.io/nvidia/x:1".into();
+                }
+            }
+            server.insert(item).expect("the fixture is valid");
+        }
+        let served = server
+            .serve(std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0)))
+            .await
+            .expect("the fake API server serves");
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        served.write_kubeconfig(&kubeconfig).unwrap();
+        let live = Live::connect(&Connection {
+            kubeconfig: Some(kubeconfig),
+            context: None,
+            request_timeout: Some(std::time::Duration::from_secs(30)),
+        })
+        .await
+        .expect("the doctor connects");
+
+        server.reset_requests();
+        let read = live.snapshot(Reads::GpuPods).await.expect("the cluster reads");
+        assert_eq!(read.nodes.len(), 1001);
+        assert_eq!(read.pods.len(), operand_pods + 600);
+        for i in 0..600 {
+            let pod = read
+                .pod("team-a", &format!("train-{i:03}"))
+                .expect("every workload is read");
+            assert_eq!(pod.spec.containers[0].name, "main");
+        }
+        let requests = server.requests();
+        let lists = |resource: &str, scope: &str| {
+            requests.matching(|key| key.verb == Verb::List && key.resource == resource && key.scope == scope)
+        };
+        assert_eq!(lists("nodes", "cluster"), 3, "1,001 nodes are three pages of 500");
+        assert_eq!(
+            lists("pods", "cluster"),
+            2,
+            "{} pods not finished are two pages",
+            operand_pods + 600
+        );
+        let report = analyze(&read);
+        assert_eq!(report.nodes.len(), 1001);
+    }
+}
+
 /// A scenario's cluster simulated on a served fake API server, with the operator running in-process, the
 /// default policy applied, and the doctor connected through a kubeconfig as `kubectl gpu` connects.
 struct Converged {
