@@ -2,8 +2,11 @@
 //! (also `NodeList`, `PodList`, ...), single objects, several JSON values one after another, and
 //! multi-document YAML. Kinds the doctor does not read are ignored; so are fields it does not read.
 //!
-//! JSON is read as a stream, one list item at a time, so a snapshot of a large cluster costs little more
-//! memory than what the doctor keeps of it.
+//! JSON is read into memory and parsed from there, a list's items one at a time: each item's kind is peeked,
+//! and nodes, pods and DaemonSets are read straight from the text into what the doctor keeps of them (no
+//! [`Value`] of them is built, fields not kept are skipped unread); other kinds it reads are few and go
+//! through a [`Value`]. A snapshot of a large cluster costs what the doctor keeps of it plus the file, which
+//! is freed once read. YAML is parsed whole into values first (slower, and all of it at once).
 
 use std::collections::BTreeMap;
 use std::fmt;
