@@ -260,8 +260,13 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
             let snapshot = read(&source, Reads::Doctor)?;
             let report = doctor_report(&snapshot, node.as_deref())?;
-            print(&render(&report, output, node.is_some())?)?;
-            Ok(verdict(report.has_findings()))
+            let rendered = render(&report, output, node.is_some())?;
+            print(&rendered)?;
+            let verdict = verdict(report.has_findings());
+            // The process ends here: freeing a large cluster's objects one by one is work the system does
+            // at once when the process exits.
+            std::mem::forget((snapshot, report, rendered));
+            Ok(verdict)
         }
         Command::Explain {
             target,

@@ -20,11 +20,12 @@ use kube::core::{Request, Selector};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::analysis::operand_of;
-use crate::load::{LoadError, Loader, Location};
+use crate::load::{LoadError, Loader, Location, pod_from_json};
 use crate::resources::pod_gpu_requests;
-use crate::snapshot::{PodFacts, Snapshot, null_as_default, trim_pod};
+use crate::snapshot::{PodFacts, Snapshot};
 use crate::upgrade_plan::may_be_upgraded;
 use gpuop_api::Operand;
 use gpuop_api::labels::COMPONENT;
@@ -186,13 +187,13 @@ impl std::fmt::Debug for Live {
     }
 }
 
+/// One page of a list: its items as JSON text, read into their projections one at a time.
 #[derive(Deserialize)]
-#[serde(bound(deserialize = "T: Deserialize<'de>"))]
-struct Page<T> {
+struct Page<'a> {
     #[serde(default)]
     metadata: PageMeta,
-    #[serde(default = "Vec::new", deserialize_with = "null_as_default")]
-    items: Vec<T>,
+    #[serde(default, borrow)]
+    items: Option<Vec<&'a RawValue>>,
 }
 
 #[derive(Default, Deserialize)]
@@ -238,14 +239,14 @@ impl Live {
         })
     }
 
-    /// Sends a request, bounded by the request timeout.
-    async fn send<T: DeserializeOwned>(
+    /// Sends a request, bounded by the request timeout; the answer's body.
+    async fn send_text(
         &self,
         request: http::Request<Vec<u8>>,
         verb: &'static str,
         what: &str,
-    ) -> Result<T, LiveError> {
-        let answer = self.client.request::<T>(request);
+    ) -> Result<String, LiveError> {
+        let answer = self.client.request_text(request);
         let answer = match self.timeout {
             Some(timeout) => tokio::time::timeout(timeout, answer)
                 .await
@@ -376,7 +377,9 @@ impl Live {
                 Err(_) => ListParams::default(),
             };
             let path = format!("/api/v1/namespaces/{namespace}/pods");
-            let pods: Vec<PodFacts> = self.list(&path, params, &format!("pods in {namespace}")).await?;
+            let pods = self
+                .list_pods(&path, params, &format!("pods in {namespace}"), |_| true)
+                .await?;
             snapshot.pods.extend(pods);
         }
         if reads >= Reads::GpuPods {
@@ -386,8 +389,8 @@ impl Live {
                 _ => Default::default(),
             };
             let params = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
-            let pods: Vec<PodFacts> = self
-                .list_keeping("/api/v1/pods", params, "pods", |pod: &PodFacts| {
+            let pods = self
+                .list_pods("/api/v1/pods", params, "pods", |pod: &PodFacts| {
                     !pod_gpu_requests(pod).is_empty()
                         || pod
                             .spec
@@ -398,7 +401,6 @@ impl Live {
                 .await?;
             snapshot.pods.extend(pods);
         }
-        snapshot.pods.iter_mut().for_each(trim_pod);
         snapshot.dedup_pods();
         Ok(snapshot)
     }
@@ -412,11 +414,16 @@ impl Live {
                 what: format!("pod {namespace}/{name}"),
                 source: kube::Error::BuildRequest(e),
             })?;
+        let at = Location {
+            origin: format!("pod {namespace}/{name} (live)"),
+            document: 1,
+            item: None,
+        };
         match self
-            .send::<PodFacts>(request, "get", &format!("pod {namespace}/{name}"))
+            .send_text(request, "get", &format!("pod {namespace}/{name}"))
             .await
         {
-            Ok(pod) => Ok(Some(pod)),
+            Ok(text) => Ok(Some(pod_from_json(&text, &at)?)),
             Err(LiveError::Request {
                 source: kube::Error::Api(status),
                 ..
@@ -437,10 +444,11 @@ impl Live {
 
     /// Every pod of a namespace.
     pub async fn pods_in(&self, namespace: &str) -> Result<Vec<PodFacts>, LiveError> {
-        self.list(
+        self.list_pods(
             &format!("/api/v1/namespaces/{namespace}/pods"),
             ListParams::default(),
             &format!("pods in {namespace}"),
+            |_| true,
         )
         .await
     }
@@ -478,6 +486,7 @@ impl Live {
             .await
     }
 
+    /// Adds every object of a list to the loader as each page comes, each straight into its projection.
     async fn add_listed(
         &self,
         loader: &mut Loader,
@@ -486,49 +495,88 @@ impl Live {
         kind: &str,
         what: &str,
     ) -> Result<(), LiveError> {
-        let items: Vec<Value> = self.list(path, params, what).await?;
         let at = Location {
             origin: format!("{path} (live)"),
             document: 1,
             item: None,
         };
-        for (index, mut item) in items.into_iter().enumerate() {
-            // List items carry no kind.
-            if let Some(map) = item.as_object_mut() {
-                map.insert("kind".to_owned(), kind.into());
-            }
+        self.pages(path, params, what, |index, item| {
             let at = Location {
                 item: Some(index),
                 ..at.clone()
             };
-            loader.add_value(item, &at)?;
-        }
-        Ok(())
+            // List items carry no kind.
+            Ok(loader.add_json_item(item, Some(kind), &at)?)
+        })
+        .await
     }
 
+    /// Every pod of a list that `keep` accepts, projected and trimmed as each page comes: a cluster's pods
+    /// are many, and no whole Pod is kept.
+    async fn list_pods(
+        &self,
+        path: &str,
+        params: ListParams,
+        what: &str,
+        mut keep: impl FnMut(&PodFacts) -> bool,
+    ) -> Result<Vec<PodFacts>, LiveError> {
+        let at = Location {
+            origin: format!("{path} (live)"),
+            document: 1,
+            item: None,
+        };
+        let mut pods = Vec::new();
+        self.pages(path, params, what, |index, item| {
+            let at = Location {
+                item: Some(index),
+                ..at.clone()
+            };
+            let pod = pod_from_json(item, &at)?;
+            if keep(&pod) {
+                pods.push(pod);
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(pods)
+    }
+
+    /// Every object of a list, as `T`.
     async fn list<T: DeserializeOwned>(
         &self,
         path: &str,
         params: ListParams,
         what: &str,
     ) -> Result<Vec<T>, LiveError> {
-        self.list_keeping(path, params, what, |_: &T| true).await
+        let mut items = Vec::new();
+        self.pages(path, params, what, |_, item| {
+            let item = serde_json::from_str(item).map_err(|error| LiveError::Request {
+                verb: "list",
+                what: what.to_owned(),
+                source: kube::Error::SerdeError(error),
+            })?;
+            items.push(item);
+            Ok(())
+        })
+        .await?;
+        Ok(items)
     }
 
-    /// Lists every page, keeping the items `keep` accepts as each page comes (a cluster's pods are many).
-    async fn list_keeping<T: DeserializeOwned>(
+    /// Lists every page ([`PAGE`] objects each, `limit` and `continue`), handing each item's JSON text and
+    /// its index in the whole list to `item` as the page comes; a page is dropped before the next is asked.
+    async fn pages(
         &self,
         path: &str,
         params: ListParams,
         what: &str,
-        mut keep: impl FnMut(&T) -> bool,
-    ) -> Result<Vec<T>, LiveError> {
+        mut item: impl FnMut(usize, &str) -> Result<(), LiveError>,
+    ) -> Result<(), LiveError> {
         let error = |source| LiveError::Request {
             verb: "list",
             what: what.to_owned(),
             source,
         };
-        let mut items = Vec::new();
+        let mut index = 0;
         let mut token: Option<String> = None;
         loop {
             let mut page_params = params.clone().limit(PAGE);
@@ -538,11 +586,16 @@ impl Live {
             let request = Request::new(path)
                 .list(&page_params)
                 .map_err(|e| error(kube::Error::BuildRequest(e)))?;
-            let page: Page<T> = self.send(request, "list", what).await?;
-            items.extend(page.items.into_iter().filter(|item| keep(item)));
+            let text = self.send_text(request, "list", what).await?;
+            let page: Page<'_> =
+                serde_json::from_str(&text).map_err(|e| error(kube::Error::SerdeError(e)))?;
+            for raw in page.items.into_iter().flatten() {
+                item(index, raw.get())?;
+                index += 1;
+            }
             match page.metadata.continue_token {
                 Some(next) if !next.is_empty() => token = Some(next),
-                _ => return Ok(items),
+                _ => return Ok(()),
             }
         }
     }

@@ -2,8 +2,11 @@
 //! (also `NodeList`, `PodList`, ...), single objects, several JSON values one after another, and
 //! multi-document YAML. Kinds the doctor does not read are ignored; so are fields it does not read.
 //!
-//! JSON is read as a stream, one list item at a time, so a snapshot of a large cluster costs little more
-//! memory than what the doctor keeps of it.
+//! JSON is read into memory and parsed from there, a list's items one at a time: each item's kind is peeked,
+//! and nodes, pods and DaemonSets are read straight from the text into what the doctor keeps of them (no
+//! [`Value`] of them is built, fields not kept are skipped unread); other kinds it reads are few and go
+//! through a [`Value`]. A snapshot of a large cluster costs what the doctor keeps of it plus the file, which
+//! is freed once read. YAML is parsed whole into values first (slower, and all of it at once).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -12,12 +15,14 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use gpuop_api::{ClusterPolicy, NVIDIADriver, Operand};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::analysis::operand_of;
 use crate::snapshot::{
-    KINDS, PodFacts, SNAPSHOT_FIELD, Snapshot, trim_daemon_set, trim_disruption_budget, trim_node, trim_pod,
+    KINDS, NodeIn, PodFacts, SNAPSHOT_FIELD, Snapshot, trim_daemon_set, trim_disruption_budget, trim_pod,
     trim_revision,
 };
 
@@ -254,8 +259,16 @@ impl Loader {
         self.add_reader(text.as_bytes(), origin)
     }
 
-    fn add_json(&mut self, reader: impl Read, origin: &str) -> Result<(), LoadError> {
-        let mut deserializer = serde_json::Deserializer::from_reader(reader);
+    fn add_json(&mut self, mut reader: impl Read, origin: &str) -> Result<(), LoadError> {
+        // Parsing from memory is faster than from a reader (which serde_json reads a byte at a time), and
+        // lets each list item be a borrowed slice of the text until its kind is known. The text is freed
+        // once read: the peak is the projections plus the file.
+        let mut text = Vec::new();
+        reader.read_to_end(&mut text).map_err(|source| LoadError::Read {
+            path: PathBuf::from(origin),
+            source,
+        })?;
+        let mut deserializer = serde_json::Deserializer::from_slice(&text);
         let mut document = 0;
         while deserializer.end().is_err() {
             document += 1;
@@ -362,9 +375,8 @@ impl Loader {
         };
         match kind.as_str() {
             "Node" => {
-                let mut node = typed(value).parse()?;
-                trim_node(&mut node);
-                self.snapshot.nodes.push(node);
+                let node: NodeIn = typed(value).parse()?;
+                self.snapshot.nodes.push(node.into_node());
             }
             "Pod" => {
                 let mut pod: PodFacts = typed(value).parse()?;
@@ -398,6 +410,55 @@ impl Loader {
         }
         *self.read.entry(kind).or_default() += 1;
         Ok(())
+    }
+
+    /// Adds one object given as JSON text, straight into its projection when it is a node, pod or DaemonSet
+    /// (no [`Value`] of it is built); `kind` is the kind of a list's items that carry none (as the API
+    /// server lists them), and wins over the item's own. An object that does not read as its type goes the
+    /// way of [`Loader::add_value`], whose error names the field; so does a list within the list, and any
+    /// object of the kinds that are few in a cluster.
+    pub fn add_json_item(&mut self, text: &str, kind: Option<&str>, at: &Location) -> Result<(), LoadError> {
+        let kind = match kind {
+            Some(kind) => kind,
+            None => match kind_of(text) {
+                Some(kind) => kind,
+                // Not an object, or a kind that is no plain string: the slow way says what it is.
+                None => return self.add_item_value(text, None, at),
+            },
+        };
+        match kind {
+            "Node" => match serde_json::from_str::<NodeIn>(text) {
+                Ok(node) => self.snapshot.nodes.push(node.into_node()),
+                Err(_) => return self.add_item_value(text, Some(kind), at),
+            },
+            "Pod" => self.snapshot.pods.push(pod_from_json(text, at)?),
+            "DaemonSet" => match serde_json::from_str::<DaemonSet>(text) {
+                Ok(mut daemon_set) => {
+                    trim_daemon_set(&mut daemon_set);
+                    self.snapshot.daemon_sets.push(daemon_set);
+                }
+                Err(_) => return self.add_item_value(text, Some(kind), at),
+            },
+            kind if KINDS.contains(&kind) || kind.ends_with("List") => {
+                return self.add_item_value(text, Some(kind), at);
+            }
+            kind => {
+                let kind = if kind.is_empty() { "(no kind)" } else { kind };
+                *self.ignored.entry(kind.to_owned()).or_default() += 1;
+                return Ok(());
+            }
+        }
+        *self.read.entry(kind.to_owned()).or_default() += 1;
+        Ok(())
+    }
+
+    /// Adds an object given as JSON text through [`Value`]; `kind`, when given, replaces its own.
+    fn add_item_value(&mut self, text: &str, kind: Option<&str>, at: &Location) -> Result<(), LoadError> {
+        let mut value = value_of(text, kind, at)?;
+        if let (Some(kind), Some(map)) = (kind, value.as_object_mut()) {
+            map.insert("kind".to_owned(), kind.into());
+        }
+        self.add_value(value, at)
     }
 
     fn note_listed(&mut self, field: Option<&Value>) {
@@ -444,6 +505,68 @@ impl Loader {
         }
         self.snapshot
     }
+}
+
+/// A pod given as JSON text, projected and trimmed; an error names the pod and the field.
+pub fn pod_from_json(text: &str, at: &Location) -> Result<PodFacts, LoadError> {
+    let mut pod = match serde_json::from_str::<PodFacts>(text) {
+        Ok(pod) => pod,
+        // Read again through a Value, whose reading names the field that is wrong.
+        Err(_) => {
+            let value = value_of(text, Some("Pod"), at)?;
+            ObjectError {
+                at: at.clone(),
+                kind: "Pod".to_owned(),
+                name: object_name(&value),
+                value,
+            }
+            .parse()?
+        }
+    };
+    trim_pod(&mut pod);
+    Ok(pod)
+}
+
+/// An object given as JSON text (which parsed) as a [`Value`]. That fails only for an object nested deeper
+/// than serde_json builds values (128 levels; skipping a field needs no depth): the error names the object.
+fn value_of(text: &str, kind: Option<&str>, at: &Location) -> Result<Value, LoadError> {
+    serde_json::from_str(text).map_err(|error| {
+        #[derive(serde::Deserialize)]
+        struct Named<'a> {
+            #[serde(default, borrow)]
+            metadata: Option<Meta<'a>>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Meta<'a> {
+            #[serde(default, borrow)]
+            name: Option<&'a str>,
+            #[serde(default, borrow)]
+            namespace: Option<&'a str>,
+        }
+        let meta = serde_json::from_str::<Named<'_>>(text)
+            .ok()
+            .and_then(|n| n.metadata);
+        let name = match meta {
+            Some(Meta {
+                name: Some(name),
+                namespace: Some(namespace),
+            }) => format!("{namespace}/{name}"),
+            Some(Meta { name: Some(name), .. }) => name.to_owned(),
+            _ => "(unnamed)".to_owned(),
+        };
+        LoadError::Object(Box::new(BadObject {
+            at: at.clone(),
+            kind: kind.map_or_else(|| "(unknown kind)".to_owned(), str::to_owned),
+            name,
+            field: "(the object)".to_owned(),
+            message: match error.classify() {
+                serde_json::error::Category::Syntax => {
+                    "nested more than 128 levels deep, deeper than the doctor reads".to_owned()
+                }
+                _ => error.to_string(),
+            },
+        }))
+    })
 }
 
 /// The object without its status: the doctor reads a custom resource's spec, and a status written by
@@ -604,17 +727,78 @@ impl<'de> Visitor<'de> for ItemsSeed<'_, '_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let mut index = 0;
-        while let Some(value) = seq.next_element::<Value>()? {
+        while let Some(item) = seq.next_element::<&'de RawValue>()? {
             let at = Location {
                 item: Some(index),
                 ..self.at.clone()
             };
             self.loader
-                .add_value(value, &at)
+                .add_json_item(item.get(), None, &at)
                 .map_err(|error| self.loader.fail(error))?;
             index += 1;
         }
         Ok(())
+    }
+}
+
+/// The `kind` of an object given as JSON text (`""` when it has none), read without reading the rest of the
+/// object: the kind comes first or second in what `kubectl` and the API server write. `None` when the text
+/// is no object, or its kind is no string or holds an escape. With two `kind` fields (which no Kubernetes
+/// client writes) the first one counts.
+fn kind_of(text: &str) -> Option<&str> {
+    let mut kind = None;
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    match deserializer.deserialize_map(KindVisitor { kind: &mut kind }) {
+        Ok(()) => Some(kind.unwrap_or_default()),
+        // Stopped at the kind.
+        Err(_) => kind,
+    }
+}
+
+/// Reads map entries up to `kind`, then stops reading with an error; skips every other value unread.
+struct KindVisitor<'k, 'de> {
+    kind: &'k mut Option<&'de str>,
+}
+
+impl<'de> Visitor<'de> for KindVisitor<'_, 'de> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a Kubernetes object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key_seed(IsKind)? {
+            if key {
+                *self.kind = Some(map.next_value::<&'de str>()?);
+                return Err(serde::de::Error::custom("the kind is read"));
+            }
+            map.next_value::<serde::de::IgnoredAny>()?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether a map key is `kind`, without allocating it.
+struct IsKind;
+
+impl<'de> DeserializeSeed<'de> for IsKind {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for IsKind {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a field name")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<bool, E> {
+        Ok(key == "kind")
     }
 }
 

@@ -16,11 +16,13 @@ use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
 use gpuop_api::{ClusterPolicy, NVIDIADriver};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetSpec};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerStatus, EmptyDirVolumeSource, EnvVar, Node, NodeStatus, Pod, PodCondition,
-    PodSpec, PodStatus, PodTemplateSpec, ResourceRequirements, Toleration, Volume,
+    Affinity, Container, ContainerStatus, EmptyDirVolumeSource, EnvVar, Node, NodeCondition, NodeSpec,
+    NodeStatus, NodeSystemInfo, Pod, PodCondition, PodSpec, PodStatus, PodTemplateSpec, ResourceRequirements,
+    Toleration, Volume,
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -638,6 +640,24 @@ pub fn trim_pod(pod: &mut PodFacts) {
         pod.spec.tolerations = Vec::new();
         pod.spec.node_selector = BTreeMap::new();
     }
+    // Read from JSON text, a list has no known length and grows to a spare capacity (four places for one
+    // container): across a cluster's pods that is more memory than the pods hold.
+    pod.metadata.owner_references.shrink_to_fit();
+    for container in pod
+        .spec
+        .containers
+        .iter_mut()
+        .chain(&mut pod.spec.init_containers)
+    {
+        container.env.shrink_to_fit();
+    }
+    pod.spec.containers.shrink_to_fit();
+    pod.spec.init_containers.shrink_to_fit();
+    pod.spec.volumes.shrink_to_fit();
+    pod.spec.tolerations.shrink_to_fit();
+    pod.status.conditions.shrink_to_fit();
+    pod.status.init_container_statuses.shrink_to_fit();
+    pod.status.container_statuses.shrink_to_fit();
 }
 
 /// Drops what the doctor never reads from a node: images, volumes, managed fields, most annotations.
@@ -647,10 +667,138 @@ pub fn trim_node(node: &mut Node) {
         *status = NodeStatus {
             allocatable: status.allocatable.take(),
             capacity: status.capacity.take(),
-            conditions: status.conditions.take(),
+            conditions: status.conditions.take().map(shrunk),
             node_info: status.node_info.take(),
             ..NodeStatus::default()
         };
+    }
+    if let Some(spec) = node.spec.as_mut() {
+        spec.taints = spec.taints.take().map(shrunk);
+    }
+}
+
+/// A list without spare capacity (see [`trim_pod`]).
+fn shrunk<T>(mut list: Vec<T>) -> Vec<T> {
+    list.shrink_to_fit();
+    list
+}
+
+/// A node as the loaders read it: its status keeps what [`trim_node`] keeps and its metadata has no managed
+/// fields, so the image list, volumes and managed fields of a real node are skipped while reading instead of
+/// being built and dropped. [`NodeIn::into_node`] gives the trimmed Node. Like Kubernetes' own type, an
+/// `apiVersion` other than `v1` is refused; `kind` is the loader's business.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct NodeIn {
+    #[serde(default, rename = "apiVersion", deserialize_with = "core_v1")]
+    _api_version: (),
+    #[serde(default)]
+    metadata: Option<MetaIn>,
+    #[serde(default)]
+    spec: Option<NodeSpec>,
+    #[serde(default)]
+    status: Option<NodeStatusIn>,
+}
+
+/// The parts of a node's status the doctor reads.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeStatusIn {
+    #[serde(default)]
+    allocatable: Option<BTreeMap<String, Quantity>>,
+    #[serde(default)]
+    capacity: Option<BTreeMap<String, Quantity>>,
+    #[serde(default)]
+    conditions: Option<Vec<NodeCondition>>,
+    #[serde(default)]
+    node_info: Option<NodeSystemInfo>,
+}
+
+/// `ObjectMeta` without `managedFields`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MetaIn {
+    #[serde(default)]
+    annotations: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    creation_timestamp: Option<Time>,
+    #[serde(default)]
+    deletion_grace_period_seconds: Option<i64>,
+    #[serde(default)]
+    deletion_timestamp: Option<Time>,
+    #[serde(default)]
+    finalizers: Option<Vec<String>>,
+    #[serde(default)]
+    generate_name: Option<String>,
+    #[serde(default)]
+    generation: Option<i64>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    owner_references: Option<Vec<OwnerReference>>,
+    #[serde(default)]
+    resource_version: Option<String>,
+    #[serde(default)]
+    self_link: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
+}
+
+impl From<MetaIn> for ObjectMeta {
+    fn from(meta: MetaIn) -> ObjectMeta {
+        ObjectMeta {
+            annotations: meta.annotations,
+            creation_timestamp: meta.creation_timestamp,
+            deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
+            deletion_timestamp: meta.deletion_timestamp,
+            finalizers: meta.finalizers,
+            generate_name: meta.generate_name,
+            generation: meta.generation,
+            labels: meta.labels,
+            managed_fields: None,
+            name: meta.name,
+            namespace: meta.namespace,
+            owner_references: meta.owner_references,
+            resource_version: meta.resource_version,
+            self_link: meta.self_link,
+            uid: meta.uid,
+        }
+    }
+}
+
+impl NodeIn {
+    /// The node, trimmed as [`trim_node`] trims it.
+    pub(crate) fn into_node(self) -> Node {
+        let mut node = Node {
+            metadata: self.metadata.map(ObjectMeta::from).unwrap_or_default(),
+            spec: self.spec,
+            status: self.status.map(|status| NodeStatus {
+                allocatable: status.allocatable,
+                capacity: status.capacity,
+                conditions: status.conditions,
+                node_info: status.node_info,
+                ..NodeStatus::default()
+            }),
+        };
+        trim_node(&mut node);
+        node
+    }
+}
+
+/// Refuses an `apiVersion` other than `v1`, in Kubernetes' words.
+fn core_v1<'de, D: Deserializer<'de>>(deserializer: D) -> Result<(), D::Error> {
+    let version = String::deserialize(deserializer)?;
+    if version == "v1" {
+        Ok(())
+    } else {
+        Err(serde::de::Error::invalid_value(
+            serde::de::Unexpected::Str(&version),
+            &"v1",
+        ))
     }
 }
 

@@ -831,6 +831,279 @@ mod property {
     }
 }
 
+mod reading {
+    //! The snapshot reader takes list items straight into their projections, skipping what it does not read;
+    //! whatever a file holds (cut short, wrong types, unknown kinds, huge strings, deep nesting) it gives
+    //! what reading each document whole as a JSON value gives, or an error naming the item and the field,
+    //! and never panics.
+
+    use super::*;
+    use gpuop_doctor::load::{Loader, Location};
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    fn written(snapshot: &Snapshot) -> String {
+        let mut out = Vec::new();
+        snapshot.write_json(&mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    /// The snapshot read from a text, written back with its notes; or the error.
+    fn read(text: &str) -> Result<String, String> {
+        let mut loader = Loader::default();
+        loader.add_text(text, "test").map_err(|e| e.to_string())?;
+        let snapshot = loader.finish();
+        Ok(format!("{}{:?}", written(&snapshot), snapshot.notes))
+    }
+
+    /// The same, each document read whole as a JSON value and added as one (the way YAML is read).
+    fn read_through_values(text: &str) -> Result<String, String> {
+        let mut loader = Loader::default();
+        let documents = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+        for (index, document) in documents.enumerate() {
+            let document = document.map_err(|e| format!("test: not valid JSON: {e}"))?;
+            let at = Location {
+                origin: "test".to_owned(),
+                document: index + 1,
+                item: None,
+            };
+            loader.add_value(document, &at).map_err(|e| e.to_string())?;
+        }
+        let snapshot = loader.finish();
+        Ok(format!("{}{:?}", written(&snapshot), snapshot.notes))
+    }
+
+    fn faulty_cluster() -> Value {
+        let mut snapshot = cluster();
+        snapshot
+            .pod_of_mut(Operand::DevicePlugin, "a100-01")
+            .unwrap()
+            .crash_loop(3);
+        snapshot
+            .pods
+            .push(PodFacts::workload("team-a", "train-0").running_on("h100-01"));
+        serde_json::from_str(&written(&snapshot)).unwrap()
+    }
+
+    /// Walks from an item of the list by the indexes `path` picks, as deep as the item goes.
+    fn pick<'v>(
+        list: &'v mut Value,
+        item: prop::sample::Index,
+        path: &[prop::sample::Index],
+    ) -> &'v mut Value {
+        let items = list["items"].as_array().unwrap();
+        let index = item.index(items.len());
+        let mut pointer = format!("/items/{index}");
+        let mut value = &items[index];
+        for step in path {
+            value = match value {
+                Value::Object(map) if !map.is_empty() => {
+                    let (key, value) = map.iter().nth(step.index(map.len())).unwrap();
+                    pointer.push('/');
+                    pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
+                    value
+                }
+                Value::Array(array) if !array.is_empty() => {
+                    let index = step.index(array.len());
+                    pointer.push_str(&format!("/{index}"));
+                    &array[index]
+                }
+                _ => break,
+            };
+        }
+        list.pointer_mut(&pointer).unwrap()
+    }
+
+    fn replacement() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("JSON has no NaN", |f| f.is_finite())
+                .prop_map(Value::from),
+            ".{0,12}".prop_map(Value::from),
+            Just(json!([])),
+            Just(json!({})),
+            Just(json!([{"name": 1}, "x", null])),
+            Just(json!({"type": 5, "status": [], "metadata": "x"})),
+            (1_usize..200_000).prop_map(|n| Value::from("x".repeat(n))),
+        ]
+    }
+
+    /// A written snapshot reads back the same either way, and the fault planted in it is found.
+    #[test]
+    fn a_written_snapshot_reads_back_the_same_either_way() {
+        let text = faulty_cluster().to_string();
+        let fast = read(&text).unwrap();
+        assert_eq!(Ok(fast), read_through_values(&text));
+        let mut loader = Loader::default();
+        loader.add_text(&text, "test").unwrap();
+        let report = analyze(&loader.finish());
+        finding(&report, "a100-01", FindingKind::NotReady, Operand::DevicePlugin);
+        others_clean(&report, "a100-01");
+    }
+
+    #[test]
+    fn a_wrong_type_in_an_item_names_the_item_and_the_field() {
+        let mut list = faulty_cluster();
+        let items = list["items"].as_array_mut().unwrap();
+        let pod = items
+            .iter()
+            .position(|item| item["kind"] == "Pod" && item["metadata"]["name"] == "train-0")
+            .unwrap();
+        items[pod]["status"]["containerStatuses"] = json!([{"name": "main", "restartCount": "three"}]);
+        let text = list.to_string();
+        let items = list["items"].as_array_mut().unwrap();
+        let error = read(&text).unwrap_err();
+        assert_eq!(
+            error,
+            format!(
+                "test: document 1, item {pod} (Pod team-a/train-0): field status.containerStatuses[0].restartCount: \
+                 invalid type: string \"three\", expected i32"
+            )
+        );
+        let node = items.iter().position(|item| item["kind"] == "Node").unwrap();
+        items[node]["spec"]["taints"] = json!([{"key": "k", "effect": "NoSchedule"}, {"key": 7}]);
+        let error = read(&list.to_string()).unwrap_err();
+        assert!(
+            error.starts_with(&format!(
+                "test: document 1, item {node} (Node a100-01): field spec.taints[1].key:"
+            )),
+            "{error}"
+        );
+    }
+
+    /// A node's images, volumes and managed fields are skipped unread: however they look, they cannot stop
+    /// the doctor.
+    #[test]
+    fn fields_the_doctor_does_not_read_are_skipped_whatever_they_hold() {
+        let mut list = faulty_cluster();
+        let items = list["items"].as_array_mut().unwrap();
+        let node = items.iter().position(|item| item["kind"] == "Node").unwrap();
+        items[node]["status"]["images"] = json!([{"names": 5, "sizeBytes": "big"}]);
+        items[node]["status"]["volumesInUse"] = json!("not a list");
+        items[node]["metadata"]["managedFields"] = json!([{"manager": ["x"], "fieldsV1": 1}]);
+        let text = list.to_string();
+        let read = read(&text).unwrap();
+        assert_eq!(Ok(read.clone()), read_through_values(&text));
+        assert!(
+            !read.contains("managedFields") && !read.contains("volumesInUse"),
+            "{read}"
+        );
+    }
+
+    #[test]
+    fn unknown_kinds_are_counted_and_skipped() {
+        let text = json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"x": "y".repeat(100_000)}},
+            {"kind": "Widget", "spec": [1, 2, {"kind": "Node"}]},
+            {"kind": 5},
+            {"metadata": {"name": "no-kind"}},
+            "a string",
+            42,
+            {"kind": "NodeList", "items": [{"kind": "Node", "metadata": {"name": "inner"}}]},
+            {"kind": "Node", "metadata": {"name": "n\u{e9}\"\\"}}
+        ]})
+        .to_string();
+        let read = read(&text).unwrap();
+        assert_eq!(Ok(read.clone()), read_through_values(&text));
+        assert!(
+            read.ends_with("[\"ignored objects of other kinds: (no kind) x4, ConfigMap x1, Widget x1\"]"),
+            "{read}"
+        );
+        assert!(
+            read.contains(r#""name":"inner""#) && read.contains(r#""name":"né\"\\""#),
+            "{read}"
+        );
+    }
+
+    #[test]
+    fn a_cut_file_is_an_error_with_its_line_and_column() {
+        let text = faulty_cluster().to_string();
+        let cut = text.char_indices().nth(text.len() / 2).unwrap().0;
+        let error = read(&text[..cut]).unwrap_err();
+        assert!(
+            error.starts_with("test: not valid JSON: EOF while parsing"),
+            "{error}"
+        );
+        assert!(error.contains("line 1 column"), "{error}");
+    }
+
+    /// A field nested deeper than a JSON value may be (128 levels) is skipped when the doctor does not read
+    /// it, and is an error naming the object where it does; nothing overflows the stack.
+    #[test]
+    fn deep_nesting_is_skipped_unread_or_named() {
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        let text = format!(
+            r#"{{"items": [{{"kind": "Widget", "x": {deep}}}, {{"kind": "Node", "metadata": {{"name": "a"}}, "x": {deep}}}]}}"#
+        );
+        let read = read(&text).unwrap();
+        assert!(read.contains(r#""name":"a""#), "{read}");
+        let text = format!(
+            r#"{{"items": [{{"kind": "Pod", "metadata": {{"name": "p", "namespace": "n", "labels": {deep}}}}}]}}"#
+        );
+        let error = super::reading::read(&text).unwrap_err();
+        assert_eq!(
+            error,
+            "test: document 1, item 0 (Pod n/p): field (the object): nested more than 128 levels deep, deeper than \
+             the doctor reads"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+        /// Any value put anywhere in an item: the same snapshot as through JSON values, or the same error,
+        /// which names the item.
+        #[test]
+        fn any_value_anywhere_reads_as_through_json_values(
+            item in any::<prop::sample::Index>(),
+            path in proptest::collection::vec(any::<prop::sample::Index>(), 0..7),
+            value in replacement(),
+        ) {
+            let mut list = faulty_cluster();
+            *pick(&mut list, item, &path) = value;
+            let text = list.to_string();
+            let fast = read(&text);
+            prop_assert_eq!(&fast, &read_through_values(&text));
+            if let Err(error) = fast {
+                prop_assert!(error.starts_with("test: document 1, item "), "{}", error);
+                prop_assert!(error.contains(": field "), "{}", error);
+            }
+        }
+
+        /// An unknown kind is skipped, a known one is read as that kind, whatever the item holds.
+        #[test]
+        fn any_kind_reads_as_through_json_values(item in any::<prop::sample::Index>(), kind in prop_oneof![
+            "[A-Za-z]{0,12}",
+            Just("Node".to_owned()),
+            Just("Pod".to_owned()),
+            Just("DaemonSet".to_owned()),
+            Just("RuntimeClass".to_owned()),
+            Just("ClusterPolicy".to_owned()),
+            Just("PodList".to_owned()),
+        ]) {
+            let mut list = faulty_cluster();
+            pick(&mut list, item, &[])["kind"] = Value::from(kind);
+            let text = list.to_string();
+            prop_assert_eq!(read(&text), read_through_values(&text));
+        }
+
+        /// A file cut anywhere is an error, or (cut in the whitespace at its end) the whole file.
+        #[test]
+        fn a_file_cut_anywhere_never_panics(cut in any::<prop::sample::Index>()) {
+            let text = faulty_cluster().to_string();
+            let cut = cut.index(text.len());
+            let Some(part) = text.get(..cut) else { return Ok(()) };
+            match read(part) {
+                Ok(_) => prop_assert!(part.trim().is_empty() || serde_json::from_str::<Value>(part).is_ok()),
+                Err(error) => prop_assert!(error.starts_with("test: not valid JSON"), "{}", error),
+            }
+        }
+    }
+}
+
 mod explain {
     use super::*;
     use gpuop_api::labels::RESOURCE_GPU;
@@ -2021,6 +2294,99 @@ mod live {
         child.wait().unwrap();
         let refused = kubectl_gpu(&["doctor", "--watch", "--snapshot", "x.json"]);
         assert_eq!(refused.status.code(), Some(2), "--watch is for live clusters");
+    }
+}
+
+mod paged {
+    //! The live reader against the fake API server with more objects than a page holds: each list is read
+    //! page by page (500 objects and `continue`), and what it reads is the whole cluster.
+
+    use super::*;
+    use gpuop_api::labels::RESOURCE_GPU;
+    use gpuop_doctor::live::{Connection, Live, Reads};
+    use gpuop_fakeserver::{FakeServer, Verb};
+    use serde_json::Value;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cluster_larger_than_a_page_is_read_page_by_page() {
+        // 1,001 nodes (two GPU nodes with their operands), and 600 GPU workloads that only the cluster-wide
+        // pod list finds.
+        let mut snapshot = ClusterBuilder::new()
+            .with_node(Node::gpu("a100-01"))
+            .with_node(Node::gpu("a100-02"))
+            .with_nodes((0..999).map(|i| Node::cpu(&format!("cpu-{i:03}"))))
+            .build();
+        let operand_pods = snapshot.pods.len();
+        for i in 0..600 {
+            let node = if i % 2 == 0 { "a100-01" } else { "a100-02" };
+            // Bare pods: the server's garbage collector deletes the pods of a ReplicaSet it does not have.
+            snapshot.pods.push(
+                PodFacts::workload("team-a", &format!("train-{i:03}"))
+                    .requesting(RESOURCE_GPU, 1)
+                    .running_on(node)
+                    .unmanaged(),
+            );
+        }
+        let mut written = Vec::new();
+        snapshot.write_json(&mut written).unwrap();
+        let mut list: Value = serde_json::from_slice(&written).unwrap();
+
+        let server = FakeServer::new();
+        gpuop_sim::demo::install(&server.client())
+            .await
+            .expect("CRDs and namespace install");
+        server
+            .insert(
+                serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}),
+            )
+            .unwrap();
+        for mut item in list["items"].as_array_mut().unwrap().drain(..) {
+            // The API server wants an image; the doctor's projection does not keep it.
+            for containers in ["containers", "initContainers"] {
+                for container in item["spec"][containers].as_array_mut().into_iter().flatten() {
+                    container["image"] = "nvcr.io/nvidia/x:1".into();
+                }
+            }
+            server.insert(item).expect("the fixture is valid");
+        }
+        let served = server
+            .serve(std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0)))
+            .await
+            .expect("the fake API server serves");
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        served.write_kubeconfig(&kubeconfig).unwrap();
+        let live = Live::connect(&Connection {
+            kubeconfig: Some(kubeconfig),
+            context: None,
+            request_timeout: Some(std::time::Duration::from_secs(30)),
+        })
+        .await
+        .expect("the doctor connects");
+
+        server.reset_requests();
+        let read = live.snapshot(Reads::GpuPods).await.expect("the cluster reads");
+        assert_eq!(read.nodes.len(), 1001);
+        assert_eq!(read.pods.len(), operand_pods + 600);
+        for i in 0..600 {
+            let pod = read
+                .pod("team-a", &format!("train-{i:03}"))
+                .expect("every workload is read");
+            assert_eq!(pod.spec.containers[0].name, "main");
+        }
+        let requests = server.requests();
+        let lists = |resource: &str, scope: &str| {
+            requests.matching(|key| key.verb == Verb::List && key.resource == resource && key.scope == scope)
+        };
+        assert_eq!(lists("nodes", "cluster"), 3, "1,001 nodes are three pages of 500");
+        assert_eq!(
+            lists("pods", "cluster"),
+            2,
+            "{} pods not finished are two pages",
+            operand_pods + 600
+        );
+        let report = analyze(&read);
+        assert_eq!(report.nodes.len(), 1001);
     }
 }
 
