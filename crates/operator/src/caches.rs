@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use gpuop_api::labels::{MANAGED_BY, MANAGED_BY_VALUE};
 use gpuop_api::read::{NodeRead, PodRead};
 use gpuop_api::{ClusterPolicy, NVIDIADriver};
@@ -102,6 +102,7 @@ impl Caches {
             |policy: &mut Decoded<ClusterPolicy>| {
                 kube::Resource::meta_mut(policy).managed_fields = None;
             },
+            |_, _| false,
             availability.track("clusterpolicies.nvidia.com", false),
             changed,
             shutdown,
@@ -110,6 +111,7 @@ impl Caches {
             Api::all(client.clone()),
             watcher::Config::default(),
             |driver: &mut NVIDIADriver| driver.metadata.managed_fields = None,
+            |_, _| false,
             availability.track("nvidiadrivers.nvidia.com", false),
             changed,
             shutdown,
@@ -128,7 +130,14 @@ impl Caches {
         let daemonsets = spawn(
             Api::namespaced(client.clone(), namespace),
             watcher::Config::default().labels(&managed_label),
-            |ds: &mut DaemonSet| ds.metadata.managed_fields = None,
+            // Nothing reads a DaemonSet's status or version: the DaemonSet controller's status writes,
+            // one per pod that changes, wake nobody.
+            |ds: &mut DaemonSet| {
+                ds.metadata.managed_fields = None;
+                ds.metadata.resource_version = None;
+                ds.status = None;
+            },
+            |stored, new| stored == new,
             availability.track("daemonsets.apps", false),
             changed,
             shutdown,
@@ -148,6 +157,7 @@ impl Caches {
                 revision.data = None;
                 revision.metadata.managed_fields = None;
             },
+            |stored, new| stored == new,
             availability.track("controllerrevisions.apps", false),
             changed,
             shutdown,
@@ -156,6 +166,7 @@ impl Caches {
             Api::namespaced(client.clone(), namespace),
             watcher::Config::default(),
             trim_config_map,
+            |stored, new| stored == new,
             availability.track(CONFIG_MAP_KEYS, false),
             changed,
             shutdown,
@@ -176,6 +187,22 @@ impl Caches {
             .modify(|object: &mut DynamicObject| {
                 object.data = serde_json::Value::Null;
                 crate::drift::trim_managed_fields(&mut object.metadata.managed_fields);
+            })
+            // A write to the object's status moves only its version here (the status and the status
+            // subresource's managed fields are trimmed): it wakes nobody, and the version kept is that of
+            // the last change an apply plan reads.
+            .try_filter({
+                let known = reader.clone();
+                let resource = kind.api_resource();
+                move |event| {
+                    let news = match event {
+                        watcher::Event::Apply(object) => !known
+                            .get(&reflector::ObjectRef::from_obj_with(object, resource.clone()))
+                            .is_some_and(|stored| same_but_version(&stored, object)),
+                        _ => true,
+                    };
+                    std::future::ready(news)
+                }
             })
             .reflect(writer)
             .inspect(move |item| tracker.observe(item));
@@ -500,10 +527,13 @@ fn refusal(error: &watcher::Error) -> Option<(String, String)> {
     Some((reason, status.message.clone()))
 }
 
+/// Starts a reflector whose objects are trimmed by `trim`; an update that leaves the trimmed object as the
+/// store holds it (`unchanged`) is dropped, so that it wakes nobody.
 fn spawn<K>(
     api: Api<K>,
     config: watcher::Config,
     trim: impl FnMut(&mut K) + Send + 'static,
+    unchanged: fn(&K, &K) -> bool,
     tracker: Tracker,
     changed: &Arc<Changes>,
     shutdown: &CancellationToken,
@@ -518,9 +548,19 @@ where
         + 'static,
 {
     let (reader, writer) = reflector::store();
+    let known = reader.clone();
     let stream = watcher(api, config)
         .default_backoff()
         .modify(trim)
+        .try_filter(move |event| {
+            let news = match event {
+                watcher::Event::Apply(object) => !known
+                    .get(&reflector::ObjectRef::from_obj(object))
+                    .is_some_and(|stored| unchanged(&stored, object)),
+                _ => true,
+            };
+            std::future::ready(news)
+        })
         .reflect(writer)
         .inspect(move |item| tracker.observe(item));
     run(stream, changed, shutdown);
@@ -644,6 +684,15 @@ impl NodeTable {
             }
         }
     }
+}
+
+/// Whether two trimmed managed objects differ in nothing but their `resourceVersion`.
+fn same_but_version(stored: &DynamicObject, new: &DynamicObject) -> bool {
+    let meta = |object: &DynamicObject| ObjectMeta {
+        resource_version: None,
+        ..object.metadata.clone()
+    };
+    stored.types == new.types && meta(stored) == meta(new)
 }
 
 /// How the ConfigMap keys' watch is named in the availability (the managed ConfigMaps' watch is
@@ -799,22 +848,45 @@ pub struct PodTable {
     relist: Option<HashMap<Text, Arc<PodRecord>>>,
 }
 
+/// Who a changed pod record concerns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodChange {
+    /// A pod the upgrade controller reads (a driver's or a validator's), or a whole new list: everyone.
+    UpgradesRead,
+    /// Another operand's pod: only the policy reconciler (readiness) reads it.
+    PoliciesOnly,
+}
+
+impl PodChange {
+    fn of(pod: &PodRecord) -> Self {
+        if gpuop_api::upgrade::observe::upgrades_read(pod) {
+            Self::UpgradesRead
+        } else {
+            Self::PoliciesOnly
+        }
+    }
+}
+
 impl PodTable {
-    /// Takes in one event of the pod watch; says whether a record changed.
-    pub fn apply(&mut self, event: &watcher::Event<Pod>, interner: &mut Interner) -> bool {
+    /// Takes in one event of the pod watch; says whom a changed record concerns (`None`: nothing changed).
+    pub fn apply(&mut self, event: &watcher::Event<Pod>, interner: &mut Interner) -> Option<PodChange> {
         match event {
             watcher::Event::Apply(pod) => {
                 let record = PodRecord::project(pod, interner);
                 if self.pods.get(&record.name).is_some_and(|old| **old == record) {
-                    return false;
+                    return None;
                 }
+                let change = PodChange::of(&record);
                 self.pods.insert(record.name.clone(), Arc::new(record));
-                true
+                Some(change)
             }
-            watcher::Event::Delete(pod) => self.pods.remove(PodRead::name(pod)).is_some(),
+            watcher::Event::Delete(pod) => self
+                .pods
+                .remove(PodRead::name(pod))
+                .map(|record| PodChange::of(&record)),
             watcher::Event::Init => {
                 self.relist = Some(HashMap::new());
-                false
+                None
             }
             watcher::Event::InitApply(pod) => {
                 let record = PodRecord::project(pod, interner);
@@ -825,11 +897,11 @@ impl PodTable {
                 self.relist
                     .get_or_insert_with(HashMap::new)
                     .insert(record.name.clone(), record);
-                false
+                None
             }
             watcher::Event::InitDone => {
                 self.pods = self.relist.take().unwrap_or_default();
-                true
+                Some(PodChange::UpgradesRead)
             }
         }
     }
@@ -887,8 +959,10 @@ fn follow_pods(
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .apply(&event, &mut interner)
             };
-            if changed_record {
-                changed.notify();
+            match changed_record {
+                Some(PodChange::UpgradesRead) => changed.notify(),
+                Some(PodChange::PoliciesOnly) => changed.policies.notify_one(),
+                None => {}
             }
         }
     });
@@ -1162,12 +1236,28 @@ mod tests {
         let mut interner = Interner::default();
         let mut plugin = pod("nvidia-device-plugin");
         plugin.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
-        assert!(table.apply(&watcher::Event::Apply(plugin.clone()), &mut interner));
+        let policies_only = Some(PodChange::PoliciesOnly);
+        assert_eq!(
+            table.apply(&watcher::Event::Apply(plugin.clone()), &mut interner),
+            policies_only
+        );
         plugin.metadata.resource_version = Some("2".into());
         plugin.status.as_mut().unwrap().pod_ip = Some("10.1.0.7".into());
-        assert!(!table.apply(&watcher::Event::Apply(plugin.clone()), &mut interner));
+        assert_eq!(
+            table.apply(&watcher::Event::Apply(plugin.clone()), &mut interner),
+            None
+        );
         plugin.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "True".into();
-        assert!(table.apply(&watcher::Event::Apply(plugin), &mut interner));
+        assert_eq!(
+            table.apply(&watcher::Event::Apply(plugin), &mut interner),
+            policies_only
+        );
+        // A driver's pod is the upgrade controller's business too.
+        let driver = pod("nvidia-driver");
+        assert_eq!(
+            table.apply(&watcher::Event::Apply(driver), &mut interner),
+            Some(PodChange::UpgradesRead)
+        );
     }
 
     fn refused(code: u16, reason: &str) -> Result<watcher::Event<()>, watcher::Error> {

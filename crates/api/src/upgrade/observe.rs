@@ -59,6 +59,12 @@ pub fn is_driver_pod(pod: &(impl PodRead + ?Sized)) -> bool {
     pod.label(COMPONENT) == Some(Operand::Driver.info().component)
 }
 
+/// Whether the upgrade controller reads this pod: a driver's ([`DriverPods`]) or a validator's
+/// ([`validators`]). Other operand pods matter to readiness only.
+pub fn upgrades_read(pod: &(impl PodRead + ?Sized)) -> bool {
+    is_driver_pod(pod) || pod.label("app") == Some(Operand::OperatorValidator.info().daemonset)
+}
+
 /// A driver pod, with the DaemonSet that owns it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OwnedDriver {
