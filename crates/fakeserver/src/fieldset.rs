@@ -167,6 +167,219 @@ fn collect(value: &Value, shape: Shape<'_>, path: &mut Path, out: &mut BTreeSet<
     }
 }
 
+/// What a non-apply write changed, as [`changes`] finds it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Changes {
+    /// Paths of the new object whose value differs from the old one's (or that the old one lacks).
+    pub(crate) changed: FieldSet,
+    /// Paths of the old object that the new one lacks.
+    pub(crate) removed: FieldSet,
+}
+
+/// The fields a write from `old` to `new` changed and removed: exactly what comparing
+/// `FieldSet::of(new)` with `FieldSet::of(old)` path by path gives, found by walking both objects together
+/// and passing over equal subtrees, so a write costs what it changed rather than the object's size (a Node
+/// with hundreds of labels, a pod status patch that moves one container on).
+pub(crate) fn changes(new: &Value, old: &Value, shape: Shape<'_>) -> Changes {
+    let mut out = Changes::default();
+    let mut path = Vec::new();
+    diff(Some(new), Some(old), shape, &mut path, &mut out);
+    out
+}
+
+fn diff<'a>(
+    new: Option<&'a Value>,
+    old: Option<&'a Value>,
+    shape: Shape<'a>,
+    path: &mut Path,
+    out: &mut Changes,
+) {
+    match (new, old) {
+        (Some(new), Some(old)) if new == old => {}
+        (Some(Value::Object(new)), Some(Value::Object(old)))
+            if !new.is_empty() && !old.is_empty() && !shape.atomic_map() =>
+        {
+            for (key, child) in new {
+                path.push(format!("f:{key}"));
+                diff(Some(child), old.get(key), shape.field(key), path, out);
+                path.pop();
+            }
+            for (key, child) in old.iter().filter(|(key, _)| !new.contains_key(*key)) {
+                path.push(format!("f:{key}"));
+                diff(None, Some(child), shape.field(key), path, out);
+                path.pop();
+            }
+        }
+        (Some(Value::Array(new_items)), Some(Value::Array(old_items)))
+            if matches!(shape.list_type(), ListType::Map(_) | ListType::SchemaMap(_)) =>
+        {
+            let keys = shape
+                .list_type()
+                .keys()
+                .into_iter()
+                .map(str::to_owned)
+                .collect::<Vec<_>>();
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let (Some(new_elements), Some(old_elements)) =
+                (own_elements(new_items, &keys), own_elements(old_items, &keys))
+            else {
+                // Items that share a key: compare path by path, as the sets do.
+                compare(new, old, shape, path, out);
+                return;
+            };
+            // The old item a new one is compared with is the one `lookup` finds for its element; when that
+            // is an item with another element (key fields a new item leaves out), compare path by path.
+            let mut before = Vec::with_capacity(new_items.len());
+            for element in &new_elements {
+                let index = index_of(old_items, element);
+                if index.is_some_and(|i| old_elements.get(i) != Some(element)) {
+                    compare(new, old, shape, path, out);
+                    return;
+                }
+                before.push(index.and_then(|i| old_items.get(i)));
+            }
+            for ((item, element), before) in new_items.iter().zip(&new_elements).zip(before) {
+                path.push(element.clone());
+                keyed_item(item, before, shape, path, out);
+                path.pop();
+            }
+            for (item, element) in old_items.iter().zip(&old_elements) {
+                if !new_elements.contains(element) {
+                    path.push(element.clone());
+                    keyed_item_removed(item, shape, path, out);
+                    path.pop();
+                }
+            }
+        }
+        _ => compare(new, old, shape, path, out),
+    }
+}
+
+/// A keyed list's items' elements, when each item is the first its element names (as `lookup` finds
+/// items); `None` when two items answer to one element.
+fn own_elements(items: &[Value], keys: &[&str]) -> Option<Vec<Element>> {
+    let elements: Vec<Element> = items.iter().map(|item| key_element(item, keys)).collect();
+    for (index, element) in elements.iter().enumerate() {
+        if index_of(items, element) != Some(index) {
+            return None;
+        }
+    }
+    Some(elements)
+}
+
+/// A keyed item of the new object (at `path`), against the old object's item of the same key, if any.
+fn keyed_item<'a>(
+    item: &'a Value,
+    before: Option<&'a Value>,
+    shape: Shape<'a>,
+    path: &mut Path,
+    out: &mut Changes,
+) {
+    if before == Some(item) {
+        return;
+    }
+    // The item itself is a path of both sets.
+    let differs = match item {
+        Value::Object(map) if !map.is_empty() => before.is_none(),
+        _ => !same_values(before, Some(item)),
+    };
+    if differs {
+        out.changed.insert(path.clone());
+    }
+    let empty = Map::new();
+    let fields = item.as_object().unwrap_or(&empty);
+    let old_fields = before.and_then(Value::as_object);
+    for (key, child) in fields {
+        path.push(format!("f:{key}"));
+        // A field of an item that was no object in the old list has no old value.
+        diff(
+            Some(child),
+            old_fields.and_then(|o| o.get(key)),
+            shape.items().field(key),
+            path,
+            out,
+        );
+        path.pop();
+    }
+    if let Some(old_fields) = old_fields {
+        for (key, child) in old_fields.iter().filter(|(key, _)| !fields.contains_key(*key)) {
+            path.push(format!("f:{key}"));
+            diff(None, Some(child), shape.items().field(key), path, out);
+            path.pop();
+        }
+    }
+}
+
+/// A keyed item only the old object has: it and every path under it are removed.
+fn keyed_item_removed(item: &Value, shape: Shape<'_>, path: &mut Path, out: &mut Changes) {
+    out.removed.insert(path.clone());
+    if let Value::Object(fields) = item {
+        for (key, child) in fields {
+            path.push(format!("f:{key}"));
+            let mut under = BTreeSet::new();
+            collect(child, shape.items().field(key), path, &mut under);
+            out.removed.0.extend(under);
+            path.pop();
+        }
+    }
+}
+
+/// The general comparison, for one subtree at `path`: every path of the new subtree whose value differs
+/// from the old subtree's, and the old subtree's paths the new one lacks.
+fn compare(new: Option<&Value>, old: Option<&Value>, shape: Shape<'_>, path: &mut Path, out: &mut Changes) {
+    let depth = path.len();
+    let mut new_paths = BTreeSet::new();
+    if let Some(new) = new {
+        collect(new, shape, path, &mut new_paths);
+    }
+    let mut old_paths = BTreeSet::new();
+    if let Some(old) = old {
+        collect(old, shape, path, &mut old_paths);
+    }
+    for full in &new_paths {
+        let relative = full.get(depth..).unwrap_or_default();
+        let now = new.and_then(|new| lookup(new, relative));
+        let before = old.and_then(|old| lookup(old, relative));
+        let differs = match now {
+            Some(Value::Object(map)) if !map.is_empty() => before.is_none(),
+            _ => !same_values(before, now),
+        };
+        if differs {
+            out.changed.0.insert(full.clone());
+        }
+    }
+    out.removed
+        .0
+        .extend(old_paths.into_iter().filter(|p| !new_paths.contains(p)));
+}
+
+/// Whether two field values are the same as the API server compares them: numbers by value, so `1` and
+/// `1.0` (a YAML file's float against a typed client's integer) are one value, as Go's decoding makes them.
+pub(crate) fn same_values(a: Option<&Value>, b: Option<&Value>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => same_value(a, b),
+        (a, b) => a == b,
+    }
+}
+
+pub(crate) fn same_value(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64()) {
+            (Some(x), Some(y)) => x == y,
+            _ => x.as_f64() == y.as_f64(),
+        },
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_value(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(key, x)| y.get(key).is_some_and(|y| same_value(x, y)))
+        }
+        _ => a == b,
+    }
+}
+
 /// The `k:{...}` element naming a keyed list item: its key fields, sorted, as compact JSON.
 pub(crate) fn key_element(item: &Value, keys: &[&str]) -> Element {
     let mut identity = Map::new();
@@ -341,6 +554,78 @@ mod tests {
             .to_vec();
         assert!(remove(&mut object, &finalizer));
         assert_eq!(object["metadata"]["finalizers"], json!([]));
+    }
+
+    /// `changes` as the sets define it: every path of the new object compared with a lookup in the old.
+    fn changes_path_by_path(new: &Value, old: &Value, shape: Shape<'_>) -> Changes {
+        let new_set = FieldSet::of(new, shape);
+        let old_set = FieldSet::of(old, shape);
+        let mut changed = FieldSet::default();
+        for path in new_set.iter() {
+            let now = lookup(new, path);
+            let before = lookup(old, path);
+            let differs = match now {
+                Some(Value::Object(map)) if !map.is_empty() => before.is_none(),
+                _ => !same_values(before, now),
+            };
+            if differs {
+                changed.insert(path.clone());
+            }
+        }
+        Changes {
+            changed,
+            removed: old_set.difference(&new_set),
+        }
+    }
+
+    #[test]
+    fn changes_are_what_comparing_every_path_gives() {
+        let pod = |ready: &str, extra: Value| {
+            json!({
+                "metadata": {"labels": {"app": "a", "tier": ready}, "finalizers": ["x"]},
+                "spec": {"containers": [
+                    {"name": "c", "image": "i", "ports": [{"containerPort": 80, "protocol": "TCP"}],
+                     "env": [{"name": "A", "value": "1"}]},
+                    {"name": "d", "image": "j"}
+                ]},
+                "status": {
+                    "phase": "Running",
+                    "conditions": [{"type": "Ready", "status": ready}, {"type": "Initialized", "status": "True"}],
+                    "containerStatuses": [{"name": "c", "ready": ready == "True", "restartCount": 0}],
+                    "extra": extra
+                }
+            })
+        };
+        let base = pod("False", json!({"a": 1}));
+        let variants = [
+            pod("True", json!({"a": 1})),
+            pod("False", json!({"a": 1.0})),
+            pod("False", json!({})),
+            pod("False", json!([1, 2])),
+            pod("False", json!("text")),
+            pod("False", Value::Null),
+            json!({"metadata": {}, "spec": {}}),
+            json!({}),
+            // Containers reordered, one gone, one new; a finalizer added.
+            json!({"metadata": {"labels": {"app": "a"}, "finalizers": ["x", "y"]},
+                   "spec": {"containers": [{"name": "e", "image": "k"}, {"name": "c", "image": "i2"}]}}),
+            // Two items with one key, and an item naming only part of a compound key.
+            json!({"spec": {"containers": [
+                {"name": "c", "image": "i", "ports": [{"containerPort": 80}]},
+                {"name": "c", "image": "other"}]}}),
+            // Keyed items that are not objects, and a keyed list that became a map.
+            json!({"spec": {"containers": ["c", 3]}, "status": {"conditions": {"type": "Ready"}}}),
+        ];
+        let shape = Shape::builtin("Pod");
+        for (index, variant) in variants.iter().enumerate() {
+            for (new, old) in [(variant, &base), (&base, variant), (variant, variant)] {
+                assert_eq!(
+                    changes(new, old, shape),
+                    changes_path_by_path(new, old, shape),
+                    "variant {index}: {new} from {old}"
+                );
+            }
+        }
     }
 
     #[test]

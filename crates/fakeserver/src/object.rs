@@ -52,6 +52,26 @@ impl Stored {
         })
     }
 
+    /// Serialises `object` inside its watch event line `{"type":"<kind>","object":<object>}\n`; the stored
+    /// object's bytes are a slice of that line, so the two share one allocation.
+    pub(crate) fn with_event_line(object: &Value, info: &ResourceInfo, kind: &str) -> (Arc<Self>, Bytes) {
+        let mut line = Vec::with_capacity(4096);
+        line.extend_from_slice(b"{\"type\":\"");
+        line.extend_from_slice(kind.as_bytes());
+        line.extend_from_slice(b"\",\"object\":");
+        let start = line.len();
+        // Writing a `Value` into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut line, object);
+        let end = line.len();
+        line.extend_from_slice(b"}\n");
+        let line = Bytes::from(line);
+        let stored = Arc::new(Self {
+            json: line.slice(start..end),
+            meta: Meta::read(object, info),
+        });
+        (stored, line)
+    }
+
     /// The object as JSON.
     pub(crate) fn value(&self) -> Value {
         serde_json::from_slice(&self.json).unwrap_or(Value::Null)

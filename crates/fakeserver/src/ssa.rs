@@ -12,7 +12,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::fieldset::{self, Element, FieldSet, Path};
+use crate::fieldset::{self, Element, FieldSet, Path, same_values};
 use crate::shape::{ListType, Shape};
 
 /// How a manager wrote its fields.
@@ -81,32 +81,35 @@ pub(crate) fn read_entries(object: &Value) -> Vec<ManagedEntry> {
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .filter_map(|entry| {
-            let text = |key: &str| {
-                entry
-                    .get(key)
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            let operation = match entry.get("operation").and_then(Value::as_str) {
-                Some("Apply") => Operation::Apply,
-                Some("Update") => Operation::Update,
-                _ => return None,
-            };
-            Some(ManagedEntry {
-                manager: text("manager"),
-                operation,
-                api_version: text("apiVersion"),
-                time: text("time"),
-                subresource: text("subresource"),
-                fields: entry
-                    .get("fieldsV1")
-                    .map(FieldSet::from_fields_v1)
-                    .unwrap_or_default(),
-            })
-        })
+        .filter_map(read_entry)
         .collect()
+}
+
+/// Reads one entry of `metadata.managedFields`; `None` for an operation that is neither `Apply` nor `Update`.
+fn read_entry(entry: &Value) -> Option<ManagedEntry> {
+    let text = |key: &str| {
+        entry
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let operation = match entry.get("operation").and_then(Value::as_str) {
+        Some("Apply") => Operation::Apply,
+        Some("Update") => Operation::Update,
+        _ => return None,
+    };
+    Some(ManagedEntry {
+        manager: text("manager"),
+        operation,
+        api_version: text("apiVersion"),
+        time: text("time"),
+        subresource: text("subresource"),
+        fields: entry
+            .get("fieldsV1")
+            .map(FieldSet::from_fields_v1)
+            .unwrap_or_default(),
+    })
 }
 
 /// Writes `metadata.managedFields`, dropping entries that own nothing.
@@ -181,33 +184,6 @@ pub(crate) struct Conflict {
     pub(crate) manager: String,
     pub(crate) api_version: String,
     pub(crate) path: Path,
-}
-
-/// Whether two field values are the same as the API server compares them: numbers by value, so `1` and
-/// `1.0` (a YAML file's float against a typed client's integer) are one value, as Go's decoding makes them.
-fn same_values(a: Option<&Value>, b: Option<&Value>) -> bool {
-    match (a, b) {
-        (Some(a), Some(b)) => same_value(a, b),
-        (a, b) => a == b,
-    }
-}
-
-fn same_value(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64()) {
-            (Some(x), Some(y)) => x == y,
-            _ => x.as_f64() == y.as_f64(),
-        },
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_value(x, y))
-        }
-        (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len()
-                && x.iter()
-                    .all(|(key, x)| y.get(key).is_some_and(|y| same_value(x, y)))
-        }
-        _ => a == b,
-    }
 }
 
 /// Applies `config` onto `live` (the stored object, or a skeleton when creating); returns the new object with
@@ -364,48 +340,68 @@ pub(crate) struct Updater<'a> {
 /// A request that sends managed fields different from the stored ones replaces them (a single empty entry
 /// clears them), as the API server allows.
 pub(crate) fn record_update(old: Option<&Value>, new: &mut Value, updater: &Updater<'_>) {
-    let sent = new.pointer("/metadata/managedFields").cloned();
-    let stored = old.and_then(|o| o.pointer("/metadata/managedFields")).cloned();
-    let mut entries = match (&sent, old) {
-        (Some(Value::Array(sent_entries)), _) if sent != stored => {
-            if sent_entries.len() == 1 && sent_entries[0].as_object().is_some_and(Map::is_empty) {
-                Vec::new()
-            } else {
-                read_entries(new)
-            }
+    const POINTER: &str = "/metadata/managedFields";
+    let stored = old.and_then(|o| o.pointer(POINTER));
+    // `Some(cleared)` when the request sent managed fields of its own (a single empty entry clears them).
+    let sent = match new.pointer(POINTER) {
+        Some(sent @ Value::Array(entries)) if Some(sent) != stored => {
+            Some(entries.len() == 1 && entries[0].as_object().is_some_and(Map::is_empty))
         }
-        (_, Some(old)) => read_entries(old),
-        (_, None) => Vec::new(),
+        _ => None,
     };
     let subresource = updater.scope.subresource();
     let new_scoped = scoped(new, updater.scope);
     let old_scoped = old
         .map(|o| scoped(o, updater.scope))
         .unwrap_or_else(|| Value::Object(Map::new()));
-    let new_set = FieldSet::of(&new_scoped, updater.shape);
-    let old_set = FieldSet::of(&old_scoped, updater.shape);
-    let mut changed = FieldSet::default();
-    for path in new_set.iter() {
-        let now = fieldset::lookup(&new_scoped, path);
-        let before = fieldset::lookup(&old_scoped, path);
-        let differs = match now {
-            Some(Value::Object(map)) if !map.is_empty() => before.is_none(),
-            _ => !same_values(before, now),
-        };
-        if differs {
-            changed.insert(path.clone());
+    let fieldset::Changes { changed, removed } = fieldset::changes(&new_scoped, &old_scoped, updater.shape);
+    let unchanged = changed.is_empty() && removed.is_empty() && old.is_some();
+    if unchanged && sent.is_none() {
+        // The stored entries stay as they are: they were written by `write_entries`, so reading and writing
+        // them again would give them back unchanged.
+        if let Some(metadata) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+            match stored {
+                Some(stored) => metadata.insert("managedFields".into(), stored.clone()),
+                None => metadata.remove("managedFields"),
+            };
         }
-    }
-    let removed = old_set.difference(&new_set);
-    if changed.is_empty() && removed.is_empty() && old.is_some() {
-        write_entries(new, &entries);
         return;
     }
-    for entry in &mut entries {
+    let own = |entry: &ManagedEntry| entry.is(updater.manager, Operation::Update, subresource);
+    let mut entries: Vec<Entry> = match (sent, old) {
+        (Some(true), _) => Vec::new(),
+        (Some(false), _) => read_entries(new).into_iter().map(Entry::Read).collect(),
+        // Stored entries that own none of what changed stay as they are, unread: on a Node with hundreds
+        // of labels or a pod with a long spec, reading and writing every entry would cost more than the rest
+        // of the write.
+        (None, Some(_)) => stored
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|raw| {
+                let touched = raw_is(raw, updater.manager, "Update", subresource)
+                    || removed
+                        .iter()
+                        .chain(changed.iter())
+                        .any(|path| reaches(raw.get("fieldsV1"), path));
+                if touched {
+                    read_entry(raw).map(Entry::Read)
+                } else {
+                    raw_is_valid(raw).then(|| Entry::Kept(raw.clone()))
+                }
+            })
+            .collect(),
+        (None, None) => Vec::new(),
+    };
+    if unchanged {
+        write(new, entries);
+        return;
+    }
+    for entry in entries.iter_mut().filter_map(Entry::read_mut) {
         for path in removed.iter() {
             entry.fields.remove_within(path);
         }
-        if !entry.is(updater.manager, Operation::Update, subresource) {
+        if !own(entry) {
             for path in changed.iter() {
                 if entry.fields.contains(path) {
                     entry.fields.remove_within(path);
@@ -415,7 +411,8 @@ pub(crate) fn record_update(old: Option<&Value>, new: &mut Value, updater: &Upda
     }
     match entries
         .iter_mut()
-        .find(|e| e.is(updater.manager, Operation::Update, subresource))
+        .filter_map(Entry::read_mut)
+        .find(|entry| own(entry))
     {
         Some(entry) => {
             let fields = entry.fields.union(&changed);
@@ -425,16 +422,77 @@ pub(crate) fn record_update(old: Option<&Value>, new: &mut Value, updater: &Upda
                 updater.api_version.clone_into(&mut entry.api_version);
             }
         }
-        None => entries.push(ManagedEntry {
+        None => entries.push(Entry::Read(ManagedEntry {
             manager: updater.manager.to_owned(),
             operation: Operation::Update,
             api_version: updater.api_version.to_owned(),
             time: updater.now.to_owned(),
             subresource: subresource.to_owned(),
             fields: changed,
-        }),
+        })),
     }
-    write_entries(new, &entries);
+    write(new, entries);
+}
+
+/// An entry of `metadata.managedFields` during an update: read, or kept as stored.
+enum Entry {
+    Read(ManagedEntry),
+    /// A stored entry the update does not touch. Stored entries were written by [`write_entries`], so
+    /// reading and writing this one again would give it back unchanged.
+    Kept(Value),
+}
+
+impl Entry {
+    fn read_mut(&mut self) -> Option<&mut ManagedEntry> {
+        match self {
+            Entry::Read(entry) => Some(entry),
+            Entry::Kept(_) => None,
+        }
+    }
+}
+
+/// [`write_entries`] for entries some of which are kept as stored.
+fn write(object: &mut Value, entries: Vec<Entry>) {
+    let entries: Vec<Value> = entries
+        .into_iter()
+        .filter_map(|entry| match entry {
+            Entry::Read(entry) => (!entry.fields.is_empty()).then(|| entry.to_json()),
+            Entry::Kept(raw) => Some(raw),
+        })
+        .collect();
+    if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        if entries.is_empty() {
+            metadata.remove("managedFields");
+        } else {
+            metadata.insert("managedFields".into(), Value::Array(entries));
+        }
+    }
+}
+
+/// Whether a stored entry is this manager's, for this operation and subresource.
+fn raw_is(raw: &Value, manager: &str, operation: &str, subresource: &str) -> bool {
+    let text = |key: &str| raw.get(key).and_then(Value::as_str).unwrap_or_default();
+    text("manager") == manager && text("operation") == operation && text("subresource") == subresource
+}
+
+/// Whether [`read_entries`] would read a stored entry, and [`write_entries`] write it back.
+fn raw_is_valid(raw: &Value) -> bool {
+    matches!(
+        raw.get("operation").and_then(Value::as_str),
+        Some("Apply" | "Update")
+    ) && raw
+        .get("fieldsV1")
+        .and_then(Value::as_object)
+        .is_some_and(|fields| !fields.is_empty())
+}
+
+/// Whether a `fieldsV1` object has a node at `path`: only then does the entry own `path` or anything under it.
+fn reaches(fields: Option<&Value>, path: &[Element]) -> bool {
+    let mut node = fields;
+    for element in path {
+        node = node.and_then(|n| n.get(element));
+    }
+    node.is_some()
 }
 
 #[cfg(test)]
@@ -497,12 +555,15 @@ mod tests {
 
     #[test]
     fn numbers_are_compared_by_value() {
-        assert!(same_value(
+        assert!(crate::fieldset::same_value(
             &json!({"minimum": [1, 0.5]}),
             &json!({"minimum": [1.0, 0.5]})
         ));
-        assert!(!same_value(&json!({"minimum": 1}), &json!({"minimum": 1.5})));
-        assert!(!same_value(&json!([1]), &json!(["1"])));
+        assert!(!crate::fieldset::same_value(
+            &json!({"minimum": 1}),
+            &json!({"minimum": 1.5})
+        ));
+        assert!(!crate::fieldset::same_value(&json!([1]), &json!(["1"])));
     }
 
     #[test]

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -92,17 +92,20 @@ pub(crate) struct Change {
     pub(crate) previous: Option<Arc<Stored>>,
     /// When the change was stored: a delayed watch delivers it a fixed time after this.
     pub(crate) at: tokio::time::Instant,
-    line: OnceLock<Bytes>,
+    line: Bytes,
 }
 
 impl Change {
-    fn new(kind: ChangeKind, object: Arc<Stored>, previous: Option<Arc<Stored>>) -> Self {
+    /// The change of `kind` that stores `value` (of resource `info`). The object is encoded once, inside
+    /// its watch event line: the stored object's bytes are a slice of the line, so history holds one copy.
+    fn new(kind: ChangeKind, value: &Value, info: &ResourceInfo, previous: Option<Arc<Stored>>) -> Self {
+        let (object, line) = Stored::with_event_line(value, info, kind.as_str());
         Self {
             kind,
             object,
             previous,
             at: tokio::time::Instant::now(),
-            line: OnceLock::new(),
+            line,
         }
     }
 
@@ -112,8 +115,7 @@ impl Change {
 
     /// The watch event line for this change, encoded once and shared by every watcher.
     pub(crate) fn line(&self) -> &Bytes {
-        self.line
-            .get_or_init(|| event_line(self.kind.as_str(), &self.object.json))
+        &self.line
     }
 }
 
@@ -1153,20 +1155,21 @@ impl State {
     ) -> Arc<Stored> {
         self.rv += 1;
         metadata_mut(&mut value).insert("resourceVersion".into(), Value::from(self.rv.to_string()));
-        let stored = Stored::new(&value, info);
-        let key = info.storage_key();
-        if let Some(previous) = &previous {
-            self.unindex(previous);
-        }
-        self.index(&stored, key.clone());
-        let object = (stored.meta.namespace.clone(), stored.meta.name.clone());
-        self.table(&key).objects.insert(object, stored.clone());
         let kind = if previous.is_some() {
             ChangeKind::Modified
         } else {
             ChangeKind::Added
         };
-        self.publish(&key, Change::new(kind, stored.clone(), previous));
+        let change = Change::new(kind, &value, info, previous);
+        let stored = change.object.clone();
+        let key = info.storage_key();
+        if let Some(previous) = &change.previous {
+            self.unindex(previous);
+        }
+        self.index(&stored, key.clone());
+        let object = (stored.meta.namespace.clone(), stored.meta.name.clone());
+        self.table(&key).objects.insert(object, stored.clone());
+        self.publish(&key, change);
         if !stored.meta.owners.is_empty() {
             self.gc.push_back(Work::Dependent {
                 uid: stored.meta.uid.clone(),
@@ -1184,16 +1187,14 @@ impl State {
     ) -> Arc<Stored> {
         self.rv += 1;
         metadata_mut(&mut value).insert("resourceVersion".into(), Value::from(self.rv.to_string()));
-        let stored = Stored::new(&value, info);
+        let change = Change::new(ChangeKind::Deleted, &value, info, Some(previous.clone()));
+        let stored = change.object.clone();
         let key = info.storage_key();
         let object = (previous.meta.namespace.clone(), previous.meta.name.clone());
         self.table(&key).objects.remove(&object);
         self.uids.remove(&previous.meta.uid);
         self.unindex(previous);
-        self.publish(
-            &key,
-            Change::new(ChangeKind::Deleted, stored.clone(), Some(previous.clone())),
-        );
+        self.publish(&key, change);
         self.gc.push_back(Work::OwnerGone {
             uid: previous.meta.uid.clone(),
         });

@@ -16,7 +16,7 @@ use gpuop_api::labels::VALIDATIONS_DIR;
 use gpuop_api::{OPERANDS, Operand};
 use k8s_openapi::api::core::v1::{
     Container, ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
-    ContainerStatus, Pod, PodCondition, PodStatus,
+    ContainerStatus, Pod, PodCondition, PodSpec, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -220,7 +220,9 @@ pub fn step(
     timing: Timing,
     now: Timestamp,
 ) -> Step {
-    let spec = pod.spec.clone().unwrap_or_default();
+    // Read, not copied: the kubelets step every pod of a large cluster on each pass.
+    let no_spec = PodSpec::default();
+    let spec = pod.spec.as_ref().unwrap_or(&no_spec);
     let mut status = pod.status.clone().unwrap_or_default();
     let mut writes = Vec::new();
     let started = status.start_time.as_ref().map(|t| t.0);
@@ -252,11 +254,11 @@ pub fn step(
     }
 
     // Init containers, one at a time.
-    let inits = spec.init_containers.clone().unwrap_or_default();
+    let inits: &[Container] = spec.init_containers.as_deref().unwrap_or_default();
     let mut init_statuses = status
         .init_container_statuses
         .clone()
-        .unwrap_or_else(|| waiting_all(&inits, "PodInitializing").unwrap_or_default());
+        .unwrap_or_else(|| waiting_all(inits, "PodInitializing").unwrap_or_default());
     init_statuses.resize_with(inits.len(), ContainerStatus::default);
     for (container, container_status) in inits.iter().zip(init_statuses.iter_mut()) {
         container_status.name.clone_from(&container.name);
