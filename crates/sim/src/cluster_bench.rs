@@ -411,13 +411,16 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
     let mut pods_unready_seen = started;
     let mut pods_ready_seen: Option<Instant> = None;
     loop {
+        // A look reads for as long as its lists take: a pod it found not Ready was so at its start at the
+        // earliest, and every pod it found Ready was so by its end.
+        let look_started = Instant::now();
         let (rows, policy) = snapshot(&client).await?;
         let looked = Instant::now();
         let pods_ready = rows.iter().any(|r| !r.operands.is_empty()) && rows.iter().all(Row::converged);
         if pods_ready {
             pods_ready_seen.get_or_insert(looked);
         } else {
-            pods_unready_seen = looked;
+            pods_unready_seen = look_started;
             pods_ready_seen = None;
         }
         let ready = policy
