@@ -171,6 +171,26 @@ pub struct ConvergeBenchArgs {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub deadline_seconds: u64,
+    /// After the steady window, play unrelated node churn (heartbeat times, a label and an annotation no
+    /// GPU operator reads) on this share of the nodes each second, e.g. 0.05 for 5%, and report the
+    /// operator's CPU and requests meanwhile.
+    #[arg(long, value_name = "SHARE", value_parser = parse_churn_share)]
+    pub churn: Option<f64>,
+    /// Length of the churn window in seconds.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub churn_seconds: u64,
+    /// Seed of the churn: which nodes, in which order, get which change.
+    #[arg(long, default_value_t = 1)]
+    pub churn_seed: u64,
+}
+
+/// A share of the nodes per second: more than 0, at most 1.
+fn parse_churn_share(text: &str) -> Result<f64, String> {
+    let share: f64 = text.trim().parse().map_err(|_| {
+        format!("{text:?} is not a number: give a share such as 0.05 (5% of the nodes a second)")
+    })?;
+    crate::churn::Churn::new(share, 0)?;
+    Ok(share)
 }
 
 impl ConvergeBenchArgs {
@@ -362,6 +382,30 @@ mod tests {
             "0",
         ]);
         assert!(zero.is_err(), "at least one node");
+    }
+
+    #[test]
+    fn converge_takes_a_churn_share_and_window() {
+        let converge = |args: &[&str]| {
+            Cli::try_parse_from([&["gpu-sim", "bench", "converge"], args].concat()).map(|cli| {
+                match cli.command {
+                    Command::Bench(Bench::Converge(args)) => args,
+                    other => panic!("converge, not {other:?}"),
+                }
+            })
+        };
+        let plain = converge(&[]).expect("parses");
+        assert_eq!(
+            (plain.churn, plain.churn_seconds, plain.churn_seed),
+            (None, 60, 1)
+        );
+        let churn = converge(&["--churn", "0.05", "--churn-seconds", "10"]).expect("parses");
+        assert_eq!((churn.churn, churn.churn_seconds), (Some(0.05), 10));
+        for bad in ["0", "1.5", "five", "-0.1"] {
+            let error = converge(&[&format!("--churn={bad}")]).expect_err(bad).to_string();
+            assert!(error.contains("--churn") || error.contains("share"), "{error}");
+        }
+        assert!(converge(&["--churn", "0.1", "--churn-seconds", "0"]).is_err());
     }
 
     #[test]

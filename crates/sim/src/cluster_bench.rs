@@ -29,11 +29,13 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use tokio::time::Instant;
 
+use crate::churn::Churn;
 use crate::cli::{ConvergeBenchArgs, NodesBenchArgs};
 use crate::cluster_spec::{ClusterSpec, GpuSpec, NodePool};
 use crate::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install, snapshot};
 use crate::hardware::GpuModel;
 use crate::kubelet::Timing;
+use crate::proc_stats;
 use crate::progress::Row;
 use crate::simulation::Simulation;
 
@@ -53,13 +55,7 @@ pub fn gpu_cluster(count: u32) -> ClusterSpec {
     }
 }
 
-/// Peak resident memory of a process in MiB (`VmHWM`), from `/proc`.
-pub fn peak_rss_mib(pid: &str) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
-}
+pub use crate::proc_stats::peak_rss_mib;
 
 fn bench_daemonset(name: &str) -> DaemonSet {
     let labels = std::collections::BTreeMap::from([("app".to_owned(), name.to_owned())]);
@@ -254,9 +250,19 @@ struct StatusLog {
     premature_ready: usize,
     /// Whether a `ready` write was seen at all.
     ready_seen: bool,
+    /// When the latest write that turned the state to `ready` showed up.
+    ready_at: Option<Instant>,
 }
 
 impl StatusLog {
+    /// The shortest time between two writes, as the watch saw them.
+    fn shortest_gap(&self) -> Option<Duration> {
+        self.writes
+            .windows(2)
+            .map(|pair| pair[1].0.duration_since(pair[0].0))
+            .min()
+    }
+
     fn summary(&self) -> String {
         let changes = self.writes.iter().filter(|(_, changed)| *changed).count();
         let closest = self
@@ -306,6 +312,7 @@ async fn watch_statuses(client: Client, log: Arc<Mutex<StatusLog>>) {
             .as_ref()
             .is_none_or(|last| !only_counts_differ(last, &status));
         let ready = status.state == State::Ready;
+        let turned_ready = ready && last.as_ref().is_none_or(|last| last.state != State::Ready);
         let premature = ready
             && !snapshot(&client)
                 .await
@@ -314,13 +321,73 @@ async fn watch_statuses(client: Client, log: Arc<Mutex<StatusLog>>) {
         log.writes.push((at, changed));
         log.premature_ready += usize::from(premature);
         log.ready_seen |= ready;
+        if turned_ready {
+            log.ready_at = Some(at);
+        }
         drop(log);
         last = Some(status);
     }
 }
 
+/// CPU seconds of the operator's process and of this one (fake server, simulation and benchmark) at a
+/// moment.
+#[derive(Clone, Copy, Debug)]
+struct Cpu {
+    operator: f64,
+    simulator: f64,
+}
+
+impl Cpu {
+    fn now(pid: &str) -> Self {
+        Self {
+            operator: proc_stats::cpu_seconds(pid).unwrap_or(f64::NAN),
+            simulator: proc_stats::cpu_seconds("self").unwrap_or(f64::NAN),
+        }
+    }
+
+    fn since(self, earlier: Self) -> Self {
+        Self {
+            operator: self.operator - earlier.operator,
+            simulator: self.simulator - earlier.simulator,
+        }
+    }
+}
+
+/// What the churn window measured.
+#[derive(Debug)]
+struct ChurnWindow {
+    churn: Churn,
+    seconds: u64,
+    changes: u64,
+    cpu: Cpu,
+    requests: BTreeMap<String, u64>,
+}
+
+/// Requests by verb, or `none`.
+fn requests_text(verbs: &BTreeMap<String, u64>) -> String {
+    if verbs.is_empty() {
+        "none".to_owned()
+    } else {
+        verbs_text(verbs)
+    }
+}
+
+/// Seconds with a sign, for a share of time that a late look can make negative.
+fn signed_seconds(later: Instant, earlier: Instant) -> f64 {
+    match later.checked_duration_since(earlier) {
+        Some(after) => after.as_secs_f64(),
+        None => -earlier.duration_since(later).as_secs_f64(),
+    }
+}
+
 /// `gpu-sim bench converge`.
 pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
+    let run_started = Instant::now();
+    let churn = args
+        .churn
+        .map(|share| Churn::new(share, args.churn_seed))
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
     let binary = operator_binary()?;
     let server = FakeServer::new();
     let running = server.serve(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await?;
@@ -336,14 +403,31 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let statuses = Arc::new(Mutex::new(StatusLog::default()));
     let status_watch = tokio::spawn(watch_statuses(client.clone(), statuses.clone()));
+    let cpu_applied = Cpu::now(&pid);
     apply_policy(&client, DEFAULT_POLICY).await?;
+    // The moment every operand pod was Ready on every node lies between the last look that found one not
+    // Ready and the first look after it that found all Ready: each look is a list of the nodes, pods and
+    // DaemonSets, so it is known to within the time between those two.
+    let mut pods_unready_seen = started;
+    let mut pods_ready_seen: Option<Instant> = None;
     loop {
+        // A look reads for as long as its lists take: a pod it found not Ready was so at its start at the
+        // earliest, and every pod it found Ready was so by its end.
+        let look_started = Instant::now();
         let (rows, policy) = snapshot(&client).await?;
+        let looked = Instant::now();
+        let pods_ready = rows.iter().any(|r| !r.operands.is_empty()) && rows.iter().all(Row::converged);
+        if pods_ready {
+            pods_ready_seen.get_or_insert(looked);
+        } else {
+            pods_unready_seen = look_started;
+            pods_ready_seen = None;
+        }
         let ready = policy
             .as_ref()
             .and_then(|p| p.status.as_ref())
             .is_some_and(|s| s.state == State::Ready);
-        if ready && rows.iter().any(|r| !r.operands.is_empty()) && rows.iter().all(Row::converged) {
+        if ready && pods_ready {
             break;
         }
         if started.elapsed() > args.deadline() {
@@ -356,6 +440,8 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let converged = started.elapsed();
+    let cpu_rollout = Cpu::now(&pid).since(cpu_applied);
+    let peak_after_rollout = peak_rss_mib(&pid).unwrap_or(f64::NAN);
     let at_convergence = server.requests();
     // The watch delivers the ready write moments after the snapshot above saw it; wait for its verdict.
     let judged = Instant::now();
@@ -367,7 +453,9 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
     // The operator process names itself with its own User-Agent; its product token is what is counted.
     let operator_client = crate::product_token(gpuop_operator::USER_AGENT);
     let rollout = by_verb(&at_convergence.since(&before), operator_client);
+    let cpu_steady_start = Cpu::now(&pid);
     tokio::time::sleep(Duration::from_secs(args.steady_seconds)).await;
+    let cpu_steady = Cpu::now(&pid).since(cpu_steady_start);
     let after = server.requests();
     let steady = by_verb(&after.since(&at_convergence), operator_client);
     let steady_writes: u64 = steady
@@ -375,7 +463,30 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
         .filter(|(verb, _)| !["get", "list", "watch"].contains(&verb.as_str()))
         .map(|(_, c)| c)
         .sum();
+    let churn_window = match churn {
+        Some(churn) => {
+            let requests_before = server.requests();
+            let cpu_before = Cpu::now(&pid);
+            let churning = simulation.churn(churn);
+            tokio::time::sleep(Duration::from_secs(args.churn_seconds)).await;
+            let changes = churning.stop().await;
+            let cpu = Cpu::now(&pid).since(cpu_before);
+            let requests = by_verb(&server.requests().since(&requests_before), operator_client);
+            Some(ChurnWindow {
+                churn,
+                seconds: args.churn_seconds,
+                changes,
+                cpu,
+                requests,
+            })
+        }
+        None => None,
+    };
+    if let Some(status) = operator.try_wait()? {
+        bail!("gpu-operator exited during the steady or churn window: {status}");
+    }
     let peak = peak_rss_mib(&pid).unwrap_or(f64::NAN);
+    let cpu_operator_total = proc_stats::cpu_seconds(&pid).unwrap_or(f64::NAN);
     let _ = operator.kill().await;
     let policies: Api<ClusterPolicy> = Api::all(client.clone());
     let operands = policies
@@ -389,6 +500,8 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
         .unwrap_or_default();
     simulation.stop().await;
     running.shutdown().await;
+    let simulator_cpu = proc_stats::cpu_seconds("self").unwrap_or(f64::NAN);
+    let simulator_peak = peak_rss_mib("self").unwrap_or(f64::NAN);
     println!(
         "| measurement ({} GPU nodes, zero latency) | result |",
         args.nodes
@@ -398,6 +511,30 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
         "| policy applied → every operand ready on every node | {:.2} s |",
         converged.as_secs_f64()
     );
+    match (pods_ready_seen, statuses.ready_at) {
+        (Some(pods_ready), Some(ready)) => {
+            let (earliest, latest) = (
+                signed_seconds(pods_unready_seen, started),
+                signed_seconds(pods_ready, started),
+            );
+            println!(
+                "| of which the simulator's share: policy applied → every operand pod Ready on every node (the \
+                 fake server's objects, between two looks of the benchmark) | {earliest:.2}–{latest:.2} s |"
+            );
+            // A `ready` the watch saw before the look that found every pod Ready came after the pods were,
+            // and no sooner than the last look that found one not Ready.
+            let ready_after = |moment: Instant| signed_seconds(ready, moment).max(0.0);
+            println!(
+                "| of which the operator's share: every operand pod Ready → the operator's status said `ready` \
+                 | {:.2}–{:.2} s |",
+                ready_after(pods_ready),
+                ready_after(pods_unready_seen)
+            );
+        }
+        _ => println!(
+            "| time split | not measured: the status watch saw no `ready`, or no look found every pod Ready |"
+        ),
+    }
     println!(
         "| operator requests during the rollout, by verb | {} |",
         verbs_text(&rollout)
@@ -405,16 +542,21 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
     println!(
         "| operator requests in the {} s steady window that follows | {} |",
         args.steady_seconds,
-        if steady.is_empty() {
-            "none".to_owned()
-        } else {
-            verbs_text(&steady)
-        }
+        requests_text(&steady)
     );
     println!("| operator writes in the steady window | {steady_writes} |");
     println!(
         "| ClusterPolicy status writes during the rollout | {} |",
         statuses.summary()
+    );
+    println!(
+        "| shortest gap between two ClusterPolicy status writes during the rollout | {} |",
+        statuses
+            .shortest_gap()
+            .map_or("fewer than two writes".to_owned(), |gap| format!(
+                "{:.2} s",
+                gap.as_secs_f64()
+            ))
     );
     println!(
         "| `ready` written before every operand ran on every node | {} |",
@@ -424,7 +566,54 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
             (true, n) => format!("{n} time(s)"),
         }
     );
+    println!(
+        "| operator CPU for the rollout (policy applied → every operand ready) | {:.2} s |",
+        cpu_rollout.operator
+    );
+    println!(
+        "| operator CPU in the {} s steady window | {:.2} s |",
+        args.steady_seconds, cpu_steady.operator
+    );
+    if let Some(window) = &churn_window {
+        #[allow(clippy::cast_precision_loss)]
+        let per_second = window.changes as f64 / window.seconds.max(1) as f64;
+        println!(
+            "| unrelated node churn ({:.1}% of the nodes a second, seed {}) for {} s | {} changes ({per_second:.1} a second) |",
+            window.churn.share_per_second() * 100.0,
+            args.churn_seed,
+            window.seconds,
+            window.changes
+        );
+        #[allow(clippy::cast_precision_loss)]
+        let per_minute = window.cpu.operator * 60.0 / window.seconds.max(1) as f64;
+        println!(
+            "| operator CPU during the churn window | {:.2} s ({per_minute:.2} s per minute) |",
+            window.cpu.operator
+        );
+        println!(
+            "| operator requests during the churn window, by verb | {} |",
+            requests_text(&window.requests)
+        );
+    }
+    println!("| operator CPU in total (its own process) | {cpu_operator_total:.2} s |");
+    println!("| operator peak memory (VmHWM) after the rollout | {peak_after_rollout:.0} MiB |");
     println!("| operator peak memory (its own process) | {peak:.0} MiB |");
+    println!(
+        "| simulator CPU for the rollout (fake server, simulation and benchmark: one process) | {:.2} s |",
+        cpu_rollout.simulator
+    );
+    if let Some(window) = &churn_window {
+        println!(
+            "| simulator CPU during the churn window | {:.2} s |",
+            window.cpu.simulator
+        );
+    }
+    println!("| simulator CPU in total | {simulator_cpu:.2} s |");
+    println!("| simulator peak memory (VmHWM) | {simulator_peak:.0} MiB |");
+    println!(
+        "| the whole benchmark run | {:.0} s |",
+        run_started.elapsed().as_secs_f64()
+    );
     println!(
         "| operands ready | {} |",
         operands

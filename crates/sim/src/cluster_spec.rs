@@ -5,9 +5,6 @@
 
 use std::collections::BTreeMap;
 
-use gpuop_api::labels::{
-    NFD_KERNEL_VERSION, NFD_NVIDIA_PCI, NFD_OS_ID, NFD_OS_VERSION, NFD_OS_VERSION_MAJOR,
-};
 use k8s_openapi::api::core::v1::{
     Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Taint,
 };
@@ -16,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 use crate::hardware::GpuModel;
+use crate::node_features;
 use crate::spec_file::{self, FileError, Invalid};
 use crate::workload::Workload;
 
@@ -377,6 +375,9 @@ impl ClusterSpec {
     }
 }
 
+/// The conditions a simulated node's kubelet reports, each with its `lastHeartbeatTime`.
+pub const NODE_CONDITIONS: [&str; 4] = ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"];
+
 /// The Node object of a simulated node, as its kubelet and NFD would leave it (before any operand runs).
 pub fn node_object(name: &str, pool: &NodePool, nfd: bool, index: u32) -> Node {
     let os = pool.os_release();
@@ -388,20 +389,14 @@ pub fn node_object(name: &str, pool: &NodePool, nfd: bool, index: u32) -> Node {
         ("beta.kubernetes.io/arch".to_owned(), "amd64".to_owned()),
         ("gpu-sim.io/pool".to_owned(), pool.name.clone()),
     ]);
-    if nfd {
-        labels.insert(NFD_KERNEL_VERSION.to_owned(), pool.kernel.clone());
-        labels.insert(NFD_OS_ID.to_owned(), os.id.clone());
-        labels.insert(NFD_OS_VERSION.to_owned(), os.version.clone());
-        let major = os.version.split('.').next().unwrap_or_default().to_owned();
-        labels.insert(NFD_OS_VERSION_MAJOR.to_owned(), major);
-        labels.insert(
-            "feature.node.kubernetes.io/cpu-model.vendor_id".to_owned(),
-            "Intel".to_owned(),
-        );
-        if pool.gpu.is_some() {
-            labels.insert(NFD_NVIDIA_PCI[0].to_owned(), "true".to_owned());
-        }
-    }
+    labels.extend(node_features::provider_labels(pool, index));
+    let nfd_labels = if nfd {
+        node_features::nfd_labels(pool)
+    } else {
+        BTreeMap::new()
+    };
+    let annotations = node_features::annotations(name, &nfd_labels);
+    labels.extend(nfd_labels);
     labels.extend(pool.labels.clone());
     let quantity = |text: String| Quantity(text);
     let resources = BTreeMap::from([
@@ -431,6 +426,7 @@ pub fn node_object(name: &str, pool: &NodePool, nfd: bool, index: u32) -> Node {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
             labels: Some(labels),
+            annotations: Some(annotations),
             ..ObjectMeta::default()
         },
         spec: Some(NodeSpec {
@@ -478,6 +474,7 @@ pub fn node_object(name: &str, pool: &NodePool, nfd: bool, index: u32) -> Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuop_api::labels::{NFD_OS_ID, NFD_OS_VERSION_MAJOR};
 
     #[test]
     fn a_spec_parses_with_defaults() {

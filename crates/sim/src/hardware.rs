@@ -172,6 +172,31 @@ impl GpuModel {
         }
     }
 
+    /// The server this part ships in, as the simulator models it: Intel Sapphire Rapids hosts for Hopper
+    /// (as in DGX H100/H200 and the clouds' H100 and H200 bare-metal shapes), Ice Lake for the rest. (Many
+    /// A100 servers carry AMD CPUs; the simulator gives every host an Intel Xeon, which is what the labels
+    /// the operator reads have always said.)
+    pub fn host_cpu(self) -> HostCpu {
+        match self {
+            Self::H100_80GB | Self::H200_141GB => HostCpu::SapphireRapids,
+            Self::A100_40GB | Self::A100_80GB | Self::L4 | Self::T4 => HostCpu::IceLake,
+        }
+    }
+
+    /// The instance type (`node.kubernetes.io/instance-type`) of a bare-metal server with `count` of these,
+    /// in Oracle Cloud's shape naming: `BM.GPU.H100.8`.
+    pub fn instance_type(self, count: u32) -> String {
+        let part = match self {
+            Self::A100_40GB => "A100-v1",
+            Self::A100_80GB => "A100-v2",
+            Self::H100_80GB => "H100",
+            Self::H200_141GB => "H200",
+            Self::L4 => "L4",
+            Self::T4 => "T4",
+        };
+        format!("BM.GPU.{part}.{count}")
+    }
+
     /// MIG profiles, empty for parts without MIG.
     pub fn mig_profiles(self) -> &'static [MigProfile] {
         match self {
@@ -234,6 +259,26 @@ impl FromStr for GpuModel {
                 let known: Vec<&str> = Self::ALL.iter().map(|m| m.spec_name()).collect();
                 format!("unknown GPU model {text:?}; known models: {}", known.join(", "))
             })
+    }
+}
+
+/// The CPU generation of a simulated node's host: what feature discovery's `cpu-cpuid.*` and `cpu-model.*`
+/// labels say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostCpu {
+    /// 3rd-generation Xeon Scalable (family 6, model 106).
+    IceLake,
+    /// 4th-generation Xeon Scalable (family 6, model 143): AMX, AVX-512 FP16.
+    SapphireRapids,
+}
+
+impl HostCpu {
+    /// `cpu-model.id`, the model number in CPUID (family 6 for both).
+    pub fn model_id(self) -> u32 {
+        match self {
+            Self::IceLake => 106,
+            Self::SapphireRapids => 143,
+        }
     }
 }
 

@@ -8,17 +8,20 @@
 //! - Pure decisions: [`daemonset`] (the DaemonSet controller), [`replicaset`] (the ReplicaSet controller),
 //!   [`disruption`] (a PodDisruptionBudget's status),
 //!   [`kubelet`] (one pod's next status),
-//!   [`heartbeat`] (when each kubelet renews its Lease and reports its status),
+//!   [`heartbeat`] (when each kubelet renews its Lease and reports its status), [`churn`] (unrelated
+//!   changes to nodes, spread over each second),
+//!   [`node_features`] (the labels and annotations NFD, the cloud and the control plane put on a node),
 //!   [`host`] (what a node's host has and advertises), [`sharing`] (GPU sharing per resource, as the
 //!   device plugin and feature discovery apply it), [`operands`] (operand configuration read through the
 //!   images' contract), [`progress`] (what a person watching sees).
 //! - I/O: [`simulation`] (a running cluster and scenario actions), [`actors`] (controllers, scheduler,
-//!   kubelets), and the commands [`demo`], [`up`], [`serve`], [`chaos`], [`bench`], [`cluster_bench`] and
+//!   kubelets), [`proc_stats`] (a process's CPU time and peak memory from `/proc`), and the commands [`demo`], [`up`], [`serve`], [`chaos`], [`bench`], [`cluster_bench`] and
 //!   [`upgrade_bench`].
 
 pub mod actors;
 pub mod bench;
 pub mod chaos;
+pub mod churn;
 pub mod cli;
 pub mod cluster_bench;
 pub mod cluster_spec;
@@ -29,7 +32,9 @@ pub mod hardware;
 pub mod heartbeat;
 pub mod host;
 pub mod kubelet;
+pub mod node_features;
 pub mod operands;
+pub mod proc_stats;
 pub mod progress;
 pub mod replicaset;
 pub mod scenario;

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::actors;
+use crate::churn::{Churn, Churning};
 use crate::cluster_spec::{ClusterSpec, NodePool, node_object};
 use crate::host::Host;
 use crate::kubelet::{PodFaults, Timing};
@@ -188,6 +189,19 @@ impl Simulation {
             shutdown,
             tasks,
         })
+    }
+
+    /// Starts unrelated churn on the simulated nodes ([`crate::churn`]): a share of them changed each
+    /// second in ways no GPU operator cares about, until the returned handle is stopped or the simulation
+    /// stops.
+    pub fn churn(&self, churn: Churn) -> Churning {
+        let state = self.state.clone();
+        Churning::start(
+            self.client.clone(),
+            churn,
+            move || state.hosts().keys().cloned().collect(),
+            &self.shutdown,
+        )
     }
 
     /// The shared state (hosts, faults).
