@@ -319,6 +319,22 @@ async fn in_a_2000_node_cluster_the_operators_work_follows_what_changed() {
         "one status write expected, saw {requests} requests"
     );
 
+    // First the operator goes quiet: writes it made come back for a check within the trust windows.
+    let mut quiet_since = (tokio::time::Instant::now(), cluster.operator.metrics.work());
+    until("the operator is quiet", || {
+        let now = cluster.operator.metrics.work();
+        if now != quiet_since.1 {
+            quiet_since = (tokio::time::Instant::now(), now);
+        }
+        let quiet = quiet_since.0.elapsed();
+        async move {
+            (quiet > gpuop_operator::STEADY_STATE_WINDOW)
+                .then_some(())
+                .ok_or(format!("quiet for {quiet:?}"))
+        }
+    })
+    .await;
+
     // Unrelated churn on a tenth of the nodes, every second, for longer than every trust window: heartbeats
     // and labels no GPU operator reads. Nothing may wake.
     let count = nodes();
