@@ -620,7 +620,14 @@ async fn reconcile_active(
             drivers
         }
         // Without the facts nothing can be rendered right: nothing is changed, and the status says why.
-        Err(error) => return Err(failed(context, active, error, leader).await),
+        Err(refused) => {
+            let error = ReconcileError::Watch {
+                resource: refused.resource,
+                reason: refused.reason,
+                message: refused.message,
+            };
+            return Err(failed(context, active, error, leader).await);
+        }
     };
     context.metrics.census(census.gpu_nodes, census.nfd_labels);
     context
@@ -1317,7 +1324,7 @@ pub(crate) fn policy_config_maps(spec: &gpuop_api::ClusterPolicySpec) -> Vec<Str
 fn config_map_keys(
     context: &Context,
     names: Vec<String>,
-) -> Result<BTreeMap<String, Vec<String>>, ReconcileError> {
+) -> Result<BTreeMap<String, Vec<String>>, Box<crate::caches::Unavailable>> {
     if names.is_empty() {
         return Ok(BTreeMap::new());
     }
@@ -1327,11 +1334,7 @@ fn config_map_keys(
         .into_iter()
         .find(|u| u.resource == crate::caches::CONFIG_MAP_KEYS)
     {
-        return Err(ReconcileError::Watch {
-            resource: refused.resource,
-            reason: refused.reason,
-            message: refused.message,
-        });
+        return Err(Box::new(refused));
     }
     let mut keys = BTreeMap::new();
     for name in names {
