@@ -37,7 +37,16 @@ use serde_json::json;
 const PATIENCE: Duration = Duration::from_secs(90);
 
 /// Waits until the check passes; panics with its last answer after [`PATIENCE`].
-pub(crate) async fn until<F, Fut>(what: &str, mut check: F)
+pub(crate) async fn until<F, Fut>(what: &str, check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    until_within(what, PATIENCE, Duration::from_millis(100), check).await;
+}
+
+/// Waits until the check passes, checking every `every`; panics with its last answer after `patience`.
+pub(crate) async fn until_within<F, Fut>(what: &str, patience: Duration, every: Duration, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), String>>,
@@ -46,10 +55,10 @@ where
     loop {
         match check().await {
             Ok(()) => return,
-            Err(last) if started.elapsed() > PATIENCE => {
-                panic!("{what}: still not so after {PATIENCE:?}: {last}")
+            Err(last) if started.elapsed() > patience => {
+                panic!("{what}: still not so after {patience:?}: {last}")
             }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(_) => tokio::time::sleep(every).await,
         }
     }
 }
