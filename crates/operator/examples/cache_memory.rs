@@ -10,7 +10,7 @@
 //! cargo run -p gpuop-operator --example cache_memory -- k8s 10000
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use gpuop_api::Operand;
@@ -18,8 +18,8 @@ use gpuop_api::labels::GpuDetection;
 use gpuop_operator::caches::{NodeTable, PodTable};
 use gpuop_operator::index::Judgements;
 use gpuop_operator::labeler::LabelPolicy;
-use gpuop_operator::projection::{Interner, NodeRecord};
-use gpuop_operator::readiness::{Observed, ReadyNodes, observe};
+use gpuop_operator::projection::Interner;
+use gpuop_operator::readiness::{Observed, observe};
 use gpuop_render::{Manifest, Rendered};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::watcher;
@@ -319,17 +319,16 @@ fn main() {
                 mib(cached - start)
             );
             // One pass's judgements, kept for the next: facts per node and placement per node and operand.
-            let records: Vec<Arc<NodeRecord>> = node_table.records();
             let mut judgements = Judgements::default();
-            let judged = judgements.refresh_facts(&records, &LabelPolicy::default(), &GpuDetection::Nfd);
-            let ready = ReadyNodes::new();
+            let judged = judgements.refresh_facts(&node_table, &LabelPolicy::default(), &GpuDetection::Nfd);
+            let owners = HashMap::new();
             let observed = Observed {
-                nodes: &records,
-                ready: &ready,
+                nodes: &node_table,
+                pods: &pod_table,
+                owners: &owners,
             };
-            let (observations, placed) = observe(&rendered(), observed, &GpuDetection::Nfd, &mut judgements);
+            let (observations, placed) = observe(&rendered(), &observed, &GpuDetection::Nfd, &mut judgements);
             drop(observations);
-            drop(records);
             let judged_kib = rss_kib();
             println!(
                 "judgements kept ({judged} nodes' facts, {placed} placements): {:.1} MiB",

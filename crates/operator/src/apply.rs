@@ -18,6 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
+use std::sync::Arc;
 
 use gpuop_api::Operand;
 use gpuop_api::labels::{FIELD_MANAGER, MANAGED_BY, MANAGED_BY_VALUE, NVIDIA_DRIVER_NAME};
@@ -275,35 +276,44 @@ pub fn owner_reference<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReferen
     }
 }
 
+/// Every managed object in the caches, by kind. A cache replaces an object's `Arc` when it changes, so two
+/// lists whose `Arc`s are the same hold the same objects.
+pub fn managed_objects(
+    caches: &BTreeMap<&'static str, Store<DynamicObject>>,
+) -> Vec<(&'static str, Arc<DynamicObject>)> {
+    caches
+        .iter()
+        .flat_map(|(kind, store)| store.state().into_iter().map(move |object| (*kind, object)))
+        .collect()
+}
+
 /// What is applied now: object key → the applied-hash annotation, and what drift detection reads, for every
-/// managed object in the caches.
-pub fn live_hashes(caches: &BTreeMap<&'static str, Store<DynamicObject>>) -> BTreeMap<ObjectKey, LiveObject> {
+/// managed object read from the caches ([`managed_objects`]).
+pub fn live_hashes_of(objects: &[(&'static str, Arc<DynamicObject>)]) -> BTreeMap<ObjectKey, LiveObject> {
     let mut live = BTreeMap::new();
-    for (kind, store) in caches {
-        for object in store.state() {
-            let key = (*kind, object.namespace().unwrap_or_default(), object.name_any());
-            live.insert(
-                key,
-                LiveObject {
-                    hash: object.annotations().get(APPLIED_HASH).cloned(),
-                    owners: object
-                        .owner_references()
-                        .iter()
-                        .filter(|o| OWNER_KINDS.contains(&o.kind.as_str()))
-                        .map(|o| o.uid.clone())
-                        .collect(),
-                    managed: object
-                        .labels()
-                        .get(MANAGED_BY)
-                        .is_some_and(|v| v == MANAGED_BY_VALUE),
-                    driver: is_driver(Some(object.labels())),
-                    nvidia_driver: object.labels().get(NVIDIA_DRIVER_NAME).cloned(),
-                    uid: object.metadata.uid.clone(),
-                    resource_version: object.metadata.resource_version.clone(),
-                    managed_fields: object.metadata.managed_fields.clone().unwrap_or_default(),
-                },
-            );
-        }
+    for (kind, object) in objects {
+        let key = (*kind, object.namespace().unwrap_or_default(), object.name_any());
+        live.insert(
+            key,
+            LiveObject {
+                hash: object.annotations().get(APPLIED_HASH).cloned(),
+                owners: object
+                    .owner_references()
+                    .iter()
+                    .filter(|o| OWNER_KINDS.contains(&o.kind.as_str()))
+                    .map(|o| o.uid.clone())
+                    .collect(),
+                managed: object
+                    .labels()
+                    .get(MANAGED_BY)
+                    .is_some_and(|v| v == MANAGED_BY_VALUE),
+                driver: is_driver(Some(object.labels())),
+                nvidia_driver: object.labels().get(NVIDIA_DRIVER_NAME).cloned(),
+                uid: object.metadata.uid.clone(),
+                resource_version: object.metadata.resource_version.clone(),
+                managed_fields: object.metadata.managed_fields.clone().unwrap_or_default(),
+            },
+        );
     }
     live
 }

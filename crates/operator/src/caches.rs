@@ -33,6 +33,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::MANAGED_KINDS;
+use crate::changes::{Changed, NodeSet, NodeSource, PodSet, PodSource};
 use crate::index::Judgements;
 use crate::label_queue::NodeEvent;
 use crate::projection::{Interner, NodeKeys, NodeRecord, PodRecord, Text};
@@ -43,6 +44,9 @@ use crate::projection::{Interner, NodeKeys, NodeRecord, PodRecord, Text};
 pub struct Changes {
     /// The policy reconciler's.
     pub policies: Notify,
+    /// The policy reconciler's, for changes that move nothing but readiness (pods): the status counts them
+    /// at most once a second, so passes for them come at most that often.
+    pub readiness: Notify,
     /// The upgrade controller's.
     pub upgrades: Notify,
 }
@@ -605,7 +609,7 @@ pub struct NodeCache {
 /// The nodes and what they were projected with.
 #[derive(Debug, Default)]
 pub struct NodeTable {
-    nodes: HashMap<Text, Arc<NodeRecord>>,
+    nodes: NodeSet,
     versions: HashMap<Text, Box<str>>,
     /// The NFD keys every record in `nodes` was projected with.
     keys: NodeKeys,
@@ -626,7 +630,7 @@ struct NodeRelist {
 impl NodeTable {
     /// Every record.
     pub fn records(&self) -> Vec<Arc<NodeRecord>> {
-        self.nodes.values().cloned().collect()
+        self.nodes.nodes()
     }
 
     /// Takes in one event of the node watch; says what the labeller is to hear of it: a node whose record
@@ -640,18 +644,16 @@ impl NodeTable {
                 if let Some(version) = node.metadata.resource_version.as_deref() {
                     self.versions.insert(name.clone(), version.into());
                 }
-                if self.nodes.get(&name).is_some_and(|old| **old == record) {
-                    return None;
-                }
-                self.nodes.insert(name.clone(), Arc::new(record));
-                Some(NodeEvent::Changed(name.to_string()))
+                self.nodes
+                    .put(record)
+                    .then(|| NodeEvent::Changed(name.to_string()))
             }
             watcher::Event::Delete(node) => {
                 let name = NodeRead::name(node);
                 self.versions.remove(name);
                 self.nodes
                     .remove(name)
-                    .map(|_| NodeEvent::Changed(name.to_owned()))
+                    .then(|| NodeEvent::Changed(name.to_owned()))
             }
             watcher::Event::Init => {
                 self.relist = Some(NodeRelist {
@@ -677,7 +679,7 @@ impl NodeTable {
             }
             watcher::Event::InitDone => {
                 let relist = self.relist.take().unwrap_or_default();
-                self.nodes = relist.nodes;
+                self.nodes.replace_all(relist.nodes);
                 self.versions = relist.versions;
                 self.keys = relist.keys;
                 Some(NodeEvent::Relisted)
@@ -742,12 +744,12 @@ impl NodeCache {
 
     /// Every node.
     pub fn state(&self) -> Vec<Arc<NodeRecord>> {
-        self.read().nodes.values().cloned().collect()
+        self.read().nodes.nodes()
     }
 
     /// A node by name.
     pub fn get(&self, name: &str) -> Option<Arc<NodeRecord>> {
-        self.read().nodes.get(name).cloned()
+        self.read().nodes.node(name)
     }
 
     /// How many nodes there are.
@@ -844,7 +846,7 @@ pub struct PodCache {
 /// The pods, and a relist under way.
 #[derive(Debug, Default)]
 pub struct PodTable {
-    pods: HashMap<Text, Arc<PodRecord>>,
+    pods: PodSet,
     relist: Option<HashMap<Text, Arc<PodRecord>>>,
 }
 
@@ -873,12 +875,7 @@ impl PodTable {
         match event {
             watcher::Event::Apply(pod) => {
                 let record = PodRecord::project(pod, interner);
-                if self.pods.get(&record.name).is_some_and(|old| **old == record) {
-                    return None;
-                }
-                let change = PodChange::of(&record);
-                self.pods.insert(record.name.clone(), Arc::new(record));
-                Some(change)
+                self.pods.put(record).map(|record| PodChange::of(&record))
             }
             watcher::Event::Delete(pod) => self
                 .pods
@@ -900,7 +897,7 @@ impl PodTable {
                 None
             }
             watcher::Event::InitDone => {
-                self.pods = self.relist.take().unwrap_or_default();
+                self.pods.replace_all(self.relist.take().unwrap_or_default());
                 Some(PodChange::UpgradesRead)
             }
         }
@@ -915,15 +912,63 @@ impl PodCache {
         }
     }
 
-    /// Every pod.
-    pub fn state(&self) -> Vec<Arc<PodRecord>> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, PodTable> {
         self.table
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .pods
-            .values()
-            .cloned()
-            .collect()
+    }
+
+    /// Every pod.
+    pub fn state(&self) -> Vec<Arc<PodRecord>> {
+        self.read().pods.values().cloned().collect()
+    }
+}
+
+impl NodeSource for NodeTable {
+    fn changes(&self, mark: u64) -> (u64, Changed) {
+        self.nodes.changes(mark)
+    }
+
+    fn node(&self, name: &str) -> Option<Arc<NodeRecord>> {
+        self.nodes.node(name)
+    }
+
+    fn nodes(&self) -> Vec<Arc<NodeRecord>> {
+        self.nodes.nodes()
+    }
+}
+
+impl PodSource for PodTable {
+    fn changes(&self, mark: u64) -> (u64, Changed) {
+        self.pods.changes(mark)
+    }
+
+    fn on_node(&self, node: &str) -> Vec<Arc<PodRecord>> {
+        self.pods.on_node(node)
+    }
+}
+
+impl PodSource for PodCache {
+    fn changes(&self, mark: u64) -> (u64, Changed) {
+        self.read().pods.changes(mark)
+    }
+
+    fn on_node(&self, node: &str) -> Vec<Arc<PodRecord>> {
+        self.read().pods.on_node(node)
+    }
+}
+
+impl NodeSource for NodeCache {
+    fn changes(&self, mark: u64) -> (u64, Changed) {
+        self.read().nodes.changes(mark)
+    }
+
+    fn node(&self, name: &str) -> Option<Arc<NodeRecord>> {
+        self.read().nodes.node(name)
+    }
+
+    fn nodes(&self) -> Vec<Arc<NodeRecord>> {
+        self.read().nodes.nodes()
     }
 }
 
@@ -960,8 +1005,11 @@ fn follow_pods(
                     .apply(&event, &mut interner)
             };
             match changed_record {
-                Some(PodChange::UpgradesRead) => changed.notify(),
-                Some(PodChange::PoliciesOnly) => changed.policies.notify_one(),
+                Some(PodChange::UpgradesRead) => {
+                    changed.readiness.notify_one();
+                    changed.upgrades.notify_one();
+                }
+                Some(PodChange::PoliciesOnly) => changed.readiness.notify_one(),
                 None => {}
             }
         }
@@ -1028,7 +1076,10 @@ mod tests {
         let mut heard = Vec::new();
         for event in &events {
             if let Some(told) = table.apply(event, &mut interner) {
-                let gpu = table.nodes["gpu-0"]
+                let gpu = table
+                    .nodes
+                    .get("gpu-0")
+                    .unwrap()
                     .label("feature.node.kubernetes.io/pci-10de.present")
                     .is_some();
                 heard.push((told, table.versions["gpu-0"].to_string(), gpu));
@@ -1056,7 +1107,7 @@ mod tests {
                 .apply(&watcher::Event::Apply(first.clone()), &mut interner)
                 .is_some()
         );
-        let record = table.nodes["gpu-0"].clone();
+        let record = table.nodes.get("gpu-0").unwrap().clone();
 
         let mut heartbeat = first.clone();
         heartbeat.metadata.resource_version = Some("2".into());
@@ -1082,7 +1133,7 @@ mod tests {
         for event in [heartbeat, unrelated] {
             assert_eq!(table.apply(&watcher::Event::Apply(event), &mut interner), None);
             assert!(
-                Arc::ptr_eq(&table.nodes["gpu-0"], &record),
+                Arc::ptr_eq(table.nodes.get("gpu-0").unwrap(), &record),
                 "the record is the same"
             );
         }

@@ -41,7 +41,7 @@ use crate::apply::{self, ApplyPlan, ObjectKey, Owned, Prune};
 use crate::caches::{Caches, Changes, Decoded};
 use crate::drift;
 use crate::drivers::{self, DriverOutcome, DriverPlan, DriversInput};
-use crate::facts::{FactsInput, cluster_facts};
+use crate::facts::FactsInput;
 use crate::labeler::LabelPolicy;
 use crate::lease::Leadership;
 use crate::metrics::{Metrics, ReconciliationStatus};
@@ -60,8 +60,8 @@ pub(crate) const IN_FLIGHT: Duration = Duration::from_secs(10);
 const MIN_PASS_INTERVAL: Duration = Duration::from_millis(200);
 /// How often the reconciler runs with nothing changed, to repair what it cannot watch.
 const RESYNC: Duration = Duration::from_secs(300);
-/// The shortest time between two status writes of one policy that change only counts and node lists; a
-/// change of state or of a condition's status or reason is written at once.
+/// The shortest time between two status writes of one policy (a change of state waits too, at most this
+/// long); an NVIDIADriver's status waits for it only when its counts alone changed.
 pub(crate) const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Everything the controllers share.
@@ -128,7 +128,9 @@ struct RenderMemo {
 struct ApplyInputs {
     rendered: Arc<Rendered>,
     drivers: Vec<(String, Rendered)>,
-    live: BTreeMap<ObjectKey, apply::LiveObject>,
+    /// The managed objects in the caches; `live` is read from them.
+    objects: Vec<(&'static str, Arc<kube::api::DynamicObject>)>,
+    live: Arc<BTreeMap<ObjectKey, apply::LiveObject>>,
     orphan_drivers: bool,
     keep_drivers: BTreeSet<String>,
     keep_all: bool,
@@ -143,11 +145,25 @@ impl ApplyInputs {
             && self.keep_drivers == other.keep_drivers
             && self.keep_all == other.keep_all
             && self.unwatched == other.unwatched
-            && self.live.len() == other.live.len()
+            && (self.same_objects(&other.objects) || self.same_live(other))
+    }
+
+    /// Whether these were read from the very same cached objects.
+    fn same_objects(&self, objects: &[(&'static str, Arc<kube::api::DynamicObject>)]) -> bool {
+        self.objects.len() == objects.len()
+            && self
+                .objects
+                .iter()
+                .zip(objects)
+                .all(|((kind, object), (other_kind, other))| kind == other_kind && Arc::ptr_eq(object, other))
+    }
+
+    fn same_live(&self, other: &ApplyInputs) -> bool {
+        self.live.len() == other.live.len()
             && self
                 .live
                 .iter()
-                .zip(&other.live)
+                .zip(other.live.iter())
                 .all(|((key, live), (other_key, other))| key == other_key && live.same_for_plan(other))
     }
 }
@@ -363,14 +379,26 @@ pub async fn run_policies(context: Arc<Context>, shutdown: CancellationToken) {
     let mut wait = Duration::ZERO;
     let mut last_pass: Option<Instant> = None;
     loop {
+        let mut readiness_only = false;
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = context.changed.policies.notified() => {}
+            () = context.changed.readiness.notified() => readiness_only = true,
             _ = leadership.changed() => {}
             () = tokio::time::sleep(wait) => {}
         }
-        // A rollout changes pods by the thousand; let them gather instead of judging the cluster per event.
+        // A rollout changes pods by the thousand; let them gather instead of judging them per event. Pods
+        // move only readiness counts, which the status writes at most once per STATUS_INTERVAL: a pass for
+        // them waits that long, unless something else changes meanwhile.
         if let Some(last) = last_pass {
+            if readiness_only {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = context.changed.policies.notified() => {}
+                    _ = leadership.changed() => {}
+                    () = tokio::time::sleep_until(last + STATUS_INTERVAL) => {}
+                }
+            }
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep_until(last + MIN_PASS_INTERVAL) => {}
@@ -569,7 +597,13 @@ async fn reconcile_active(
     if !context.caches.nodes.covers(&keys) {
         return Ok(IN_FLIGHT);
     }
-    let nodes: Vec<Arc<NodeRecord>> = context.caches.nodes.state();
+    // Only the NVIDIADrivers' routing reads every node each pass; without them, the judgements below read
+    // the nodes that changed.
+    let nodes: Vec<Arc<NodeRecord>> = if nvidia_drivers_on || !drivers.is_empty() {
+        context.caches.nodes.state()
+    } else {
+        Vec::new()
+    };
     let routing = if nvidia_drivers_on {
         drivers::routing(&drivers, &nodes, &context.detection)
     } else {
@@ -593,16 +627,13 @@ async fn reconcile_active(
 
     let (mut facts, mut census) = {
         let mut judged = context.caches.judgements();
-        let count = judged.refresh_facts(&nodes, &label_policy, &context.detection);
+        let count = judged.refresh_facts(&context.caches.nodes, &label_policy, &context.detection);
         context.metrics.nodes_judged(count);
-        cluster_facts(
-            judged.facts(),
-            FactsInput {
-                namespace: &context.namespace,
-                precompiled: validated.spec.driver.use_precompiled(),
-                service_monitor_crd: context.service_monitor_crd,
-            },
-        )
+        judged.cluster(FactsInput {
+            namespace: &context.namespace,
+            precompiled: validated.spec.driver.use_precompiled(),
+            service_monitor_crd: context.service_monitor_crd,
+        })
     };
     if nvidia_drivers_on {
         census.gpu_nodes_without_driver = routing.unmatched.iter().cloned().collect();
@@ -697,25 +728,24 @@ async fn reconcile_active(
         return Ok(next.min(IN_FLIGHT));
     }
     let daemonsets = context.caches.daemonsets.state();
-    let pods = context.caches.pods.state();
     let revisions = context.caches.revisions.state();
-    let ready = readiness::ready_nodes(
+    let owners = readiness::owners(
         daemonsets.iter().map(|ds| &**ds),
-        pods.iter().map(|pod| &**pod),
         &revisions.iter().map(|r| &**r).collect::<Vec<_>>(),
     );
     let observed = Observed {
-        nodes: &nodes,
-        ready: &ready,
+        nodes: &context.caches.nodes,
+        pods: &context.caches.pods,
+        owners: &owners,
     };
     let (operands, driver_observations) = {
         let mut judged = context.caches.judgements();
-        let (operands, mut count) = observe(&rendered, observed, &context.detection, &mut judged);
+        let (operands, mut count) = observe(&rendered, &observed, &context.detection, &mut judged);
         let driver_observations: Vec<Option<OperandObservation>> = driver_plans
             .iter()
             .map(|plan| {
                 let (observations, judged_now) =
-                    observe(&plan.rendered, observed, &context.detection, &mut judged);
+                    observe(&plan.rendered, &observed, &context.detection, &mut judged);
                 count += judged_now;
                 observations.into_iter().next()
             })
@@ -951,13 +981,24 @@ async fn apply_rendered(
         .into_iter()
         .map(|u| u.resource)
         .collect();
+    let objects = apply::managed_objects(&context.caches.managed);
+    // The same objects as the last empty plan's: what it read of them stands (each pass would otherwise
+    // copy every managed object's fields to compare them).
+    let live = context
+        .memo()
+        .settled
+        .as_ref()
+        .filter(|settled| settled.same_objects(&objects))
+        .map(|settled| settled.live.clone())
+        .unwrap_or_else(|| Arc::new(apply::live_hashes_of(&objects)));
     let inputs = ApplyInputs {
         rendered: rendered.clone(),
         drivers: drivers
             .iter()
             .map(|plan| (plan.driver.name_any(), plan.rendered.clone()))
             .collect(),
-        live: apply::live_hashes(&context.caches.managed),
+        objects,
+        live,
         orphan_drivers: pools.iter().any(|pool| pool.policy.is_some()),
         keep_drivers: drivers
             .iter()
@@ -1148,8 +1189,8 @@ fn applied_hash(object: &serde_json::Value) -> &str {
 #[derive(Debug)]
 struct StatusWrite {
     status: PolicyStatus,
-    /// Set when only counts changed within [`STATUS_INTERVAL`] of the last write: the pass must run
-    /// again after this long to write them.
+    /// Set when the status changed within [`STATUS_INTERVAL`] of the last write: the pass must run
+    /// again after this long to write it.
     deferred: Option<Duration>,
 }
 
@@ -1191,8 +1232,7 @@ impl<'a> Target<'a> {
     }
 }
 
-/// Writes a policy's status when it differs from the stored one, at most once per [`STATUS_INTERVAL`]
-/// unless the state or a condition changes.
+/// Writes a policy's status when it differs from the stored one, at most once per [`STATUS_INTERVAL`].
 async fn write_status(
     context: &Context,
     policy: &Target<'_>,
@@ -1218,12 +1258,11 @@ async fn write_status(
             deferred: None,
         });
     }
-    // Compared with what was last written (the cache may not show it yet), only counts moved: they wait
-    // for the interval to pass, so a rollout costs a write a second, not one per pass.
+    // A write waits for the interval since the last one to pass, so a rollout costs a write a second, not
+    // one per pass; a change of state waits too (at most that long), or a rollout whose nodes flip between
+    // ready and not would write as often as it flips.
     let baseline = last_write.as_ref().map(|(written, _)| written).or(stored);
-    if let Some((_, at)) = &last_write
-        && baseline.is_some_and(|baseline| only_counts_differ(baseline, &status))
-    {
+    if let Some((_, at)) = &last_write {
         let wait = STATUS_INTERVAL.saturating_sub(at.elapsed());
         if !wait.is_zero() {
             return Ok(StatusWrite {

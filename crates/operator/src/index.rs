@@ -1,22 +1,30 @@
-//! The judgements made of each node, kept across passes and reused while neither the node nor what the
-//! judgement depends on changed, so that a pass's work follows what changed, not the cluster's size.
+//! The judgements made of each node, kept across passes and brought up to date with what changed since
+//! the last pass, so that a pass's work follows what changed, not the cluster's size.
 //!
-//! A node's record ([`NodeRecord`]) is replaced in the cache only when something it keeps changed; a
-//! judgement remembers the record it was made of (`Arc::ptr_eq`) and the inputs it was made with: the
-//! labeller's inputs and GPU detection for the node's facts ([`judge_node`]), the rendered pod templates of
-//! an operand for its placement ([`crate::readiness::judge_placement`]). Inputs that differ from the last
-//! pass's drop every judgement made with them. Each judgement made anew is counted
-//! ([`crate::metrics::Metrics::nodes_judged`]); one reused is not.
+//! The caches log which nodes changed, and on which nodes pods changed ([`crate::changes`]); each judgement
+//! keeps the mark it read up to and, at the next pass, judges again only the nodes named since. A node's
+//! record is replaced in the cache only when something it keeps changed, so a judgement also remembers the
+//! record it was made of (`Arc::ptr_eq`): after a relist (when the log says "everything") only the nodes
+//! whose records differ are judged again. Inputs that differ from the last pass's drop every judgement made
+//! with them: the labeller's inputs and GPU detection for the node's facts ([`judge_node`]), the rendered
+//! pod templates of an operand for its placement ([`crate::readiness::judge_placement`]).
+//!
+//! Per operand, the index keeps the counts the status reports (expected, ready), the nodes not ready (by
+//! name, so the first ones are at hand) and those excluded, each updated as one node's entry changes.
+//! Each judgement made anew is counted ([`crate::metrics::Metrics::nodes_judged`]); one reused is not.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use gpuop_api::labels::GpuDetection;
+use gpuop_api::status::MAX_LISTED_NODES;
+use gpuop_render::ClusterFacts;
 use k8s_openapi::api::core::v1::PodSpec;
 
-use crate::facts::{NodeFacts, judge_node};
+use crate::changes::{Changed, NodeSource, PodSource};
+use crate::facts::{Census, FactsInput, NodeFacts, cluster_facts, judge_node};
 use crate::labeler::LabelPolicy;
-use crate::projection::{NodeRecord, Text};
+use crate::projection::{NodeRecord, PodRecord, Text};
 
 /// Where an operand's pods go on one node, against its rendered templates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,22 +38,172 @@ pub enum Placement {
     Elsewhere,
 }
 
+/// A DaemonSet as readiness reads it: its uid (its pods' owner) and its latest revision's hash, if known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// `metadata.uid`.
+    pub uid: String,
+    /// The `controller-revision-hash` of its latest ControllerRevision.
+    pub latest: Option<String>,
+}
+
+impl Owner {
+    /// Whether one of `pods` is this DaemonSet's, of its latest revision (when known), Ready and not being
+    /// deleted.
+    pub fn ready_among(&self, pods: &[Arc<PodRecord>]) -> bool {
+        pods.iter().any(|pod| {
+            pod.daemonset_uid.as_deref() == Some(self.uid.as_str())
+                && !pod.terminating
+                && pod.ready_since.is_some()
+                && (self.latest.is_none() || pod.revision.as_deref() == self.latest.as_deref())
+        })
+    }
+}
+
+/// One operand's nodes as the status counts them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Nodes its pods should run on.
+    pub expected: usize,
+    /// Of those, the ones where a pod of the right DaemonSet and revision is ready.
+    pub ready: usize,
+    /// The first of the others, by name (at most [`MAX_LISTED_NODES`]).
+    pub not_ready: Vec<String>,
+    /// Nodes that want it but that its pods cannot go to.
+    pub excluded: BTreeSet<String>,
+}
+
 /// Every judgement kept, by node.
 #[derive(Debug, Default)]
 pub struct Judgements {
     facts_inputs: Option<(LabelPolicy, GpuDetection)>,
     facts: HashMap<Text, (Arc<NodeRecord>, NodeFacts)>,
+    /// The node log's mark the facts were brought up to.
+    facts_mark: u64,
+    /// Counts the changes of any node's facts (the cluster facts are derived again after one).
+    facts_version: u64,
+    cluster: Option<ClusterMemo>,
     /// By scope (the DaemonSets of one operand of one rendering), the templates judged against and the
     /// judgements.
-    placements: HashMap<String, Placements>,
+    scopes: HashMap<String, Scope>,
     pass: u64,
 }
 
+/// The cluster facts and census, and what they were derived from.
+#[derive(Debug)]
+struct ClusterMemo {
+    facts_version: u64,
+    input: (String, bool, bool),
+    facts: ClusterFacts,
+    census: Census,
+}
+
+/// One operand's judgements against one set of templates.
 #[derive(Debug, Default)]
-struct Placements {
+struct Scope {
     templates: Vec<(String, PodSpec)>,
-    nodes: HashMap<Text, (Arc<NodeRecord>, Placement)>,
+    /// Per template, its DaemonSet as last read (`None`: not created yet).
+    owners: Vec<Option<Owner>>,
+    node_mark: u64,
+    pod_mark: u64,
+    entries: HashMap<Text, Entry>,
+    expected: usize,
+    ready: usize,
+    not_ready: BTreeSet<Text>,
+    excluded: BTreeSet<Text>,
     used_in: u64,
+}
+
+/// One node's place in a scope.
+#[derive(Debug)]
+struct Entry {
+    record: Arc<NodeRecord>,
+    placement: Placement,
+    ready: bool,
+}
+
+impl Scope {
+    /// Brings the entry of `name` up to date with its record (`None`: the node is gone); returns whether
+    /// its placement was judged anew.
+    fn update(
+        &mut self,
+        name: &Text,
+        record: Option<Arc<NodeRecord>>,
+        pods: &(impl PodSource + ?Sized),
+        judge: &impl Fn(&NodeRecord) -> Placement,
+    ) -> bool {
+        let old = self.entries.remove(name);
+        if let Some(old) = &old {
+            self.count(name, old, false);
+        }
+        let Some(record) = record else { return false };
+        let (placement, judged) = match old {
+            Some(old) if Arc::ptr_eq(&old.record, &record) => (old.placement, false),
+            _ => (judge(&record), true),
+        };
+        let ready = match placement {
+            Placement::Expected(template) => self
+                .owners
+                .get(template)
+                .and_then(Option::as_ref)
+                .is_some_and(|owner| owner.ready_among(&pods.on_node(name))),
+            Placement::Excluded | Placement::Elsewhere => false,
+        };
+        let entry = Entry {
+            record,
+            placement,
+            ready,
+        };
+        self.count(name, &entry, true);
+        self.entries.insert(name.clone(), entry);
+        judged
+    }
+
+    /// Adds an entry to the tallies, or takes it out.
+    fn count(&mut self, name: &Text, entry: &Entry, add: bool) {
+        match entry.placement {
+            Placement::Expected(_) => {
+                if add {
+                    self.expected += 1;
+                } else {
+                    self.expected -= 1;
+                }
+                if entry.ready {
+                    if add {
+                        self.ready += 1;
+                    } else {
+                        self.ready -= 1;
+                    }
+                } else if add {
+                    self.not_ready.insert(name.clone());
+                } else {
+                    self.not_ready.remove(name);
+                }
+            }
+            Placement::Excluded => {
+                if add {
+                    self.excluded.insert(name.clone());
+                } else {
+                    self.excluded.remove(name);
+                }
+            }
+            Placement::Elsewhere => {}
+        }
+    }
+
+    fn tally(&self) -> Tally {
+        Tally {
+            expected: self.expected,
+            ready: self.ready,
+            not_ready: self
+                .not_ready
+                .iter()
+                .take(MAX_LISTED_NODES)
+                .map(|name| name.to_string())
+                .collect(),
+            excluded: self.excluded.iter().map(|name| name.to_string()).collect(),
+        }
+    }
 }
 
 impl Judgements {
@@ -53,33 +211,68 @@ impl Judgements {
     /// anew. Starts a pass: placements of scopes the last pass did not use are dropped.
     pub fn refresh_facts(
         &mut self,
-        nodes: &[Arc<NodeRecord>],
+        nodes: &(impl NodeSource + ?Sized),
         labelling: &LabelPolicy,
         detection: &GpuDetection,
     ) -> usize {
         self.pass += 1;
         let pass = self.pass;
-        self.placements.retain(|_, p| p.used_in + 1 >= pass);
+        self.scopes.retain(|_, scope| scope.used_in + 1 >= pass);
         let same_inputs = self
             .facts_inputs
             .as_ref()
             .is_some_and(|(l, d)| l == labelling && d == detection);
         if !same_inputs {
             self.facts.clear();
+            self.facts_mark = 0;
             self.facts_inputs = Some((labelling.clone(), detection.clone()));
         }
-        let mut old = std::mem::take(&mut self.facts);
+        let (mark, changed) = nodes.changes(self.facts_mark);
         let mut judged = 0;
-        self.facts.reserve(nodes.len());
-        for node in nodes {
-            let facts = match old.remove(&node.name) {
-                Some((record, facts)) if Arc::ptr_eq(&record, node) => facts,
-                _ => {
+        let mut judge = |facts: &mut HashMap<Text, (Arc<NodeRecord>, NodeFacts)>, node: Arc<NodeRecord>| {
+            let name = node.name.clone();
+            match facts.get_mut(&name) {
+                Some((record, _)) if Arc::ptr_eq(record, &node) => false,
+                Some(kept) => {
                     judged += 1;
-                    judge_node(node, labelling, detection)
+                    let new = judge_node(&node, labelling, detection);
+                    let changed = kept.1 != new;
+                    *kept = (node, new);
+                    changed
                 }
-            };
-            self.facts.insert(node.name.clone(), (node.clone(), facts));
+                None => {
+                    judged += 1;
+                    let new = judge_node(&node, labelling, detection);
+                    facts.insert(name, (node, new));
+                    true
+                }
+            }
+        };
+        let mut facts_changed = false;
+        match changed {
+            Changed::All => {
+                let all = nodes.nodes();
+                let names: HashSet<&str> = all.iter().map(|node| &*node.name).collect();
+                let before = self.facts.len();
+                self.facts.retain(|name, _| names.contains(&**name));
+                facts_changed |= self.facts.len() != before;
+                drop(names);
+                for node in all {
+                    facts_changed |= judge(&mut self.facts, node);
+                }
+            }
+            Changed::Names(names) => {
+                for name in names {
+                    match nodes.node(&name) {
+                        Some(node) => facts_changed |= judge(&mut self.facts, node),
+                        None => facts_changed |= self.facts.remove(&name).is_some(),
+                    }
+                }
+            }
+        }
+        self.facts_mark = mark;
+        if facts_changed || !same_inputs {
+            self.facts_version += 1;
         }
         judged
     }
@@ -94,45 +287,100 @@ impl Judgements {
         self.facts.get(name).map(|(_, facts)| facts)
     }
 
-    /// Each node's placement against `templates` (one operand's, named by `scope`), judging anew only
-    /// the nodes that changed (or all, when the templates did); calls `each` per node and returns how many
-    /// were judged anew.
-    pub fn placements(
+    /// The cluster facts and census of the facts as last refreshed ([`cluster_facts`]), derived again only
+    /// when a node's facts or `input` changed.
+    pub fn cluster(&mut self, input: FactsInput<'_>) -> (ClusterFacts, Census) {
+        let key = (
+            input.namespace.to_owned(),
+            input.precompiled,
+            input.service_monitor_crd,
+        );
+        let fresh = self
+            .cluster
+            .as_ref()
+            .is_some_and(|memo| memo.facts_version == self.facts_version && memo.input == key);
+        if !fresh {
+            let (facts, census) = cluster_facts(self.facts(), input);
+            self.cluster = Some(ClusterMemo {
+                facts_version: self.facts_version,
+                input: key,
+                facts,
+                census,
+            });
+        }
+        let memo = self.cluster.as_ref().expect("derived above");
+        (memo.facts.clone(), memo.census.clone())
+    }
+
+    /// One operand's tally against `templates` (the operand's, named by `scope`), whose DaemonSets are
+    /// `owners` (one per template): judges anew only the nodes that changed since the last pass (or all,
+    /// when the templates did), reads the pods again only on the nodes where they changed (or everywhere,
+    /// when a DaemonSet or its latest revision did). Returns the tally and how many nodes were judged anew.
+    pub fn tally(
         &mut self,
         scope: &str,
         templates: &[(String, PodSpec)],
-        nodes: &[Arc<NodeRecord>],
+        owners: Vec<Option<Owner>>,
+        nodes: &(impl NodeSource + ?Sized),
+        pods: &(impl PodSource + ?Sized),
         judge: impl Fn(&NodeRecord) -> Placement,
-        mut each: impl FnMut(&Text, Placement),
-    ) -> usize {
+    ) -> (Tally, usize) {
         let pass = self.pass;
-        let memo = self.placements.entry(scope.to_owned()).or_default();
-        memo.used_in = pass;
-        if memo.templates != templates {
-            memo.templates = templates.to_vec();
-            memo.nodes.clear();
-        }
-        let mut old = std::mem::take(&mut memo.nodes);
-        memo.nodes.reserve(nodes.len());
-        let mut judged = 0;
-        for node in nodes {
-            let placement = match old.remove(&node.name) {
-                Some((record, placement)) if Arc::ptr_eq(&record, node) => placement,
-                _ => {
-                    judged += 1;
-                    judge(node)
-                }
+        let scope = self.scopes.entry(scope.to_owned()).or_default();
+        scope.used_in = pass;
+        if scope.templates != templates {
+            *scope = Scope {
+                templates: templates.to_vec(),
+                used_in: pass,
+                ..Scope::default()
             };
-            each(&node.name, placement);
-            memo.nodes.insert(node.name.clone(), (node.clone(), placement));
         }
-        judged
+        let every_pod = scope.owners != owners;
+        scope.owners = owners;
+        let (node_mark, node_changes) = nodes.changes(scope.node_mark);
+        let (pod_mark, pod_changes) = pods.changes(scope.pod_mark);
+        let mut judged = 0;
+        match node_changes {
+            Changed::All => {
+                let all = nodes.nodes();
+                let names: HashSet<Text> = all.iter().map(|node| node.name.clone()).collect();
+                let gone: Vec<Text> = scope
+                    .entries
+                    .keys()
+                    .filter(|name| !names.contains(*name))
+                    .cloned()
+                    .collect();
+                for name in gone {
+                    scope.update(&name, None, pods, &judge);
+                }
+                for node in all {
+                    let name = node.name.clone();
+                    judged += usize::from(scope.update(&name, Some(node), pods, &judge));
+                }
+            }
+            Changed::Names(changed_nodes) => {
+                let mut again: HashSet<Text> = changed_nodes.into_iter().collect();
+                match pod_changes {
+                    _ if every_pod => again.extend(scope.entries.keys().cloned()),
+                    Changed::All => again.extend(scope.entries.keys().cloned()),
+                    Changed::Names(names) => again.extend(names),
+                }
+                for name in again {
+                    let record = nodes.node(&name);
+                    judged += usize::from(scope.update(&name, record, pods, &judge));
+                }
+            }
+        }
+        scope.node_mark = node_mark;
+        scope.pod_mark = pod_mark;
+        (scope.tally(), judged)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::changes::NodeSet;
     use crate::projection::{Interner, NodeKeys};
     use k8s_openapi::api::core::v1::Node;
 
@@ -155,7 +403,7 @@ mod tests {
         let gpu = ("feature.node.kubernetes.io/pci-10de.present", "true");
         let mut interner = Interner::default();
         let keys = NodeKeys::default();
-        let mut nodes: Vec<Arc<NodeRecord>> = (0..2000)
+        let mut nodes: NodeSet = (0..2000)
             .map(|i| {
                 let node = node(&format!("gpu-{i:04}"), &[gpu]);
                 Arc::new(NodeRecord::project(&node, &keys, &mut interner))
@@ -170,8 +418,8 @@ mod tests {
 
         // The labeller's patch reaches one node.
         let patch = crate::labeler::desired_labels(
-            &nodes[3].labels,
-            &nodes[3].annotations,
+            &nodes.get("gpu-0003").unwrap().labels,
+            &nodes.get("gpu-0003").unwrap().annotations,
             Some(&labelling),
             &detection,
         );
@@ -191,13 +439,13 @@ mod tests {
                 .get_or_insert_default()
                 .insert(key, value.unwrap());
         }
-        nodes[3] = Arc::new(NodeRecord::project(&labelled, &keys, &mut interner));
+        nodes.put(NodeRecord::project(&labelled, &keys, &mut interner));
         assert_eq!(judgements.refresh_facts(&nodes, &labelling, &detection), 1);
         assert_eq!(judgements.facts().filter(|(_, f)| f.unlabelled).count(), 1999);
         assert!(!judgements.facts_of("gpu-0003").unwrap().unlabelled);
 
         // A node that goes is forgotten.
-        nodes.pop();
+        nodes.remove("gpu-1999");
         assert_eq!(judgements.refresh_facts(&nodes, &labelling, &detection), 0);
         assert_eq!(judgements.facts().count(), 1999);
 

@@ -15,6 +15,7 @@
 pub mod api_client;
 pub mod apply;
 pub mod caches;
+pub mod changes;
 pub mod check;
 pub mod cli;
 pub mod controller;

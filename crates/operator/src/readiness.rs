@@ -6,42 +6,63 @@
 //! tolerate. "Ready" means a pod of the operand's DaemonSet runs on the node, is Ready, and comes from the
 //! DaemonSet's latest revision: a node still running an outdated driver is not counted as done.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
 
 use gpuop_api::OPERANDS;
 use gpuop_api::labels::GpuDetection;
 use gpuop_api::placement::{Misfit, daemon_pod_fits};
-use gpuop_api::read::{NodeRead, PodRead};
-use gpuop_api::status::MAX_LISTED_NODES;
-use gpuop_api::upgrade::observe::{latest_revision, revision_of};
+use gpuop_api::read::NodeRead;
+use gpuop_api::upgrade::observe::latest_revision;
 use gpuop_api::{Operand, OperandInfo};
 use gpuop_render::Rendered;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec};
 
-use crate::index::{Judgements, Placement};
-use crate::projection::{NodeKeys, NodeRecord, PodRecord, Text};
+use crate::changes::{NodeSource, PodSource};
+use crate::index::{Judgements, Owner, Placement};
+use crate::projection::{NodeKeys, NodeRecord};
 use crate::status::OperandObservation;
 
-/// What the cluster looks like to the judge: the caches' contents, shared rather than copied.
-#[derive(Clone, Copy, Debug)]
-pub struct Observed<'a> {
-    /// Every node.
-    pub nodes: &'a [Arc<NodeRecord>],
-    /// Per DaemonSet name, the nodes where it runs a ready pod of its latest revision ([`ready_nodes`]).
-    pub ready: &'a ReadyNodes,
+/// What the cluster looks like to the judge: the caches (their records and what changed in them), and the
+/// DaemonSets by name.
+#[derive(Debug)]
+pub struct Observed<'a, N: ?Sized, P: ?Sized> {
+    /// The nodes.
+    pub nodes: &'a N,
+    /// The pods, by node.
+    pub pods: &'a P,
+    /// Per DaemonSet name, its uid and latest revision ([`owners`]).
+    pub owners: &'a HashMap<String, Owner>,
 }
 
-/// Per DaemonSet name, the nodes where one of its pods of the latest revision runs and is Ready.
-pub type ReadyNodes = HashMap<String, HashSet<Text>>;
+/// Per DaemonSet name, its uid and the hash of its latest revision.
+pub fn owners<'a>(
+    daemonsets: impl IntoIterator<Item = &'a DaemonSet>,
+    revisions: &[&ControllerRevision],
+) -> HashMap<String, Owner> {
+    daemonsets
+        .into_iter()
+        .filter_map(|ds| {
+            let uid = ds.metadata.uid.as_deref()?;
+            let name = ds.metadata.name.clone()?;
+            let latest = latest_revision(uid, revisions.iter().copied());
+            Some((
+                name,
+                Owner {
+                    uid: uid.to_owned(),
+                    latest,
+                },
+            ))
+        })
+        .collect()
+}
 
 /// One observation per enabled operand, in catalogue order; `detection` tells which nodes have a GPU.
-/// Placements are taken from `judgements` where the node and the templates are unchanged; returns how many
-/// were judged anew too.
-pub fn observe(
+/// The tallies are kept in `judgements` and brought up to date with what changed since the last pass;
+/// returns how many placements were judged anew too.
+pub fn observe<N: NodeSource + ?Sized, P: PodSource + ?Sized>(
     rendered: &Rendered,
-    observed: Observed<'_>,
+    observed: &Observed<'_, N, P>,
     detection: &GpuDetection,
     judgements: &mut Judgements,
 ) -> (Vec<OperandObservation>, usize) {
@@ -64,35 +85,26 @@ pub fn observe(
         .filter_map(|info| {
             let templates = templates.get(&info.operand)?;
             let scope: Vec<&str> = templates.iter().map(|(ds, _)| ds.as_str()).collect();
-            let mut observation = OperandObservation {
-                operand: Some(info.operand),
-                ..OperandObservation::default()
-            };
-            let ready: Vec<Option<&HashSet<Text>>> =
-                templates.iter().map(|(ds, _)| observed.ready.get(ds)).collect();
-            let mut not_ready: Vec<Text> = Vec::new();
-            judged += judgements.placements(
+            let owners = templates
+                .iter()
+                .map(|(ds, _)| observed.owners.get(ds).cloned())
+                .collect();
+            let (tally, judged_now) = judgements.tally(
                 &format!("{}/{}", info.operand.id(), scope.join(",")),
                 templates,
+                owners,
                 observed.nodes,
+                observed.pods,
                 |node| judge_placement(node, templates, info, detection),
-                |name, placement| match placement {
-                    Placement::Expected(template) => {
-                        observation.expected += 1;
-                        if ready[template].is_some_and(|ready| ready.contains(name)) {
-                            observation.ready += 1;
-                        } else {
-                            not_ready.push(name.clone());
-                        }
-                    }
-                    Placement::Excluded => {
-                        observation.excluded.insert(name.to_string());
-                    }
-                    Placement::Elsewhere => {}
-                },
             );
-            observation.not_ready = first_by_name(not_ready, MAX_LISTED_NODES);
-            Some(observation)
+            judged += judged_now;
+            Some(OperandObservation {
+                operand: Some(info.operand),
+                expected: tally.expected,
+                ready: tally.ready,
+                not_ready: tally.not_ready,
+                excluded: tally.excluded,
+            })
         })
         .collect();
     (observations, judged)
@@ -110,16 +122,6 @@ pub fn template_keys(rendered: &Rendered) -> NodeKeys {
         }
     }
     keys
-}
-
-/// The first `count` names in name order, in O(n).
-fn first_by_name(mut names: Vec<Text>, count: usize) -> Vec<String> {
-    if names.len() > count {
-        names.select_nth_unstable(count);
-        names.truncate(count);
-    }
-    names.sort_unstable();
-    names.into_iter().map(|name| name.to_string()).collect()
 }
 
 /// Where an operand's pods go on a node: the first template whose pods fit; else excluded when the node
@@ -147,53 +149,22 @@ pub fn judge_placement(
     }
 }
 
-/// Per DaemonSet name, the nodes where one of its pods of the latest revision is Running and Ready: one
-/// look at each pod, whatever the number of DaemonSets.
-pub fn ready_nodes<'a>(
-    daemonsets: impl IntoIterator<Item = &'a DaemonSet>,
-    pods: impl IntoIterator<Item = &'a PodRecord>,
-    revisions: &[&ControllerRevision],
-) -> ReadyNodes {
-    // By uid: the DaemonSet's name and its latest revision.
-    let owners: HashMap<&str, (&str, Option<String>)> = daemonsets
-        .into_iter()
-        .filter_map(|ds| {
-            let uid = ds.metadata.uid.as_deref()?;
-            let name = ds.metadata.name.as_deref().unwrap_or_default();
-            Some((uid, (name, latest_revision(uid, revisions.iter().copied()))))
-        })
-        .collect();
-    let mut ready: ReadyNodes = owners
-        .values()
-        .map(|(name, _)| ((*name).to_owned(), HashSet::new()))
-        .collect();
-    for pod in pods {
-        let Some((name, latest)) = pod.daemonset_uid().and_then(|uid| owners.get(uid)) else {
-            continue;
-        };
-        if pod.terminating() || pod.ready_since().is_none() {
-            continue;
-        }
-        if latest.is_some() && revision_of(pod) != latest.as_deref() {
-            continue;
-        }
-        if let (Some(node), Some(set)) = (&pod.node, ready.get_mut(*name)) {
-            set.insert(node.clone());
-        }
-    }
-    ready
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::projection::Interner;
+    use crate::changes::{NodeSet, PodSet};
+    use crate::projection::{Interner, PodRecord};
+    use gpuop_api::read::PodRead;
+    use gpuop_api::status::MAX_LISTED_NODES;
     use gpuop_api::upgrade::observe::REVISION_HASH;
+    use gpuop_api::upgrade::observe::revision_of;
     use gpuop_render::Manifest;
     use k8s_openapi::api::core::v1::{Node, Pod};
     use k8s_openapi::api::core::v1::{NodeSpec, PodCondition, PodSpec, PodStatus, Taint};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
     use serde_json::json;
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
 
     fn node(name: &str, labels: &[(&str, &str)], taint: Option<&str>) -> Node {
         Node {
@@ -305,17 +276,24 @@ mod tests {
         revisions: &[ControllerRevision],
     ) -> Vec<OperandObservation> {
         let mut interner = Interner::default();
-        let nodes = project_nodes(nodes, &mut interner);
-        let pods: Vec<PodRecord> = pods
-            .iter()
-            .map(|p| PodRecord::project(p, &mut interner))
-            .collect();
-        let ready = ready_nodes(daemonsets, &pods, &revisions.iter().collect::<Vec<_>>());
+        let nodes: NodeSet = project_nodes(nodes, &mut interner).into_iter().collect();
+        let mut pod_set = PodSet::default();
+        for pod in pods {
+            pod_set.put(PodRecord::project(pod, &mut interner));
+        }
+        let owners = owners(daemonsets, &revisions.iter().collect::<Vec<_>>());
         let observed = Observed {
             nodes: &nodes,
-            ready: &ready,
+            pods: &pod_set,
+            owners: &owners,
         };
-        observe(rendered, observed, &GpuDetection::Nfd, &mut Judgements::default()).0
+        observe(
+            rendered,
+            &observed,
+            &GpuDetection::Nfd,
+            &mut Judgements::default(),
+        )
+        .0
     }
 
     fn project_nodes(nodes: &[Node], interner: &mut Interner) -> Vec<Arc<NodeRecord>> {
@@ -403,32 +381,36 @@ mod tests {
     }
 
     /// The readiness scan as it was before the pod index: per DaemonSet, every pod it owns.
-    fn scanned(daemonsets: &[DaemonSet], pods: &[Pod], revisions: &[ControllerRevision]) -> ReadyNodes {
-        daemonsets
-            .iter()
-            .map(|ds| {
-                let uid = ds.metadata.uid.as_deref().unwrap();
-                let latest = latest_revision(uid, revisions);
-                let nodes = pods
-                    .iter()
-                    .filter(|pod| {
-                        pod.metadata
-                            .owner_references
-                            .iter()
-                            .flatten()
-                            .any(|o| o.uid == uid)
-                    })
-                    .filter(|pod| pod.metadata.deletion_timestamp.is_none() && pod.ready_since().is_some())
-                    .filter(|pod| latest.is_none() || revision_of(*pod) == latest.as_deref())
-                    .filter_map(|pod| pod.node_name().map(Text::from))
-                    .collect();
-                (ds.metadata.name.clone().unwrap(), nodes)
-            })
-            .collect()
+    fn scanned(
+        daemonsets: &[DaemonSet],
+        pods: &[Pod],
+        revisions: &[ControllerRevision],
+    ) -> BTreeSet<(String, String)> {
+        let mut ready = BTreeSet::new();
+        for ds in daemonsets {
+            let uid = ds.metadata.uid.as_deref().unwrap();
+            let latest = latest_revision(uid, revisions);
+            for pod in pods
+                .iter()
+                .filter(|pod| {
+                    pod.metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|o| o.uid == uid)
+                })
+                .filter(|pod| pod.metadata.deletion_timestamp.is_none() && pod.ready_since().is_some())
+                .filter(|pod| latest.is_none() || revision_of(*pod) == latest.as_deref())
+            {
+                let node = pod.node_name().unwrap().to_owned();
+                ready.insert((ds.metadata.name.clone().unwrap(), node));
+            }
+        }
+        ready
     }
 
     #[test]
-    fn the_pod_index_finds_the_same_ready_nodes_as_a_scan_per_daemonset() {
+    fn the_pods_by_node_find_the_same_ready_nodes_as_a_scan_per_daemonset() {
         let operands = [Operand::Driver, Operand::DevicePlugin, Operand::DcgmExporter];
         let daemonsets: Vec<DaemonSet> = operands.iter().map(|o| daemonset(*o)).collect();
         let revisions = [
@@ -446,6 +428,7 @@ mod tests {
                 _ => "p1",
             };
             let mut pod = pod(operand, &format!("gpu-{}", i % 50), i % 5 != 0, hash);
+            pod.metadata.name = Some(format!("pod-{i}"));
             if i % 11 == 0 {
                 pod.metadata.deletion_timestamp = Some(time());
             }
@@ -456,18 +439,26 @@ mod tests {
         stray.metadata.owner_references.as_mut().unwrap()[0].uid = "someone-else".into();
         pods.push(stray);
         let mut interner = Interner::default();
-        let records: Vec<PodRecord> = pods
-            .iter()
-            .map(|p| PodRecord::project(p, &mut interner))
-            .collect();
-        let indexed = ready_nodes(&daemonsets, &records, &revisions.iter().collect::<Vec<_>>());
+        let mut set = PodSet::default();
+        for pod in &pods {
+            set.put(PodRecord::project(pod, &mut interner));
+        }
+        let owners = owners(&daemonsets, &revisions.iter().collect::<Vec<_>>());
+        let mut indexed = BTreeSet::new();
+        for (name, owner) in &owners {
+            for node in (0..50).map(|i| format!("gpu-{i}")) {
+                if owner.ready_among(&set.on_node(&node)) {
+                    indexed.insert((name.clone(), node));
+                }
+            }
+        }
         let expected = scanned(&daemonsets, &pods, &revisions);
         assert_eq!(indexed, expected);
-        assert!(
-            indexed
-                .values()
-                .all(|nodes| !nodes.is_empty() && nodes.len() < 50)
-        );
+        for ds in &daemonsets {
+            let name = ds.metadata.name.as_deref().unwrap();
+            let ready = indexed.iter().filter(|(d, _)| d == name).count();
+            assert!(ready > 0 && ready < 50, "{name}: {ready}");
+        }
     }
 
     fn time() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
@@ -491,15 +482,17 @@ mod tests {
             .map(|i| node(&format!("gpu-{i:04}"), &on, None))
             .collect();
         let mut interner = Interner::default();
-        let mut records = project_nodes(&nodes, &mut interner);
-        let ready = ReadyNodes::new();
+        let mut records: NodeSet = project_nodes(&nodes, &mut interner).into_iter().collect();
+        let pods = PodSet::default();
+        let owners = HashMap::new();
         let mut judgements = Judgements::default();
-        let mut pass = |records: &[Arc<NodeRecord>], rendered: &Rendered| {
+        let mut pass = |records: &NodeSet, rendered: &Rendered| {
             let observed = Observed {
                 nodes: records,
-                ready: &ready,
+                pods: &pods,
+                owners: &owners,
             };
-            observe(rendered, observed, &GpuDetection::Nfd, &mut judgements)
+            observe(rendered, &observed, &GpuDetection::Nfd, &mut judgements)
         };
         let (first, judged) = pass(&records, &rendered);
         assert_eq!(judged, 2000 * operands.len());
@@ -517,7 +510,7 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert(Operand::DevicePlugin.info().deploy_label.into(), "false".into());
-        records[7] = Arc::new(NodeRecord::project(&changed, &NodeKeys::default(), &mut interner));
+        records.put(NodeRecord::project(&changed, &NodeKeys::default(), &mut interner));
         let (after, judged) = pass(&records, &rendered);
         assert_eq!(judged, operands.len());
         let plugin = after
@@ -532,5 +525,131 @@ mod tests {
             json!([{"operator": "Exists"}]);
         let (_, judged) = pass(&records, &tolerant);
         assert_eq!(judged, 2000, "only the driver's templates changed");
+    }
+
+    /// Random changes of nodes, pods and revisions, a pass after each batch: the kept tallies are always
+    /// those a fresh judgement of the whole cluster finds, and a pass after one pod's change judges no node.
+    #[test]
+    fn kept_tallies_follow_every_change_as_a_fresh_judgement_would() {
+        let operands = [Operand::Driver, Operand::DevicePlugin, Operand::DcgmExporter];
+        let rendered = Rendered {
+            objects: operands.iter().map(|o| rendered_daemonset(*o)).collect(),
+        };
+        let daemonsets: Vec<DaemonSet> = operands.iter().map(|o| daemonset(*o)).collect();
+        let mut revisions = vec![revision(Operand::Driver, "r1", 1)];
+        let mut interner = Interner::default();
+        let mut nodes = NodeSet::default();
+        let mut pods = PodSet::default();
+        // A small linear congruential generator: the same "random" changes every run.
+        let mut seed = 12345u64;
+        let mut next = move |bound: usize| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as usize % bound
+        };
+        let labels_of = |switches: usize| -> Vec<(&'static str, &'static str)> {
+            operands
+                .iter()
+                .enumerate()
+                .map(|(i, o)| {
+                    (
+                        o.info().deploy_label,
+                        if switches & (1 << i) != 0 { "true" } else { "false" },
+                    )
+                })
+                .chain([GPU])
+                .collect()
+        };
+        for i in 0..60 {
+            let labels = labels_of(7);
+            nodes.put(NodeRecord::project(
+                &node(&format!("gpu-{i:02}"), &labels, None),
+                &NodeKeys::default(),
+                &mut interner,
+            ));
+        }
+        let mut kept = Judgements::default();
+        for round in 0..200 {
+            for _ in 0..next(4) + 1 {
+                let name = format!("gpu-{:02}", next(70));
+                let operand = operands[next(3)];
+                match next(8) {
+                    0 => {
+                        let labels = labels_of(next(8));
+                        let taint = (next(4) == 0).then_some("dedicated");
+                        nodes.put(NodeRecord::project(
+                            &node(&name, &labels, taint),
+                            &NodeKeys::default(),
+                            &mut interner,
+                        ));
+                    }
+                    1 => {
+                        nodes.remove(&name);
+                    }
+                    2 => {
+                        pods.remove(&format!("{operand}-{name}"));
+                    }
+                    3 if next(5) == 0 => {
+                        let number = revisions.len() as i64 + 1;
+                        revisions.push(revision(Operand::Driver, &format!("r{number}"), number));
+                    }
+                    _ => {
+                        let hash = format!("r{}", revisions.len() - next(2).min(revisions.len() - 1));
+                        let hash = if operand == Operand::Driver {
+                            hash.as_str()
+                        } else {
+                            "any"
+                        };
+                        let mut pod = pod(operand, &name, next(3) != 0, hash);
+                        if next(10) == 0 {
+                            pod.metadata.deletion_timestamp = Some(time());
+                        }
+                        pods.put(PodRecord::project(&pod, &mut interner));
+                    }
+                }
+            }
+            let owners = owners(&daemonsets, &revisions.iter().collect::<Vec<_>>());
+            let observed = Observed {
+                nodes: &nodes,
+                pods: &pods,
+                owners: &owners,
+            };
+            let (incremental, _) = observe(&rendered, &observed, &GpuDetection::Nfd, &mut kept);
+            let (fresh, _) = observe(
+                &rendered,
+                &observed,
+                &GpuDetection::Nfd,
+                &mut Judgements::default(),
+            );
+            assert_eq!(incremental, fresh, "round {round}");
+        }
+
+        // One pod's readiness changes: its node's tally changes, and no node is judged again.
+        let name = nodes.values().next().unwrap().name.to_string();
+        let flip = |ready| {
+            PodRecord::project(
+                &pod(Operand::DevicePlugin, &name, ready, "any"),
+                &mut Interner::default(),
+            )
+        };
+        let owners = owners(&daemonsets, &revisions.iter().collect::<Vec<_>>());
+        for ready in [true, false] {
+            pods.put(flip(ready));
+            let observed = Observed {
+                nodes: &nodes,
+                pods: &pods,
+                owners: &owners,
+            };
+            let (incremental, judged) = observe(&rendered, &observed, &GpuDetection::Nfd, &mut kept);
+            let (fresh, _) = observe(
+                &rendered,
+                &observed,
+                &GpuDetection::Nfd,
+                &mut Judgements::default(),
+            );
+            assert_eq!(incremental, fresh);
+            assert_eq!(judged, 0);
+        }
     }
 }

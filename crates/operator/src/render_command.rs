@@ -167,8 +167,9 @@ pub async fn diff_live(
     use kube::api::{Api, ListParams};
 
     use crate::apply::{self, MANAGED_KINDS, Owned};
+    use crate::changes::NodeSet;
     use crate::diff_live::{LivePod, desired_objects, diff};
-    use crate::facts::{FactsInput, cluster_facts};
+    use crate::facts::FactsInput;
     use crate::index::Judgements;
     use crate::labeler::LabelPolicy;
     use crate::projection::{Interner, NodeKeys, NodeRecord};
@@ -224,16 +225,17 @@ pub async fn diff_live(
         .map(|node| Arc::new(NodeRecord::project(node, &keys, &mut interner)))
         .collect();
     let mut judged = Judgements::default();
-    judged.refresh_facts(&nodes, &label_policy, input.detection);
-    let service_monitor_crd = crate::run::service_monitor_crd(client).await;
-    let (mut facts, _) = cluster_facts(
-        judged.facts(),
-        FactsInput {
-            namespace: input.namespace,
-            precompiled: validated.spec.driver.use_precompiled(),
-            service_monitor_crd,
-        },
+    judged.refresh_facts(
+        &nodes.iter().cloned().collect::<NodeSet>(),
+        &label_policy,
+        input.detection,
     );
+    let service_monitor_crd = crate::run::service_monitor_crd(client).await;
+    let (mut facts, _) = judged.cluster(FactsInput {
+        namespace: input.namespace,
+        precompiled: validated.spec.driver.use_precompiled(),
+        service_monitor_crd,
+    });
     facts.config_map_keys = crate::controller::read_config_map_keys(
         client,
         input.namespace,

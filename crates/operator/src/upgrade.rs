@@ -42,6 +42,10 @@ const MIN_PASS_INTERVAL: Duration = Duration::from_millis(200);
 /// The same while no node is being upgraded: a pass reads every node and operand pod, and while a cluster
 /// rolls out they change by the thousand; the rollout keeps its CPU.
 pub(crate) const IDLE_PASS_INTERVAL: Duration = Duration::from_secs(1);
+/// A pass reads every node and operand pod: the next one starts no sooner than this many times the last
+/// one's own computing (its writes not counted) after it, so that the controller takes at most a
+/// twentieth of a core however large the cluster.
+const PACE: u32 = 20;
 /// How long a patched node stands in for its cached copy, or a deleted driver pod is not deleted again.
 pub(crate) const IN_FLIGHT: Duration = Duration::from_secs(10);
 /// How often a pass runs with nothing changed.
@@ -91,6 +95,8 @@ struct Memory {
     node_pods: NodePods,
     /// Whether the last pass saw nodes waiting for or in an upgrade.
     upgrading: bool,
+    /// How long the last pass computed (reading the caches and deciding; not waiting for its writes).
+    computing: Duration,
 }
 
 /// A node as this controller patched it, until the cache shows the patch.
@@ -125,7 +131,8 @@ pub async fn run_upgrades(context: Arc<Context>, shutdown: CancellationToken) {
                 MIN_PASS_INTERVAL
             } else {
                 IDLE_PASS_INTERVAL
-            };
+            }
+            .max(memory.computing * PACE);
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep_until(last + interval) => {}
@@ -149,6 +156,8 @@ pub async fn run_upgrades(context: Arc<Context>, shutdown: CancellationToken) {
 /// One pass over every pool; returns how long to wait for a change before the next.
 async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> Duration {
     context.metrics.upgrade_pass();
+    let mut computing = Duration::ZERO;
+    let mut segment = Instant::now();
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     memory
         .patched
@@ -177,7 +186,9 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
             .filter(|node| pool.scope.includes(node, &drivers))
             .collect();
         let Some(policy) = &pool.policy else {
+            computing += segment.elapsed();
             next = next.min(switch_off(context, pool, &members).await);
+            segment = Instant::now();
             continue;
         };
         let mut views = Vec::with_capacity(members.len());
@@ -208,7 +219,9 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
         }
         let mut decision = decide(policy, &views, now);
         decision.steps.retain(|step| !unknown.contains(&step.node));
+        computing += segment.elapsed();
         next = next.min(carry_out(context, pool, &decision, &nodes, memory).await);
+        segment = Instant::now();
         add(&mut total, &decision.counts);
     }
     memory.since.retain(|name, _| seen.contains(name));
@@ -221,6 +234,7 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
     memory.node_pods.keep_only(&emptied);
     memory.upgrading = total.pending + total.in_progress > total.failed;
     context.metrics.upgrades(&total);
+    memory.computing = computing + segment.elapsed();
     next
 }
 
