@@ -10,7 +10,7 @@
 //! [`gpuop_api::upgrade::observe`]. Serialized, a snapshot is a `v1 List` that `kubectl` and the file
 //! loader read alike.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
 use gpuop_api::{ClusterPolicy, NVIDIADriver};
@@ -103,6 +103,20 @@ impl Snapshot {
     /// Keeps one pod per identity (uid, or namespace and name when it has none): the one added last, in the
     /// place of the first. Pods read from several files or lists may repeat.
     pub fn dedup_pods(&mut self) {
+        // Most snapshots repeat no pod: finding that out borrows the identities and moves no pod.
+        let mut seen: HashSet<(&str, &str, &str)> = HashSet::with_capacity(self.pods.len());
+        let repeats = !self.pods.iter().all(|pod| {
+            let meta = &pod.metadata;
+            seen.insert(if meta.uid.is_empty() {
+                ("", meta.namespace.as_deref().unwrap_or_default(), &meta.name)
+            } else {
+                (&meta.uid, "", "")
+            })
+        });
+        drop(seen);
+        if !repeats {
+            return;
+        }
         let mut position: HashMap<(String, String, String), usize> = HashMap::with_capacity(self.pods.len());
         let mut kept: Vec<PodFacts> = Vec::with_capacity(self.pods.len());
         for pod in std::mem::take(&mut self.pods) {
@@ -973,6 +987,40 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pod_read_twice_is_kept_once_as_last_read_in_its_first_place() {
+        let pod = |uid: &str, name: &str, node: &str| {
+            let mut pod = PodFacts::workload("ml", name).running_on(node);
+            pod.metadata.uid = uid.to_owned();
+            pod
+        };
+        let mut snapshot = Snapshot {
+            pods: vec![pod("u1", "a", "n1"), pod("", "b", "n1"), pod("u2", "c", "n1")],
+            ..Snapshot::default()
+        };
+        snapshot.dedup_pods();
+        assert_eq!(snapshot.pods.len(), 3, "no repeat, nothing dropped");
+        snapshot
+            .pods
+            .extend([pod("u1", "a", "n2"), pod("", "b", "n3"), pod("u3", "b", "n4")]);
+        snapshot.dedup_pods();
+        let kept: Vec<(&str, Option<&str>)> = snapshot
+            .pods
+            .iter()
+            .map(|p| (p.metadata.name.as_str(), p.spec.node_name.as_deref()))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                ("a", Some("n2")),
+                ("b", Some("n3")),
+                ("c", Some("n1")),
+                ("b", Some("n4"))
+            ],
+            "by uid, or by namespace and name without one"
+        );
+    }
 
     #[test]
     fn a_bound_pods_placement_after_its_node_name_is_skipped_unread() {
