@@ -32,7 +32,7 @@ use crate::snapshot::{PodFacts, Snapshot};
 /// Judges every node of the snapshot.
 pub fn analyze(snapshot: &Snapshot) -> Report {
     let cluster = Cluster::new(snapshot);
-    let mut nodes: Vec<NodeReport> = snapshot.nodes.iter().map(|node| cluster.judge(node)).collect();
+    let mut nodes = cluster.judge_all(&snapshot.nodes);
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     let findings = cluster.stray_pod_findings();
     Report {
@@ -204,6 +204,35 @@ impl<'a> Cluster<'a> {
         self.policy
             .and_then(|p| p.metadata.name.clone())
             .unwrap_or_default()
+    }
+
+    /// Judges every node, in their order. Each node is judged on its own, so a large cluster's nodes are
+    /// shared among the machine's cores.
+    fn judge_all(&self, nodes: &[Node]) -> Vec<NodeReport> {
+        /// Fewer nodes than this are judged faster than a thread starts.
+        const PER_THREAD: usize = 1000;
+        let threads = std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .min(nodes.len() / PER_THREAD)
+            .max(1);
+        if threads == 1 {
+            return nodes.iter().map(|node| self.judge(node)).collect();
+        }
+        let chunk = nodes.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let parts: Vec<_> = nodes
+                .chunks(chunk)
+                .map(|part| scope.spawn(move || part.iter().map(|node| self.judge(node)).collect::<Vec<_>>()))
+                .collect();
+            parts
+                .into_iter()
+                .flat_map(|part| match part.join() {
+                    Ok(reports) => reports,
+                    // A panic in judging is a bug; it goes on as it would have on one thread.
+                    Err(panic) => std::panic::resume_unwind(panic),
+                })
+                .collect()
+        })
     }
 
     fn judge(&self, node: &Node) -> NodeReport {

@@ -260,7 +260,14 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
             let snapshot = read(&source, Reads::Doctor)?;
             let report = doctor_report(&snapshot, node.as_deref())?;
-            let rendered = render(&report, output, node.is_some())?;
+            // A large cluster's JSON report is tens of MiB: written as it is made, never held whole.
+            let rendered = match output {
+                Output::Json => {
+                    print_json(&report)?;
+                    String::new()
+                }
+                _ => render(&report, output, node.is_some())?,
+            };
             print(&rendered)?;
             let verdict = verdict(report.has_findings());
             // The process ends here: freeing a large cluster's objects one by one is work the system does
@@ -494,6 +501,19 @@ async fn watch_doctor(
 fn print(text: &str) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+        other => other.context("cannot write to standard output"),
+    }
+}
+
+/// Writes a report as `-o json` prints it, as it is made, as [`print`] writes text.
+fn print_json(report: &Report) -> anyhow::Result<()> {
+    let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+    let written = serde_json::to_writer_pretty(&mut stdout, report)
+        .map_err(std::io::Error::from)
+        .and_then(|()| stdout.write_all(b"\n"))
+        .and_then(|()| stdout.flush());
+    match written {
         Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
         other => other.context("cannot write to standard output"),
     }

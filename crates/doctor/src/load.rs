@@ -2,20 +2,25 @@
 //! (also `NodeList`, `PodList`, ...), single objects, several JSON values one after another, and
 //! multi-document YAML. Kinds the doctor does not read are ignored; so are fields it does not read.
 //!
-//! JSON is read into memory and parsed from there, a list's items one at a time: each item's kind is peeked,
-//! and nodes, pods and DaemonSets are read straight from the text into what the doctor keeps of them (no
-//! [`Value`] of them is built, fields not kept are skipped unread); other kinds it reads are few and go
-//! through a [`Value`]. A snapshot of a large cluster costs what the doctor keeps of it plus the file, which
-//! is freed once read. YAML is parsed whole into values first (slower, and all of it at once).
+//! A file is read with one read. JSON is parsed from memory in one pass: each list item is read straight
+//! into what the doctor keeps of it as the parser meets it ([`ItemSeed`]); the fields before an item's `kind`
+//! are only found and kept as borrowed text until the kind says what to read them into. Nodes, pods and
+//! DaemonSets go into their projections without a [`Value`] (fields not kept are skipped unread); the other
+//! kinds the doctor reads are few and go through a [`Value`]. When that pass fails, the text is read again
+//! item by item, each item's text found first, so that the error names the item and its field. A snapshot of
+//! a large cluster costs what the doctor keeps of it plus the file, which is freed once read. YAML is parsed
+//! whole into values first (slower, and all of it at once).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use gpuop_api::{ClusterPolicy, NVIDIADriver, Operand};
 use k8s_openapi::api::apps::v1::DaemonSet;
+use serde::Deserialize;
+use serde::de::value::{BorrowedStrDeserializer, MapAccessDeserializer, StringDeserializer};
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -141,8 +146,10 @@ impl Loader {
         };
         let metadata = std::fs::metadata(path).map_err(read_error)?;
         if !metadata.is_dir() {
-            let file = File::open(path).map_err(read_error)?;
-            return self.add_file(BufReader::with_capacity(1 << 20, file), path);
+            // One read into a buffer of the file's size: no copying as a growing buffer would, and the
+            // JSON parser wants the whole text in memory anyway.
+            let bytes = std::fs::read(path).map_err(read_error)?;
+            return self.add_file(bytes, path);
         }
         let mut files = Vec::new();
         collect_files(path, &mut files).map_err(read_error)?;
@@ -157,17 +164,17 @@ impl Loader {
         Ok(())
     }
 
-    /// Reads a file: JSON or YAML, or (told by their magic bytes, not the name) a gzip stream of either or a
-    /// tar archive, gzipped or not, such as `kubectl gpu bundle` writes: of an archive, its `snapshot.json`.
-    fn add_file(&mut self, mut reader: impl BufRead, path: &Path) -> Result<(), LoadError> {
+    /// Reads a file's bytes: JSON or YAML, or (told by their magic bytes, not the name) a gzip stream of
+    /// either or a tar archive, gzipped or not, such as `kubectl gpu bundle` writes: of an archive, its
+    /// `snapshot.json`.
+    fn add_file(&mut self, bytes: Vec<u8>, path: &Path) -> Result<(), LoadError> {
         let origin = path.display().to_string();
         let read_error = |source| LoadError::Read {
             path: path.to_owned(),
             source,
         };
-        let head = reader.fill_buf().map_err(read_error)?;
-        if head.starts_with(&GZIP_MAGIC) {
-            let mut reader = BufReader::new(flate2::bufread::MultiGzDecoder::new(reader));
+        if bytes.starts_with(&GZIP_MAGIC) {
+            let mut reader = BufReader::new(flate2::bufread::MultiGzDecoder::new(bytes.as_slice()));
             let mut head = Vec::with_capacity(TAR_BLOCK);
             (&mut reader)
                 .take(TAR_BLOCK as u64)
@@ -181,15 +188,15 @@ impl Loader {
                 self.add_reader(whole, &origin)
             };
         }
-        if is_tar(head) {
-            return self.add_archive(reader, &origin);
+        if is_tar(&bytes) {
+            return self.add_archive(bytes.as_slice(), &origin);
         }
         // A `.json` file is read as JSON whatever it starts with, so that one that is not JSON is told so
         // with the line and column where it stops being JSON.
         if path.extension().is_some_and(|e| e == "json") {
-            return self.add_json(reader, &origin);
+            return self.add_json(&bytes, &origin);
         }
-        self.add_reader(reader, &origin)
+        self.add_bytes(bytes, &origin)
     }
 
     /// Reads the `snapshot.json` of a tar archive (at its top, or in its one top directory).
@@ -209,7 +216,7 @@ impl Loader {
                 .into_owned();
             let parts: Vec<&str> = name.split('/').filter(|p| !p.is_empty() && *p != ".").collect();
             if matches!(parts.as_slice(), ["snapshot.json"] | [_, "snapshot.json"]) {
-                return self.add_reader(BufReader::new(entry), &format!("{origin}: {name}"));
+                return self.add_reader(entry, &format!("{origin}: {name}"));
             }
         }
         Err(archive_error(
@@ -219,56 +226,72 @@ impl Loader {
     }
 
     /// Reads JSON or YAML from a reader; `origin` names it in errors.
-    pub fn add_reader(&mut self, mut reader: impl BufRead, origin: &str) -> Result<(), LoadError> {
-        let read_error = |source| LoadError::Read {
+    pub fn add_reader(&mut self, mut reader: impl Read, origin: &str) -> Result<(), LoadError> {
+        let mut bytes = Vec::new();
+        reader.read_to_end(&mut bytes).map_err(|source| LoadError::Read {
             path: PathBuf::from(origin),
             source,
-        };
-        let first = loop {
-            let buffer = reader.fill_buf().map_err(read_error)?;
-            if buffer.is_empty() {
-                return Ok(());
+        })?;
+        self.add_bytes(bytes, origin)
+    }
+
+    /// Reads JSON or YAML, told by the first byte that is not white space.
+    fn add_bytes(&mut self, bytes: Vec<u8>, origin: &str) -> Result<(), LoadError> {
+        match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+            None => Ok(()),
+            Some(b'{' | b'[') => self.add_json(&bytes, origin),
+            Some(_) => {
+                let text = String::from_utf8(bytes).map_err(|error| LoadError::Syntax {
+                    origin: origin.to_owned(),
+                    format: "JSON or YAML",
+                    message: format!(
+                        "not UTF-8 text (byte {} is not)",
+                        error.utf8_error().valid_up_to()
+                    ),
+                })?;
+                self.add_yaml(&text, origin)
             }
-            match buffer.iter().position(|b| !b.is_ascii_whitespace()) {
-                Some(position) => break buffer[position],
-                None => {
-                    let length = buffer.len();
-                    reader.consume(length);
-                }
-            }
-        };
-        if first == b'{' || first == b'[' {
-            self.add_json(reader, origin)
-        } else {
-            let mut bytes = Vec::new();
-            reader.read_to_end(&mut bytes).map_err(read_error)?;
-            let text = String::from_utf8(bytes).map_err(|error| LoadError::Syntax {
-                origin: origin.to_owned(),
-                format: "JSON or YAML",
-                message: format!(
-                    "not UTF-8 text (byte {} is not)",
-                    error.utf8_error().valid_up_to()
-                ),
-            })?;
-            self.add_yaml(&text, origin)
         }
     }
 
     /// Reads text (JSON or YAML).
     pub fn add_text(&mut self, text: &str, origin: &str) -> Result<(), LoadError> {
-        self.add_reader(text.as_bytes(), origin)
+        self.add_bytes(text.as_bytes().to_vec(), origin)
     }
 
-    fn add_json(&mut self, mut reader: impl Read, origin: &str) -> Result<(), LoadError> {
-        // Parsing from memory is faster than from a reader (which serde_json reads a byte at a time), and
-        // lets each list item be a borrowed slice of the text until its kind is known. The text is freed
-        // once read: the peak is the projections plus the file.
-        let mut text = Vec::new();
-        reader.read_to_end(&mut text).map_err(|source| LoadError::Read {
-            path: PathBuf::from(origin),
-            source,
-        })?;
-        let mut deserializer = serde_json::Deserializer::from_slice(&text);
+    /// Reads JSON text (any number of documents) in one pass: each list item is read straight into what the
+    /// doctor keeps of it as the parser goes ([`ItemSeed`]). Should that pass fail (a field of the wrong
+    /// type, text that is not JSON, an object nested too deep), what it added is taken back and the text is
+    /// read again item by item ([`Pass::Explain`]), which names the item and the field, or reads what the
+    /// first pass could not.
+    fn add_json(&mut self, text: &[u8], origin: &str) -> Result<(), LoadError> {
+        let mark = self.mark();
+        match self.add_json_pass(text, origin, Pass::OneGo) {
+            Ok(()) => Ok(()),
+            // An object of a kind read through a Value, already named.
+            Err(error @ LoadError::Object(_)) => Err(error),
+            Err(_) => {
+                self.rewind(mark);
+                self.add_json_pass(text, origin, Pass::Explain)
+            }
+        }
+    }
+
+    fn add_json_pass(&mut self, text: &[u8], origin: &str, pass: Pass) -> Result<(), LoadError> {
+        // Text known to be UTF-8 as a whole spares the parser checking each string on its own; text that is
+        // not is read as bytes, so that the parser says where it stops being UTF-8.
+        match std::str::from_utf8(text) {
+            Ok(text) => self.add_json_documents(serde_json::Deserializer::from_str(text), origin, pass),
+            Err(_) => self.add_json_documents(serde_json::Deserializer::from_slice(text), origin, pass),
+        }
+    }
+
+    fn add_json_documents<'de, R: serde_json::de::Read<'de>>(
+        &mut self,
+        mut deserializer: serde_json::Deserializer<R>,
+        origin: &str,
+        pass: Pass,
+    ) -> Result<(), LoadError> {
         let mut document = 0;
         while deserializer.end().is_err() {
             document += 1;
@@ -277,7 +300,12 @@ impl Loader {
                 document,
                 item: None,
             };
-            let outcome = DocumentSeed { loader: self, at }.deserialize(&mut deserializer);
+            let outcome = DocumentSeed {
+                loader: self,
+                at,
+                pass,
+            }
+            .deserialize(&mut deserializer);
             if let Some(error) = self.failed.take() {
                 return Err(error);
             }
@@ -418,38 +446,26 @@ impl Loader {
     /// way of [`Loader::add_value`], whose error names the field; so does a list within the list, and any
     /// object of the kinds that are few in a cluster.
     pub fn add_json_item(&mut self, text: &str, kind: Option<&str>, at: &Location) -> Result<(), LoadError> {
-        let kind = match kind {
-            Some(kind) => kind,
-            None => match kind_of(text) {
-                Some(kind) => kind,
-                // Not an object, or a kind that is no plain string: the slow way says what it is.
-                None => return self.add_item_value(text, None, at),
-            },
-        };
-        match kind {
-            "Node" => match serde_json::from_str::<NodeIn>(text) {
-                Ok(node) => self.snapshot.nodes.push(node.into_node()),
-                Err(_) => return self.add_item_value(text, Some(kind), at),
-            },
-            "Pod" => self.snapshot.pods.push(pod_from_json(text, at)?),
-            "DaemonSet" => match serde_json::from_str::<DaemonSet>(text) {
-                Ok(mut daemon_set) => {
-                    trim_daemon_set(&mut daemon_set);
-                    self.snapshot.daemon_sets.push(daemon_set);
-                }
-                Err(_) => return self.add_item_value(text, Some(kind), at),
-            },
-            kind if KINDS.contains(&kind) || kind.ends_with("List") => {
-                return self.add_item_value(text, Some(kind), at);
-            }
-            kind => {
-                let kind = if kind.is_empty() { "(no kind)" } else { kind };
-                *self.ignored.entry(kind.to_owned()).or_default() += 1;
-                return Ok(());
-            }
+        let mut deserializer = serde_json::Deserializer::from_str(text);
+        let read = ItemSeed {
+            loader: self,
+            at,
+            index: None,
+            kind,
         }
-        *self.read.entry(kind.to_owned()).or_default() += 1;
-        Ok(())
+        .deserialize(&mut deserializer)
+        .and_then(|()| deserializer.end());
+        match read {
+            Ok(()) => Ok(()),
+            Err(_) => match self.failed.take() {
+                Some(error) => Err(error),
+                // Read again through a Value, whose reading names the field that is wrong.
+                None => match kind {
+                    Some(kind) => self.add_item_value(text, Some(kind), at),
+                    None => self.add_item_value(text, kind_of(text).as_deref(), at),
+                },
+            },
+        }
     }
 
     /// Adds an object given as JSON text through [`Value`]; `kind`, when given, replaces its own.
@@ -459,6 +475,61 @@ impl Loader {
             map.insert("kind".to_owned(), kind.into());
         }
         self.add_value(value, at)
+    }
+
+    /// How much the loader holds now, for [`Loader::rewind`].
+    fn mark(&self) -> Mark {
+        let snapshot = &self.snapshot;
+        Mark {
+            nodes: snapshot.nodes.len(),
+            daemon_sets: snapshot.daemon_sets.len(),
+            pods: snapshot.pods.len(),
+            runtime_classes: snapshot.runtime_classes.len(),
+            cluster_policies: snapshot.cluster_policies.len(),
+            nvidia_drivers: snapshot.nvidia_drivers.len(),
+            controller_revisions: snapshot.controller_revisions.len(),
+            disruption_budgets: snapshot.disruption_budgets.len(),
+            listed: snapshot.listed.clone(),
+            read: self.read.clone(),
+            ignored: self.ignored.clone(),
+        }
+    }
+
+    /// Takes back what was added since the mark.
+    fn rewind(&mut self, mark: Mark) {
+        let snapshot = &mut self.snapshot;
+        snapshot.nodes.truncate(mark.nodes);
+        snapshot.daemon_sets.truncate(mark.daemon_sets);
+        snapshot.pods.truncate(mark.pods);
+        snapshot.runtime_classes.truncate(mark.runtime_classes);
+        snapshot.cluster_policies.truncate(mark.cluster_policies);
+        snapshot.nvidia_drivers.truncate(mark.nvidia_drivers);
+        snapshot.controller_revisions.truncate(mark.controller_revisions);
+        snapshot.disruption_budgets.truncate(mark.disruption_budgets);
+        snapshot.listed = mark.listed;
+        self.read = mark.read;
+        self.ignored = mark.ignored;
+    }
+
+    /// Counts an object the doctor does not read.
+    fn ignore(&mut self, kind: &str) {
+        let kind = if kind.is_empty() { "(no kind)" } else { kind };
+        match self.ignored.get_mut(kind) {
+            Some(count) => *count += 1,
+            None => {
+                self.ignored.insert(kind.to_owned(), 1);
+            }
+        }
+    }
+
+    /// Counts an object read.
+    fn count_read(&mut self, kind: &str) {
+        match self.read.get_mut(kind) {
+            Some(count) => *count += 1,
+            None => {
+                self.read.insert(kind.to_owned(), 1);
+            }
+        }
     }
 
     fn note_listed(&mut self, field: Option<&Value>) {
@@ -647,10 +718,36 @@ fn collect_files(directory: &Path, files: &mut Vec<PathBuf>) -> std::io::Result<
     Ok(())
 }
 
+/// How a JSON text's list items are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    /// Each item straight into its projection as the parser meets it ([`ItemSeed`]).
+    OneGo,
+    /// Each item's text found first, then read on its own ([`Loader::add_json_item`]), so that an item that
+    /// does not read names itself and its field.
+    Explain,
+}
+
+/// What a loader held at some point (see [`Loader::mark`]).
+struct Mark {
+    nodes: usize,
+    daemon_sets: usize,
+    pods: usize,
+    runtime_classes: usize,
+    cluster_policies: usize,
+    nvidia_drivers: usize,
+    controller_revisions: usize,
+    disruption_budgets: usize,
+    listed: std::collections::BTreeSet<String>,
+    read: BTreeMap<String, usize>,
+    ignored: BTreeMap<String, usize>,
+}
+
 /// Reads one JSON document: a list's items one at a time, anything else whole.
 struct DocumentSeed<'l> {
     loader: &'l mut Loader,
     at: Location,
+    pass: Pass,
 }
 
 impl<'de> DeserializeSeed<'de> for DocumentSeed<'_> {
@@ -677,6 +774,7 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
                 map.next_value_seed(ItemsSeed {
                     loader: &mut *self.loader,
                     at: &self.at,
+                    pass: self.pass,
                 })?;
             } else {
                 let value: Value = map.next_value()?;
@@ -696,6 +794,7 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
         ItemsSeed {
             loader: self.loader,
             at: &self.at,
+            pass: self.pass,
         }
         .visit_seq(seq)
     }
@@ -704,6 +803,7 @@ impl<'de> Visitor<'de> for DocumentSeed<'_> {
 struct ItemsSeed<'l, 'a> {
     loader: &'l mut Loader,
     at: &'a Location,
+    pass: Pass,
 }
 
 impl<'de> DeserializeSeed<'de> for ItemsSeed<'_, '_> {
@@ -726,6 +826,21 @@ impl<'de> Visitor<'de> for ItemsSeed<'_, '_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        if self.pass == Pass::OneGo {
+            let mut index = 0;
+            while seq
+                .next_element_seed(ItemSeed {
+                    loader: &mut *self.loader,
+                    at: self.at,
+                    index: Some(index),
+                    kind: None,
+                })?
+                .is_some()
+            {
+                index += 1;
+            }
+            return Ok(());
+        }
         let mut index = 0;
         while let Some(item) = seq.next_element::<&'de RawValue>()? {
             let at = Location {
@@ -741,26 +856,57 @@ impl<'de> Visitor<'de> for ItemsSeed<'_, '_> {
     }
 }
 
-/// The `kind` of an object given as JSON text (`""` when it has none), read without reading the rest of the
-/// object: the kind comes first or second in what `kubectl` and the API server write. `None` when the text
-/// is no object, or its kind is no string or holds an escape. With two `kind` fields (which no Kubernetes
-/// client writes) the first one counts.
-fn kind_of(text: &str) -> Option<&str> {
-    let mut kind = None;
-    let mut deserializer = serde_json::Deserializer::from_str(text);
-    match deserializer.deserialize_map(KindVisitor { kind: &mut kind }) {
-        Ok(()) => Some(kind.unwrap_or_default()),
-        // Stopped at the kind.
-        Err(_) => kind,
+/// The `kind` of an object given as JSON text, to name it in an error; `None` when it is no object or its
+/// kind is no string.
+fn kind_of(text: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Kinded<'a> {
+        #[serde(default, borrow)]
+        kind: Option<Cow<'a, str>>,
+    }
+    serde_json::from_str::<Kinded<'_>>(text)
+        .ok()
+        .and_then(|object| object.kind)
+        .map(Cow::into_owned)
+}
+
+/// Reads one list item in one pass, straight into what the doctor keeps of it. The fields before the
+/// item's `kind` (its `apiVersion`, as Kubernetes writes objects; in a hand-made file perhaps all of them) are
+/// only found, kept as borrowed text, and read once the kind says into what; the fields after it are read as
+/// the parser meets them. Nodes, pods and DaemonSets are read into their projections, skipping what those do
+/// not hold; the few other kinds the doctor reads go through a [`Value`]; any other kind is skipped unread.
+/// Something that is no object is skipped as an object without a kind. An item is added only once it has
+/// been read whole; an error leaves the loader as it was, except for a list within the list.
+struct ItemSeed<'l, 'a> {
+    loader: &'l mut Loader,
+    at: &'a Location,
+    /// The item's place in its list, when `at` is the list's.
+    index: Option<usize>,
+    /// The kind of a list's items that carry none, as the API server lists them; wins over the item's own.
+    kind: Option<&'a str>,
+}
+
+impl ItemSeed<'_, '_> {
+    /// Something that is no object: skipped as an object without a kind, unless its kind was given, when
+    /// the caller's slower reading says what it makes of it.
+    fn not_an_object<E: serde::de::Error>(self, what: serde::de::Unexpected<'_>) -> Result<(), E> {
+        if self.kind.is_some() {
+            return Err(E::invalid_type(what, &"a Kubernetes object"));
+        }
+        self.loader.ignore("");
+        Ok(())
     }
 }
 
-/// Reads map entries up to `kind`, then stops reading with an error; skips every other value unread.
-struct KindVisitor<'k, 'de> {
-    kind: &'k mut Option<&'de str>,
+impl<'de> DeserializeSeed<'de> for ItemSeed<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
 }
 
-impl<'de> Visitor<'de> for KindVisitor<'_, 'de> {
+impl<'de> Visitor<'de> for ItemSeed<'_, '_> {
     type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -768,37 +914,163 @@ impl<'de> Visitor<'de> for KindVisitor<'_, 'de> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while let Some(key) = map.next_key_seed(IsKind)? {
-            if key {
-                *self.kind = Some(map.next_value::<&'de str>()?);
-                return Err(serde::de::Error::custom("the kind is read"));
+        let mut before: Vec<(Cow<'de, str>, &'de RawValue)> = Vec::new();
+        let own_kind: Cow<'de, str>;
+        let kind: &str = match self.kind {
+            Some(kind) => kind,
+            None => loop {
+                let Some(key) = map.next_key_seed(TextSeed)? else {
+                    // No kind: nothing to read it as.
+                    self.loader.ignore("");
+                    return Ok(());
+                };
+                let value: &'de RawValue = map.next_value()?;
+                let is_kind = key == "kind";
+                before.push((key, value));
+                if is_kind {
+                    // A kind that is no string is no kind.
+                    own_kind = value.deserialize_str(TextSeed).unwrap_or_default();
+                    break &own_kind;
+                }
+            },
+        };
+        let loader = self.loader;
+        let read_whole = KINDS.contains(&kind) || kind.ends_with("List");
+        if !read_whole {
+            while map.next_key::<serde::de::IgnoredAny>()?.is_some() {
+                map.next_value::<serde::de::IgnoredAny>()?;
             }
-            map.next_value::<serde::de::IgnoredAny>()?;
+            loader.ignore(kind);
+            return Ok(());
         }
+        let object = MapAccessDeserializer::new(Replay {
+            before: before.into_iter(),
+            value: None,
+            rest: map,
+        });
+        match kind {
+            "Node" => {
+                let node = NodeIn::deserialize(object)?;
+                loader.snapshot.nodes.push(node.into_node());
+            }
+            "Pod" => {
+                let mut pod = PodFacts::deserialize(object)?;
+                trim_pod(&mut pod);
+                loader.snapshot.pods.push(pod);
+            }
+            "DaemonSet" => {
+                let mut daemon_set = DaemonSet::deserialize(object)?;
+                trim_daemon_set(&mut daemon_set);
+                loader.snapshot.daemon_sets.push(daemon_set);
+            }
+            // Few in a cluster, and read with their own rules.
+            _ => {
+                let mut value = Value::deserialize(object)?;
+                if let (Some(kind), Some(map)) = (self.kind, value.as_object_mut()) {
+                    map.insert("kind".to_owned(), kind.into());
+                }
+                let at = Location {
+                    item: self.index.or(self.at.item),
+                    ..self.at.clone()
+                };
+                return loader.add_value(value, &at).map_err(|error| loader.fail(error));
+            }
+        }
+        loader.count_read(kind);
         Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        if self.kind.is_some() {
+            return self.not_an_object(serde::de::Unexpected::Seq);
+        }
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        self.not_an_object(serde::de::Unexpected::Seq)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<(), E> {
+        self.not_an_object(serde::de::Unexpected::Str(text))
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, value: bool) -> Result<(), E> {
+        self.not_an_object(serde::de::Unexpected::Bool(value))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<(), E> {
+        self.not_an_object(serde::de::Unexpected::Signed(value))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<(), E> {
+        self.not_an_object(serde::de::Unexpected::Unsigned(value))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, value: f64) -> Result<(), E> {
+        self.not_an_object(serde::de::Unexpected::Float(value))
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        self.not_an_object(serde::de::Unexpected::Unit)
     }
 }
 
-/// Whether a map key is `kind`, without allocating it.
-struct IsKind;
+/// An object's entries: first those already found (as text), then the rest from the parser.
+struct Replay<'de, A> {
+    before: std::vec::IntoIter<(Cow<'de, str>, &'de RawValue)>,
+    /// The value of the entry whose key was just given from `before`.
+    value: Option<&'de RawValue>,
+    rest: A,
+}
 
-impl<'de> DeserializeSeed<'de> for IsKind {
-    type Value = bool;
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for Replay<'de, A> {
+    type Error = A::Error;
 
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, A::Error> {
+        let Some((key, value)) = self.before.next() else {
+            return self.rest.next_key_seed(seed);
+        };
+        self.value = Some(value);
+        match key {
+            Cow::Borrowed(key) => seed.deserialize(BorrowedStrDeserializer::new(key)).map(Some),
+            Cow::Owned(key) => seed.deserialize(StringDeserializer::new(key)).map(Some),
+        }
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
+        match self.value.take() {
+            Some(value) => seed.deserialize(value).map_err(serde::de::Error::custom),
+            None => self.rest.next_value_seed(seed),
+        }
+    }
+}
+
+/// A string as it is in the text when it holds no escape (no allocation), or unescaped.
+struct TextSeed;
+
+impl<'de> DeserializeSeed<'de> for TextSeed {
+    type Value = Cow<'de, str>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Cow<'de, str>, D::Error> {
         deserializer.deserialize_str(self)
     }
 }
 
-impl Visitor<'_> for IsKind {
-    type Value = bool;
+impl<'de> Visitor<'de> for TextSeed {
+    type Value = Cow<'de, str>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a field name")
+        f.write_str("a string")
     }
 
-    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<bool, E> {
-        Ok(key == "kind")
+    fn visit_borrowed_str<E: serde::de::Error>(self, text: &'de str) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Borrowed(text))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Owned(text.to_owned()))
+    }
+
+    fn visit_string<E: serde::de::Error>(self, text: String) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Owned(text))
     }
 }
 

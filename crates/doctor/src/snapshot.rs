@@ -10,7 +10,7 @@
 //! [`gpuop_api::upgrade::observe`]. Serialized, a snapshot is a `v1 List` that `kubectl` and the file
 //! loader read alike.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
 use gpuop_api::{ClusterPolicy, NVIDIADriver};
@@ -103,6 +103,20 @@ impl Snapshot {
     /// Keeps one pod per identity (uid, or namespace and name when it has none): the one added last, in the
     /// place of the first. Pods read from several files or lists may repeat.
     pub fn dedup_pods(&mut self) {
+        // Most snapshots repeat no pod: finding that out borrows the identities and moves no pod.
+        let mut seen: HashSet<(&str, &str, &str)> = HashSet::with_capacity(self.pods.len());
+        let repeats = !self.pods.iter().all(|pod| {
+            let meta = &pod.metadata;
+            seen.insert(if meta.uid.is_empty() {
+                ("", meta.namespace.as_deref().unwrap_or_default(), &meta.name)
+            } else {
+                (&meta.uid, "", "")
+            })
+        });
+        drop(seen);
+        if !repeats {
+            return;
+        }
         let mut position: HashMap<(String, String, String), usize> = HashMap::with_capacity(self.pods.len());
         let mut kept: Vec<PodFacts> = Vec::with_capacity(self.pods.len());
         for pod in std::mem::take(&mut self.pods) {
@@ -260,54 +274,110 @@ pub struct PodFacts {
     pub status: PodStatusFacts,
 }
 
-/// The parts of a pod's spec that decide where it runs and what it asks for.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// The parts of a pod's spec that decide where it runs and what it asks for. Read as a Pod's spec is, except
+/// that a bound pod's node selector, affinity and tolerations are skipped unread once its `nodeName` has been
+/// read (the API server and `kubectl gpu snapshot` write it first): [`trim_pod`] would drop them anyway.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodSpecFacts {
     /// The node it is bound to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
     /// Node selector.
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "BTreeMap::is_empty"
-    )]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
     /// Affinity.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
     /// Tolerations.
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "Vec::is_empty"
-    )]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<Toleration>,
     /// RuntimeClass.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub runtime_class_name: Option<String>,
     /// Init containers.
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "Vec::is_empty"
-    )]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub init_containers: Vec<ContainerFacts>,
     /// Containers.
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "Vec::is_empty"
-    )]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub containers: Vec<ContainerFacts>,
     /// Volumes: only emptyDir ones are kept (evicting the pod loses their data).
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "Vec::is_empty"
-    )]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeFacts>,
+}
+
+impl<'de> Deserialize<'de> for PodSpecFacts {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        const FIELDS: &[&str] = &[
+            "nodeName",
+            "nodeSelector",
+            "affinity",
+            "tolerations",
+            "runtimeClassName",
+            "initContainers",
+            "containers",
+            "volumes",
+        ];
+        deserializer.deserialize_struct("PodSpecFacts", FIELDS, PodSpecVisitor)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "camelCase")]
+enum PodSpecField {
+    NodeName,
+    NodeSelector,
+    Affinity,
+    Tolerations,
+    RuntimeClassName,
+    InitContainers,
+    Containers,
+    Volumes,
+    #[serde(other)]
+    Other,
+}
+
+struct PodSpecVisitor;
+
+impl<'de> serde::de::Visitor<'de> for PodSpecVisitor {
+    type Value = PodSpecFacts;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("struct PodSpecFacts")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<PodSpecFacts, A::Error> {
+        use serde::de::IgnoredAny;
+        let mut spec = PodSpecFacts::default();
+        while let Some(field) = map.next_key::<PodSpecField>()? {
+            let bound = spec.node_name.as_deref().is_some_and(|n| !n.is_empty());
+            match field {
+                PodSpecField::NodeName => spec.node_name = map.next_value()?,
+                PodSpecField::NodeSelector | PodSpecField::Affinity | PodSpecField::Tolerations if bound => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+                PodSpecField::NodeSelector => {
+                    spec.node_selector = map.next_value::<Option<_>>()?.unwrap_or_default();
+                }
+                PodSpecField::Affinity => spec.affinity = map.next_value()?,
+                PodSpecField::Tolerations => {
+                    spec.tolerations = map.next_value::<Option<_>>()?.unwrap_or_default();
+                }
+                PodSpecField::RuntimeClassName => spec.runtime_class_name = map.next_value()?,
+                PodSpecField::InitContainers => {
+                    spec.init_containers = map.next_value::<Option<_>>()?.unwrap_or_default();
+                }
+                PodSpecField::Containers => {
+                    spec.containers = map.next_value::<Option<_>>()?.unwrap_or_default();
+                }
+                PodSpecField::Volumes => spec.volumes = map.next_value::<Option<_>>()?.unwrap_or_default(),
+                PodSpecField::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(spec)
+    }
 }
 
 /// An emptyDir volume.
@@ -917,6 +987,73 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pod_read_twice_is_kept_once_as_last_read_in_its_first_place() {
+        let pod = |uid: &str, name: &str, node: &str| {
+            let mut pod = PodFacts::workload("ml", name).running_on(node);
+            pod.metadata.uid = uid.to_owned();
+            pod
+        };
+        let mut snapshot = Snapshot {
+            pods: vec![pod("u1", "a", "n1"), pod("", "b", "n1"), pod("u2", "c", "n1")],
+            ..Snapshot::default()
+        };
+        snapshot.dedup_pods();
+        assert_eq!(snapshot.pods.len(), 3, "no repeat, nothing dropped");
+        snapshot
+            .pods
+            .extend([pod("u1", "a", "n2"), pod("", "b", "n3"), pod("u3", "b", "n4")]);
+        snapshot.dedup_pods();
+        let kept: Vec<(&str, Option<&str>)> = snapshot
+            .pods
+            .iter()
+            .map(|p| (p.metadata.name.as_str(), p.spec.node_name.as_deref()))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                ("a", Some("n2")),
+                ("b", Some("n3")),
+                ("c", Some("n1")),
+                ("b", Some("n4"))
+            ],
+            "by uid, or by namespace and name without one"
+        );
+    }
+
+    #[test]
+    fn a_bound_pods_placement_after_its_node_name_is_skipped_unread() {
+        // As the API server and `kubectl gpu snapshot` write a pod: the node name first.
+        let spec: PodSpecFacts = serde_json::from_str(
+            r#"{"nodeName": "a100-01", "affinity": {"nodeAffinity": 5}, "tolerations": "x",
+                "nodeSelector": [1], "containers": [{"name": "plugin"}], "runtimeClassName": "nvidia"}"#,
+        )
+        .unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some("a100-01"));
+        assert!(spec.affinity.is_none() && spec.tolerations.is_empty() && spec.node_selector.is_empty());
+        assert_eq!(spec.containers[0].name, "plugin");
+        assert_eq!(spec.runtime_class_name.as_deref(), Some("nvidia"));
+        // As kubectl writes it (keys sorted), the placement comes first and is read; so it is for a pod
+        // not bound yet, and an error in it names the field.
+        let error =
+            serde_json::from_str::<PodSpecFacts>(r#"{"affinity": {"nodeAffinity": 5}, "nodeName": "a"}"#)
+                .unwrap_err()
+                .to_string();
+        assert!(error.contains("expected NodeAffinity"), "{error}");
+        let spec: PodSpecFacts = serde_json::from_str(
+            r#"{"nodeName": "", "tolerations": [{"key": "k", "operator": "Exists"}], "nodeSelector": null}"#,
+        )
+        .unwrap();
+        assert_eq!(spec.tolerations.len(), 1, "not bound: read");
+        let error = serde_json::from_str::<PodSpecFacts>(r#"{"containers": 5}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("invalid type: integer `5`, expected a sequence"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn a_pod_reads_from_kubectl_json_and_keeps_only_what_the_doctor_needs() {

@@ -1018,6 +1018,94 @@ mod reading {
         );
     }
 
+    /// The list's text with each item's `kind` written after all its other fields, as a hand-made file or
+    /// a tool that sorts nothing may have it.
+    fn kind_last(list: &Value) -> String {
+        let items: Vec<String> = list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|item| match item.as_object() {
+                Some(map) if map.contains_key("kind") => {
+                    let mut rest = map.clone();
+                    let kind = rest.remove("kind").unwrap();
+                    let rest = Value::Object(rest).to_string();
+                    match rest.strip_suffix('}').unwrap() {
+                        "{" => format!("{{\"kind\":{kind}}}"),
+                        body => format!("{body},\"kind\":{kind}}}"),
+                    }
+                }
+                _ => item.to_string(),
+            })
+            .collect();
+        let mut top = list.as_object().unwrap().clone();
+        top.remove("items");
+        let top = Value::Object(top).to_string();
+        format!(
+            "{},\"items\":[{}]}}",
+            top.strip_suffix('}').unwrap(),
+            items.join(",\n")
+        )
+    }
+
+    #[test]
+    fn an_item_whose_kind_comes_after_its_other_fields_reads_the_same() {
+        let list = faulty_cluster();
+        let text = kind_last(&list);
+        assert!(
+            text.contains(r#","kind":"Pod"}"#) && !text.contains(r#""kind":"Pod","#),
+            "the kind is last: {text}"
+        );
+        let read = read(&text).unwrap();
+        assert_eq!(Ok(read.clone()), super::reading::read(&list.to_string()));
+        assert_eq!(Ok(read), read_through_values(&text));
+        let mut loader = Loader::default();
+        loader.add_text(&text, "test").unwrap();
+        let report = analyze(&loader.finish());
+        finding(&report, "a100-01", FindingKind::NotReady, Operand::DevicePlugin);
+        others_clean(&report, "a100-01");
+    }
+
+    #[test]
+    fn an_unknown_kind_after_the_other_fields_is_skipped_and_counted() {
+        let text = r#"{"kind": "List", "items": [
+            {"metadata": {"name": "c"}, "data": {"x": [[[{"deep": "yes"}]]], "y": 5}, "kind": "ConfigMap"},
+            {"metadata": {"name": "a"}, "status": {"images": "not a list"}, "kind": "Node"},
+            {"spec": [1, {"kind": "Node"}], "kind": "Widget", "status": "after"},
+            {"metadata": {"name": "no-kind"}, "spec": {"kind": "Pod"}}
+        ]}"#;
+        let read = read(text).unwrap();
+        assert_eq!(Ok(read.clone()), read_through_values(text));
+        assert!(
+            read.ends_with("[\"ignored objects of other kinds: (no kind) x1, ConfigMap x1, Widget x1\"]"),
+            "{read}"
+        );
+        assert!(read.contains(r#""name":"a""#), "{read}");
+    }
+
+    #[test]
+    fn a_wrong_type_before_the_kind_names_the_item_and_the_field() {
+        let text = r#"{"kind": "List", "items": [
+            {"metadata": {"name": "a"}, "kind": "Node"},
+            {"status": {"containerStatuses": [{"name": "main", "restartCount": "three"}]},
+             "metadata": {"name": "p", "namespace": "n"}, "kind": "Pod"}
+        ]}"#;
+        assert_eq!(
+            read(text).unwrap_err(),
+            "test: document 1, item 1 (Pod n/p): field status.containerStatuses[0].restartCount: invalid type: \
+             string \"three\", expected i32"
+        );
+        let text = r#"{"kind": "List", "items": [
+            {"metadata": {"name": "a"}, "kind": "Node"},
+            {"metadata": {"name": "b"}, "kind": "Node", "spec": {"taints": [{"key": "k", "effect": 5}]}}
+        ]}"#;
+        assert_eq!(
+            read(text).unwrap_err(),
+            "test: document 1, item 1 (Node b): field spec.taints[0].effect: invalid type: integer `5`, expected \
+             a string"
+        );
+    }
+
     #[test]
     fn a_cut_file_is_an_error_with_its_line_and_column() {
         let text = faulty_cluster().to_string();
@@ -1065,6 +1153,25 @@ mod reading {
             let mut list = faulty_cluster();
             *pick(&mut list, item, &path) = value;
             let text = list.to_string();
+            let fast = read(&text);
+            prop_assert_eq!(&fast, &read_through_values(&text));
+            if let Err(error) = fast {
+                prop_assert!(error.starts_with("test: document 1, item "), "{}", error);
+                prop_assert!(error.contains(": field "), "{}", error);
+            }
+        }
+
+        /// The same with every item's kind after its other fields: what comes before the kind is read once
+        /// the kind is known, with the same result or the same error.
+        #[test]
+        fn any_value_anywhere_with_the_kind_last_reads_as_through_json_values(
+            item in any::<prop::sample::Index>(),
+            path in proptest::collection::vec(any::<prop::sample::Index>(), 0..7),
+            value in replacement(),
+        ) {
+            let mut list = faulty_cluster();
+            *pick(&mut list, item, &path) = value;
+            let text = kind_last(&list);
             let fast = read(&text);
             prop_assert_eq!(&fast, &read_through_values(&text));
             if let Err(error) = fast {
