@@ -35,7 +35,9 @@ use tokio_util::sync::CancellationToken;
 use crate::apply::MANAGED_KINDS;
 use crate::index::Judgements;
 use crate::label_queue::NodeEvent;
-use crate::projection::{Interner, NodeKeys, NodeRecord, PodRecord, Text};
+use crate::projection::{
+    Interner, NodeKeys, NodeRecord, NodeSource, PodRecord, Text, WatchedNode, WatchedPod,
+};
 
 /// Wakes every controller when a cache changes. Each has its own `Notify`, so that one controller's
 /// wake-up is never taken by another.
@@ -632,12 +634,16 @@ impl NodeTable {
     /// Takes in one event of the node watch; says what the labeller is to hear of it: a node whose record
     /// changed, or a completed relist (once the table holds the new list, so that nothing is judged
     /// against the old one). An event that changes nothing a record keeps tells nothing.
-    pub fn apply(&mut self, event: &watcher::Event<Node>, interner: &mut Interner) -> Option<NodeEvent> {
+    pub fn apply<N: NodeSource + kube::Resource>(
+        &mut self,
+        event: &watcher::Event<N>,
+        interner: &mut Interner,
+    ) -> Option<NodeEvent> {
         match event {
             watcher::Event::Apply(node) => {
                 let record = NodeRecord::project(node, &self.wanted, interner);
                 let name = record.name.clone();
-                if let Some(version) = node.metadata.resource_version.as_deref() {
+                if let Some(version) = node.meta().resource_version.as_deref() {
                     self.versions.insert(name.clone(), version.into());
                 }
                 if self.nodes.get(&name).is_some_and(|old| **old == record) {
@@ -664,7 +670,7 @@ impl NodeTable {
                 let relist = self.relist.get_or_insert_with(Default::default);
                 let record = NodeRecord::project(node, &relist.keys, interner);
                 let name = record.name.clone();
-                if let Some(version) = node.metadata.resource_version.as_deref() {
+                if let Some(version) = node.meta().resource_version.as_deref() {
                     relist.versions.insert(name.clone(), version.into());
                 }
                 // An unchanged node keeps its record, and the judgements made of it.
@@ -805,8 +811,12 @@ fn follow_nodes(
     let shutdown = shutdown.clone();
     tokio::spawn(async move {
         loop {
-            let stream =
-                watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).default_backoff();
+            // Decoded lean: only what the projection reads is built (see `WatchedNode`).
+            let stream = watcher(
+                Api::<WatchedNode>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff();
             let mut stream = std::pin::pin!(stream);
             loop {
                 let item = tokio::select! {
@@ -869,10 +879,14 @@ impl PodChange {
 
 impl PodTable {
     /// Takes in one event of the pod watch; says whom a changed record concerns (`None`: nothing changed).
-    pub fn apply(&mut self, event: &watcher::Event<Pod>, interner: &mut Interner) -> Option<PodChange> {
+    pub fn apply<P: std::borrow::Borrow<Pod>>(
+        &mut self,
+        event: &watcher::Event<P>,
+        interner: &mut Interner,
+    ) -> Option<PodChange> {
         match event {
             watcher::Event::Apply(pod) => {
-                let record = PodRecord::project(pod, interner);
+                let record = PodRecord::project(pod.borrow(), interner);
                 if self.pods.get(&record.name).is_some_and(|old| **old == record) {
                     return None;
                 }
@@ -882,14 +896,14 @@ impl PodTable {
             }
             watcher::Event::Delete(pod) => self
                 .pods
-                .remove(PodRead::name(pod))
+                .remove(PodRead::name(pod.borrow()))
                 .map(|record| PodChange::of(&record)),
             watcher::Event::Init => {
                 self.relist = Some(HashMap::new());
                 None
             }
             watcher::Event::InitApply(pod) => {
-                let record = PodRecord::project(pod, interner);
+                let record = PodRecord::project(pod.borrow(), interner);
                 let record = match self.pods.get(&record.name) {
                     Some(old) if **old == record => old.clone(),
                     _ => Arc::new(record),
@@ -929,7 +943,7 @@ impl PodCache {
 
 /// Follows the pod watch into `cache`; controllers are woken only by a change of a record.
 fn follow_pods(
-    api: Api<Pod>,
+    api: Api<WatchedPod>,
     cache: PodCache,
     tracker: Tracker,
     changed: &Arc<Changes>,
