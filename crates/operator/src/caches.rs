@@ -1,6 +1,7 @@
 //! The operator's view of the cluster: one watch per kind it reads, each holding only what the decisions
 //! need. Nodes and the operator namespace's pods are kept as compact projections ([`NodeCache`],
-//! [`PodCache`]; what they keep: [`crate::projection`]), and only a change of a projection wakes the
+//! [`PodCache`]; what they keep: [`crate::projection`]; their watches decode each object lean, building only
+//! what the projection reads: [`WatchedNode`], [`WatchedPod`]), and only a change of a projection wakes the
 //! controllers (and, for a node, the labeller): a heartbeat or an unrelated label wakes nobody. Managed
 //! objects of every rendered kind keep only their metadata, with the main resource's managed fields (drift
 //! detection, [`crate::drift`]); every change of those, of the policies, NVIDIADrivers, DaemonSets and
