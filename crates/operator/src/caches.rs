@@ -1,6 +1,7 @@
 //! The operator's view of the cluster: one watch per kind it reads, each holding only what the decisions
 //! need. Nodes and the operator namespace's pods are kept as compact projections ([`NodeCache`],
-//! [`PodCache`]; what they keep: [`crate::projection`]), and only a change of a projection wakes the
+//! [`PodCache`]; what they keep: [`crate::projection`]; their watches decode each object lean, building only
+//! what the projection reads: [`WatchedNode`], [`WatchedPod`]), and only a change of a projection wakes the
 //! controllers (and, for a node, the labeller): a heartbeat or an unrelated label wakes nobody. Managed
 //! objects of every rendered kind keep only their metadata, with the main resource's managed fields (drift
 //! detection, [`crate::drift`]); every change of those, of the policies, NVIDIADrivers, DaemonSets and
@@ -36,7 +37,9 @@ use crate::apply::MANAGED_KINDS;
 use crate::changes::{Changed, NodeSet, NodeSource, PodSet, PodSource};
 use crate::index::Judgements;
 use crate::label_queue::NodeEvent;
-use crate::projection::{Interner, NodeKeys, NodeRecord, PodRecord, Text};
+use crate::projection::{
+    Interner, NodeFields, NodeKeys, NodeRecord, PodRecord, Text, WatchedNode, WatchedPod,
+};
 
 /// Wakes every controller when a cache changes. Each has its own `Notify`, so that one controller's
 /// wake-up is never taken by another.
@@ -636,12 +639,16 @@ impl NodeTable {
     /// Takes in one event of the node watch; says what the labeller is to hear of it: a node whose record
     /// changed, or a completed relist (once the table holds the new list, so that nothing is judged
     /// against the old one). An event that changes nothing a record keeps tells nothing.
-    pub fn apply(&mut self, event: &watcher::Event<Node>, interner: &mut Interner) -> Option<NodeEvent> {
+    pub fn apply<N: NodeFields + kube::Resource>(
+        &mut self,
+        event: &watcher::Event<N>,
+        interner: &mut Interner,
+    ) -> Option<NodeEvent> {
         match event {
             watcher::Event::Apply(node) => {
                 let record = NodeRecord::project(node, &self.wanted, interner);
                 let name = record.name.clone();
-                if let Some(version) = node.metadata.resource_version.as_deref() {
+                if let Some(version) = node.meta().resource_version.as_deref() {
                     self.versions.insert(name.clone(), version.into());
                 }
                 self.nodes
@@ -666,7 +673,7 @@ impl NodeTable {
                 let relist = self.relist.get_or_insert_with(Default::default);
                 let record = NodeRecord::project(node, &relist.keys, interner);
                 let name = record.name.clone();
-                if let Some(version) = node.metadata.resource_version.as_deref() {
+                if let Some(version) = node.meta().resource_version.as_deref() {
                     relist.versions.insert(name.clone(), version.into());
                 }
                 // An unchanged node keeps its record, and the judgements made of it.
@@ -807,8 +814,12 @@ fn follow_nodes(
     let shutdown = shutdown.clone();
     tokio::spawn(async move {
         loop {
-            let stream =
-                watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).default_backoff();
+            // Decoded lean: only what the projection reads is built (see `WatchedNode`).
+            let stream = watcher(
+                Api::<WatchedNode>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff();
             let mut stream = std::pin::pin!(stream);
             loop {
                 let item = tokio::select! {
@@ -871,22 +882,26 @@ impl PodChange {
 
 impl PodTable {
     /// Takes in one event of the pod watch; says whom a changed record concerns (`None`: nothing changed).
-    pub fn apply(&mut self, event: &watcher::Event<Pod>, interner: &mut Interner) -> Option<PodChange> {
+    pub fn apply<P: std::borrow::Borrow<Pod>>(
+        &mut self,
+        event: &watcher::Event<P>,
+        interner: &mut Interner,
+    ) -> Option<PodChange> {
         match event {
             watcher::Event::Apply(pod) => {
-                let record = PodRecord::project(pod, interner);
+                let record = PodRecord::project(pod.borrow(), interner);
                 self.pods.put(record).map(|record| PodChange::of(&record))
             }
             watcher::Event::Delete(pod) => self
                 .pods
-                .remove(PodRead::name(pod))
+                .remove(PodRead::name(pod.borrow()))
                 .map(|record| PodChange::of(&record)),
             watcher::Event::Init => {
                 self.relist = Some(HashMap::new());
                 None
             }
             watcher::Event::InitApply(pod) => {
-                let record = PodRecord::project(pod, interner);
+                let record = PodRecord::project(pod.borrow(), interner);
                 let record = match self.pods.get(&record.name) {
                     Some(old) if **old == record => old.clone(),
                     _ => Arc::new(record),
@@ -974,7 +989,7 @@ impl NodeSource for NodeCache {
 
 /// Follows the pod watch into `cache`; controllers are woken only by a change of a record.
 fn follow_pods(
-    api: Api<Pod>,
+    api: Api<WatchedPod>,
     cache: PodCache,
     tracker: Tracker,
     changed: &Arc<Changes>,

@@ -31,6 +31,10 @@ use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 
 use crate::labeler::OWNED_LABELS;
 
+mod wire;
+
+pub use wire::{WatchedNode, WatchedPod};
+
 /// A shared string.
 pub type Text = Arc<str>;
 
@@ -143,12 +147,12 @@ pub fn always_kept(key: &str) -> bool {
 pub struct LabelTable(Box<[(Text, Text)]>);
 
 impl LabelTable {
+    /// `pairs` come sorted by key, each key once (a map's, or a [`WatchedNode`]'s).
     fn project<'a>(
-        pairs: impl IntoIterator<Item = (&'a String, &'a String)>,
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
         keep: impl Fn(&str) -> bool,
         interner: &mut Interner,
     ) -> Self {
-        // A BTreeMap iterates in key order already; the table stays sorted.
         let kept: Vec<(Text, Text)> = pairs
             .into_iter()
             .filter(|(k, _)| keep(k))
@@ -223,11 +227,51 @@ pub struct NodeRecord {
 /// are the labels the operator's rules read by name.
 const NVIDIA_PREFIX: &str = "nvidia.com/";
 
+/// What [`NodeRecord::project`] reads of a node, beyond [`NodeRead`]: a whole `Node` (one the operator
+/// read or wrote through the API) or a [`WatchedNode`] (the node watch's lean decoding) answer alike.
+pub trait NodeFields: NodeRead {
+    /// `metadata.uid`.
+    fn uid(&self) -> Option<&str>;
+    /// Every label.
+    fn each_label(&self) -> impl Iterator<Item = (&str, &str)>;
+    /// The annotations (at least the `nvidia.com/` ones).
+    fn each_annotation(&self) -> impl Iterator<Item = (&str, &str)>;
+    /// `status.nodeInfo.containerRuntimeVersion`.
+    fn runtime_version(&self) -> Option<&str>;
+}
+
+impl NodeFields for Node {
+    fn uid(&self) -> Option<&str> {
+        self.metadata.uid.as_deref()
+    }
+
+    fn each_label(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.metadata
+            .labels
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    fn each_annotation(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.metadata
+            .annotations
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    fn runtime_version(&self) -> Option<&str> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.container_runtime_version.as_str())
+    }
+}
+
 impl NodeRecord {
     /// The projection of `node`, keeping the NFD labels `keys` names.
-    pub fn project(node: &Node, keys: &NodeKeys, interner: &mut Interner) -> Self {
-        let labels = node.metadata.labels.iter().flatten();
-        let annotations = node.metadata.annotations.iter().flatten();
+    pub fn project(node: &impl NodeFields, keys: &NodeKeys, interner: &mut Interner) -> Self {
         // The labeller removes or rewrites a label its record names, whatever the key.
         let owned: Vec<&str> = node
             .annotation(OWNED_LABELS)
@@ -240,22 +284,22 @@ impl NodeRecord {
             .unwrap_or_default();
         Self {
             name: interner.intern(NodeRead::name(node)),
-            uid: node.metadata.uid.as_deref().map(Box::from),
+            uid: node.uid().map(Box::from),
             labels: LabelTable::project(
-                labels.clone(),
+                node.each_label(),
                 |key| keys.keeps(key) || owned.contains(&key),
                 interner,
             ),
-            annotations: LabelTable::project(annotations, |key| key.starts_with(NVIDIA_PREFIX), interner),
-            nfd_labels: labels.into_iter().any(|(key, _)| key.starts_with(NFD_PREFIX)),
+            annotations: LabelTable::project(
+                node.each_annotation(),
+                |key| key.starts_with(NVIDIA_PREFIX),
+                interner,
+            ),
+            nfd_labels: node.each_label().any(|(key, _)| key.starts_with(NFD_PREFIX)),
             taints: node.taints().to_vec().into_boxed_slice(),
             unschedulable: node.unschedulable(),
             ready: node.ready(),
-            runtime_version: node
-                .status
-                .as_ref()
-                .and_then(|s| s.node_info.as_ref())
-                .map(|i| interner.intern(&i.container_runtime_version)),
+            runtime_version: node.runtime_version().map(|v| interner.intern(v)),
         }
     }
 }
