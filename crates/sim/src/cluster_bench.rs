@@ -543,7 +543,7 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
             );
             println!(
                 "| of which the simulator's share: policy applied → every operand pod Ready on every node (the \
-                 fake server's objects, between two looks of the benchmark) | {earliest:.2}–{latest:.2} s |"
+                 simulation's caches, between two looks of the benchmark) | {earliest:.2}–{latest:.2} s |"
             );
             // A `ready` the watch saw before the look that found every pod Ready came after the pods were,
             // and no sooner than the last look that found one not Ready.
