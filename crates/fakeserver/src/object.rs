@@ -45,7 +45,11 @@ pub(crate) struct Stored {
 impl Stored {
     /// Serialises `object` (of resource `info`) and indexes it.
     pub(crate) fn new(object: &Value, info: &ResourceInfo) -> Arc<Self> {
-        let json = Bytes::from(serde_json::to_vec(object).unwrap_or_default());
+        let mut json = serde_json::to_vec(object).unwrap_or_default();
+        // A grown Vec keeps up to twice its length; a stored object lives as long as it is current or in
+        // the history, so it holds only its bytes.
+        json.shrink_to_fit();
+        let json = Bytes::from(json);
         Arc::new(Self {
             json,
             meta: Meta::read(object, info),
@@ -64,6 +68,8 @@ impl Stored {
         let _ = serde_json::to_writer(&mut line, object);
         let end = line.len();
         line.extend_from_slice(b"}\n");
+        // The line lives as long as the change is in the history: only its bytes, not the Vec's growth room.
+        line.shrink_to_fit();
         let line = Bytes::from(line);
         let stored = Arc::new(Self {
             json: line.slice(start..end),

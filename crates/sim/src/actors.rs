@@ -17,7 +17,7 @@
 //! made twice ("expectations", as the real controllers keep them).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -35,7 +35,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -66,16 +66,28 @@ const COALESCE: Duration = Duration::from_millis(10);
 /// one should not wait as long.
 const GATHER_AT_MOST: Duration = Duration::from_secs(1);
 
-/// Starts the actors of the parts the simulation plays.
+/// Starts the actors of the parts the simulation plays; returns their tasks and a view of the cluster
+/// through the actors' caches.
 pub fn spawn(
     client: Client,
     state: Arc<SimState>,
     plays: Plays,
     shutdown: CancellationToken,
-) -> Vec<JoinHandle<()>> {
+) -> (Vec<JoinHandle<()>>, ClusterView) {
     let changed = Arc::new(watch::Sender::new(()));
-    let nodes = cache::<Node>(Api::all(client.clone()), &changed, &shutdown);
-    let pods = cache::<Pod>(Api::all(client.clone()), &changed, &shutdown);
+    let index = Arc::new(Mutex::new(NodeIndex::default()));
+    let nodes = {
+        let index = index.clone();
+        cache_observed::<Node>(Api::all(client.clone()), &changed, &shutdown, move |event| {
+            lock(&index).node_event(event);
+        })
+    };
+    let pods = {
+        let index = index.clone();
+        cache_observed::<Pod>(Api::all(client.clone()), &changed, &shutdown, move |event| {
+            lock(&index).pod_event(event);
+        })
+    };
     let daemonsets = cache::<DaemonSet>(Api::all(client.clone()), &changed, &shutdown);
     let revisions = cache::<ControllerRevision>(Api::all(client.clone()), &changed, &shutdown);
     let config_maps = cache::<ConfigMap>(Api::all(client.clone()), &changed, &shutdown);
@@ -88,6 +100,7 @@ pub fn spawn(
         config_maps,
         synced,
         changed,
+        index,
     };
     caches.signal_when_synced(synced_sender);
     let mut tasks = Vec::new();
@@ -128,8 +141,105 @@ pub fn spawn(
             shutdown.clone(),
         )));
     }
+    let view = ClusterView {
+        caches: caches.clone(),
+    };
     tasks.push(tokio::spawn(kubelets(client, caches, state, shutdown)));
-    tasks
+    (tasks, view)
+}
+
+/// The simulated cluster as the actors' caches see it, for whoever watches it converge without listing it.
+#[derive(Clone, Debug)]
+pub struct ClusterView {
+    caches: Caches,
+}
+
+impl ClusterView {
+    /// Follows every node's progress with the operand DaemonSets and pods of `namespace`.
+    pub fn convergence(&self, namespace: &str) -> Convergence {
+        Convergence {
+            changes: lock(&self.caches.index).subscribe(),
+            caches: self.caches.clone(),
+            namespace: namespace.to_owned(),
+            daemonsets: Vec::new(),
+            with_operands: BTreeSet::new(),
+            unconverged: BTreeSet::new(),
+        }
+    }
+}
+
+/// Whether every node runs every operand it should, Ready: each look works out the rows of the nodes
+/// that changed since the last one (all of them when an operand DaemonSet changed), so that looking
+/// costs what changed, not the cluster's size.
+#[derive(Debug)]
+pub struct Convergence {
+    changes: Arc<Mutex<NodeChanges>>,
+    caches: Caches,
+    namespace: String,
+    /// The operand DaemonSets' uid and generation the rows were worked out for.
+    daemonsets: Vec<(String, Option<i64>)>,
+    /// Nodes that should run at least one operand.
+    with_operands: BTreeSet<String>,
+    /// Nodes with an operand they should run missing or not Ready.
+    unconverged: BTreeSet<String>,
+}
+
+impl Convergence {
+    /// Whether, as the caches have it now, some node should run operands and every such node runs them
+    /// all Ready.
+    pub async fn look(&mut self) -> bool {
+        self.caches.ready().await;
+        let (all, dirty) = lock(&self.changes).take();
+        let daemonsets: Vec<Arc<DaemonSet>> = self
+            .caches
+            .daemonsets
+            .state()
+            .into_iter()
+            .filter(|ds| ds.metadata.namespace.as_deref() == Some(self.namespace.as_str()))
+            .collect();
+        let mut seen: Vec<(String, Option<i64>)> = daemonsets
+            .iter()
+            .map(|ds| {
+                (
+                    ds.metadata.uid.clone().unwrap_or_default(),
+                    ds.metadata.generation,
+                )
+            })
+            .collect();
+        seen.sort();
+        let nodes: BTreeSet<String> = if all || seen != self.daemonsets {
+            self.daemonsets = seen;
+            self.with_operands.clear();
+            self.unconverged.clear();
+            self.caches.nodes.state().iter().map(|n| n.name_any()).collect()
+        } else {
+            dirty
+        };
+        for name in nodes {
+            self.with_operands.remove(&name);
+            self.unconverged.remove(&name);
+            let Some(node) = self.caches.nodes.get(&ObjectRef::new(&name)) else {
+                continue;
+            };
+            let pods = self.caches.pods_on(&name);
+            let here: Vec<&Pod> = pods
+                .iter()
+                .filter(|p| {
+                    p.metadata.deletion_timestamp.is_none()
+                        && p.metadata.namespace.as_deref() == Some(self.namespace.as_str())
+                })
+                .map(|p| &**p)
+                .collect();
+            let row = crate::progress::row(&node, &daemonsets, &here);
+            if !row.operands.is_empty() {
+                self.with_operands.insert(name.clone());
+            }
+            if !row.converged() {
+                self.unconverged.insert(name);
+            }
+        }
+        !self.with_operands.is_empty() && self.unconverged.is_empty()
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -142,6 +252,8 @@ struct Caches {
     synced: watch::Receiver<bool>,
     /// Bumped after any cache has applied a change.
     changed: Arc<watch::Sender<()>>,
+    /// The pods bound to each node, and which nodes changed, from the node and pod watches.
+    index: Arc<Mutex<NodeIndex>>,
 }
 
 impl Caches {
@@ -157,6 +269,14 @@ impl Caches {
     /// while the actor was busy still starts its next pass.
     fn changes(&self) -> watch::Receiver<()> {
         self.changed.subscribe()
+    }
+
+    /// The pods bound to `node`, as the pod cache has them.
+    fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
+        let keys: Vec<(String, String)> = lock(&self.index).pods_on(node).cloned().collect();
+        keys.into_iter()
+            .filter_map(|(namespace, name)| self.pods.get(&ObjectRef::new(&name).within(&namespace)))
+            .collect()
     }
 
     fn signal_when_synced(&self, synced: watch::Sender<bool>) {
@@ -182,6 +302,26 @@ where
         + Sync
         + 'static,
 {
+    cache_observed(api, changed, shutdown, |_| {})
+}
+
+/// A cache whose every watch event, once applied to the cache, is shown to `observe` before the actors
+/// hear of the change.
+fn cache_observed<K>(
+    api: Api<K>,
+    changed: &Arc<watch::Sender<()>>,
+    shutdown: &CancellationToken,
+    mut observe: impl FnMut(&watcher::Event<K>) + Send + 'static,
+) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
     let (reader, writer) = reflector::store();
     // Managed fields are most of a stored object and no actor reads them.
     let stream = watcher(api, watcher::Config::default())
@@ -196,7 +336,8 @@ where
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 item = stream.next() => match item {
-                    Some(Ok(_)) => {
+                    Some(Ok(event)) => {
+                        observe(&event);
                         changed.send_replace(());
                     }
                     Some(Err(error)) => debug!(%error, "simulator watch failed; retrying"),
@@ -206,6 +347,132 @@ where
         }
     });
     reader
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Pods by (namespace, name), grouped by the node they are bound to.
+type PodsByNode = HashMap<String, BTreeSet<(String, String)>>;
+
+/// The pods bound to each node and which nodes changed (the Node, or a pod bound to it), kept from the
+/// watch events: an actor that works node by node reads only the nodes that changed, and a node's pods
+/// without going over every pod. A pod's node never changes once it is bound.
+#[derive(Debug, Default)]
+struct NodeIndex {
+    pods_on: PodsByNode,
+    /// Pods that name no node (whatever their phase), by (namespace, name).
+    unbound: BTreeSet<(String, String)>,
+    /// The index being rebuilt while the pod watch relists, swapped in when the list is complete.
+    relisting: Option<(PodsByNode, BTreeSet<(String, String)>)>,
+    /// One set of changed nodes per actor that subscribed.
+    subscribers: Vec<Arc<Mutex<NodeChanges>>>,
+}
+
+/// The nodes that changed since an actor last took them; `all` after a watch relisted (events may have
+/// been missed) and when the actor starts.
+#[derive(Debug, Default)]
+struct NodeChanges {
+    all: bool,
+    nodes: BTreeSet<String>,
+}
+
+impl NodeChanges {
+    fn take(&mut self) -> (bool, BTreeSet<String>) {
+        (std::mem::take(&mut self.all), std::mem::take(&mut self.nodes))
+    }
+}
+
+impl NodeIndex {
+    /// A new subscriber's set of changed nodes, starting with every node.
+    fn subscribe(&mut self) -> Arc<Mutex<NodeChanges>> {
+        let changes = Arc::new(Mutex::new(NodeChanges {
+            all: true,
+            nodes: BTreeSet::new(),
+        }));
+        self.subscribers.push(changes.clone());
+        changes
+    }
+
+    fn pods_on(&self, node: &str) -> impl Iterator<Item = &(String, String)> {
+        self.pods_on.get(node).into_iter().flatten()
+    }
+
+    fn nodes_with_pods(&self) -> impl Iterator<Item = String> + '_ {
+        self.pods_on.keys().cloned()
+    }
+
+    fn mark(&self, node: &str) {
+        for subscriber in &self.subscribers {
+            lock(subscriber).nodes.insert(node.to_owned());
+        }
+    }
+
+    fn mark_all(&self) {
+        for subscriber in &self.subscribers {
+            lock(subscriber).all = true;
+        }
+    }
+
+    fn node_event(&mut self, event: &watcher::Event<Node>) {
+        match event {
+            watcher::Event::Apply(node) | watcher::Event::Delete(node) => self.mark(&node.name_any()),
+            watcher::Event::InitDone => self.mark_all(),
+            watcher::Event::Init | watcher::Event::InitApply(_) => {}
+        }
+    }
+
+    fn pod_event(&mut self, event: &watcher::Event<Pod>) {
+        let bound = |pod: &Pod| {
+            let node = pod.spec.as_ref()?.node_name.clone()?;
+            Some((node, (pod.namespace().unwrap_or_default(), pod.name_any())))
+        };
+        let key = |pod: &Pod| (pod.namespace().unwrap_or_default(), pod.name_any());
+        match event {
+            watcher::Event::Apply(pod) => {
+                if let Some((node, key)) = bound(pod) {
+                    self.unbound.remove(&key);
+                    self.pods_on.entry(node.clone()).or_default().insert(key);
+                    self.mark(&node);
+                } else {
+                    self.unbound.insert(key(pod));
+                }
+            }
+            watcher::Event::Delete(pod) => {
+                self.unbound.remove(&key(pod));
+                if let Some((node, key)) = bound(pod) {
+                    if let Some(pods) = self.pods_on.get_mut(&node) {
+                        pods.remove(&key);
+                        if pods.is_empty() {
+                            self.pods_on.remove(&node);
+                        }
+                    }
+                    self.mark(&node);
+                }
+            }
+            watcher::Event::Init => self.relisting = Some((PodsByNode::new(), BTreeSet::new())),
+            watcher::Event::InitApply(pod) => {
+                if let Some((pods_on, unbound)) = self.relisting.as_mut() {
+                    match bound(pod) {
+                        Some((node, key)) => {
+                            pods_on.entry(node).or_default().insert(key);
+                        }
+                        None => {
+                            unbound.insert(key(pod));
+                        }
+                    }
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some((pods_on, unbound)) = self.relisting.take() {
+                    self.pods_on = pods_on;
+                    self.unbound = unbound;
+                }
+                self.mark_all();
+            }
+        }
+    }
 }
 
 /// How long an actor's passes take, so that changes are gathered for twice as long as a pass took (between
@@ -275,10 +542,21 @@ impl<K: Ord> Expectations<K> {
     }
 
     /// Forgets writes made too long ago, so that they are made again; once per pass, not per key
-    /// (thousands of pods are expected at once when a DaemonSet fans out).
-    fn expire(&mut self) {
+    /// (thousands of pods are expected at once when a DaemonSet fans out). Returns the keys forgotten.
+    fn expire(&mut self) -> Vec<K>
+    where
+        K: Clone,
+    {
         let now = Instant::now();
-        self.pending.retain(|_, at| now.duration_since(*at) < EXPECTATION);
+        let mut expired = Vec::new();
+        self.pending.retain(|key, at| {
+            let keep = now.duration_since(*at) < EXPECTATION;
+            if !keep {
+                expired.push(key.clone());
+            }
+            keep
+        });
+        expired
     }
 
     fn pending(&self, key: &K) -> bool {
@@ -296,33 +574,32 @@ impl<K: Ord> Expectations<K> {
 }
 
 async fn daemonset_controller(client: Client, caches: Caches, shutdown: CancellationToken) {
+    let changes = lock(&caches.index).subscribe();
     caches.ready().await;
     let mut changed = caches.changes();
     let mut creating: Expectations<(String, String)> = Expectations::default();
-    let mut deleting: Expectations<String> = Expectations::default();
+    // (node, pod name) of pods asked to go.
+    let mut deleting: Expectations<(String, String)> = Expectations::default();
+    // Each DaemonSet's nodes as last planned, by uid.
+    let mut rollouts: HashMap<String, (Option<i64>, String, daemonset::Rollout)> = HashMap::new();
+    // Nodes to plan again although nothing changed there: a write failed.
+    let mut retry: BTreeSet<String> = BTreeSet::new();
     let mut wake = Some(Duration::ZERO);
     let mut pace = Pace::new();
     while next_pass(&mut changed, wake, &mut pace, &shutdown).await {
         wake = None;
-        creating.expire();
-        deleting.expire();
-        // The caches' objects are shared, not copied: a pass over thousands of nodes and pods reads them.
-        // Keyed by names borrowed from the pods, not copied: a pass groups every pod of the cluster.
-        let nodes = caches.nodes.state();
-        let all_pods = caches.pods.state();
-        let mut pods_by_owner: HashMap<&str, Vec<Arc<Pod>>> = HashMap::new();
-        let mut pods_by_node: HashMap<&str, Vec<Arc<Pod>>> = HashMap::new();
-        for pod in &all_pods {
-            if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-                pods_by_node.entry(node).or_default().push(pod.clone());
-            }
-            if let Some(owner) = pod.owner_references().iter().find(|o| o.controller == Some(true)) {
-                pods_by_owner
-                    .entry(owner.uid.as_str())
-                    .or_default()
-                    .push(pod.clone());
-            }
-        }
+        // Only the nodes whose Node or pods changed are planned again, and those whose writes the caches
+        // have not shown in time: a pass costs what changed, not the cluster's size.
+        let (all, mut dirty) = lock(&changes).take();
+        dirty.append(&mut retry);
+        dirty.extend(creating.expire().into_iter().map(|(_, node)| node));
+        dirty.extend(deleting.expire().into_iter().map(|(node, _)| node));
+        let daemonsets = caches.daemonsets.state();
+        rollouts.retain(|uid, _| {
+            daemonsets
+                .iter()
+                .any(|ds| ds.metadata.uid.as_deref() == Some(uid.as_str()))
+        });
         let mut revisions_by_owner: BTreeMap<String, Vec<ControllerRevision>> = BTreeMap::new();
         for revision in caches.revisions.state() {
             if let Some(owner) = revision.owner_references().first() {
@@ -332,22 +609,32 @@ async fn daemonset_controller(client: Client, caches: Caches, shutdown: Cancella
                     .push((*revision).clone());
             }
         }
-        for ds in caches.daemonsets.state() {
+        // The pods of every node planned in this pass, read once for every DaemonSet.
+        let mut pods_on: HashMap<String, Vec<Arc<Pod>>> = HashMap::new();
+        for ds in daemonsets {
             if ds.metadata.deletion_timestamp.is_some() {
                 continue;
             }
             let uid = ds.metadata.uid.clone().unwrap_or_default();
             let namespace = ds.namespace().unwrap_or_default();
-            let pods = pods_by_owner.remove(uid.as_str()).unwrap_or_default();
-            for pod in &pods {
-                if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
-                    creating.observed(&(uid.clone(), node));
-                }
-            }
-            let revisions = revisions_by_owner.remove(&uid).unwrap_or_default();
-            let plan = daemonset::plan(&ds, &nodes, &pods, &revisions);
+            let template = daemonset::Template::new(&ds);
+            let (planned, hash, rollout) = rollouts.entry(uid.clone()).or_default();
+            // A changed DaemonSet (its template, selector or strategy) is planned again on every node.
+            let whole = all || *planned != ds.metadata.generation || hash != template.hash();
+            let nodes: BTreeSet<String> = if whole {
+                *planned = ds.metadata.generation;
+                template.hash().clone_into(hash);
+                let mut every: BTreeSet<String> = caches.nodes.state().iter().map(|n| n.name_any()).collect();
+                every.extend(rollout.nodes().map(str::to_owned));
+                every.extend(lock(&caches.index).nodes_with_pods());
+                every
+            } else {
+                dirty.clone()
+            };
             let pod_api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-            if let Some(revision) = &plan.new_revision {
+            let (new_revision, renumber_revision) =
+                template.revisions(revisions_by_owner.get(&uid).map_or(&[], Vec::as_slice));
+            if let Some(revision) = &new_revision {
                 let api: Api<ControllerRevision> = Api::namespaced(client.clone(), &namespace);
                 if let Err(error) = api.create(&PostParams::default(), revision).await
                     && !matches!(&error, kube::Error::Api(s) if s.code == 409)
@@ -355,7 +642,7 @@ async fn daemonset_controller(client: Client, caches: Caches, shutdown: Cancella
                     warn!(daemonset = %ds.name_any(), %error, "cannot create a ControllerRevision");
                 }
             }
-            if let Some((name, revision)) = &plan.renumber_revision {
+            if let Some((name, revision)) = &renumber_revision {
                 let api: Api<ControllerRevision> = Api::namespaced(client.clone(), &namespace);
                 let patch = serde_json::json!({ "revision": revision });
                 if let Err(error) = api
@@ -365,49 +652,73 @@ async fn daemonset_controller(client: Client, caches: Caches, shutdown: Cancella
                     warn!(daemonset = %ds.name_any(), %error, "cannot renumber a ControllerRevision");
                 }
             }
-            for pod in &plan.create {
-                let node = pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.clone())
-                    .unwrap_or_default();
+            let mut delete: Vec<(String, String)> = Vec::new();
+            for node in nodes {
+                let here = pods_on
+                    .entry(node.clone())
+                    .or_insert_with(|| caches.pods_on(&node));
+                let mine: Vec<&Pod> = here
+                    .iter()
+                    .filter(|pod| {
+                        pod.owner_references()
+                            .iter()
+                            .any(|o| o.controller == Some(true) && o.uid == uid)
+                    })
+                    .map(|pod| &**pod)
+                    .collect();
                 let key = (uid.clone(), node.clone());
-                if creating.pending(&key) {
+                if !mine.is_empty() {
+                    creating.observed(&key);
+                }
+                let node_object = caches.nodes.get(&ObjectRef::new(&node));
+                let on_node = daemonset::plan_node(&template, node_object.as_deref(), &mine);
+                delete.extend(on_node.delete.iter().map(|name| (node.clone(), name.clone())));
+                if on_node.create && !creating.pending(&key) {
+                    if daemonset::repelled(template.spec(), here) {
+                        debug!(daemonset = %ds.name_any(), %node, "pod anti-affinity: waiting for the node to be free");
+                    } else {
+                        match pod_api
+                            .create(&PostParams::default(), &template.pod_for(&node))
+                            .await
+                        {
+                            Ok(_) => creating.expect(key),
+                            Err(error) => {
+                                warn!(daemonset = %ds.name_any(), %node, %error, "cannot create a DaemonSet pod");
+                                wake = Some(Duration::from_secs(1));
+                                retry.insert(node.clone());
+                            }
+                        }
+                    }
+                }
+                rollout.record(&node, on_node);
+            }
+            let (status, replace) = rollout.status_and_replacements(&template);
+            delete.extend(replace);
+            delete.sort();
+            delete.dedup();
+            for key in delete {
+                if deleting.pending(&key) {
                     continue;
                 }
-                let others: &[Arc<Pod>] = pods_by_node.get(node.as_str()).map_or(&[], Vec::as_slice);
-                if let Some(spec) = pod.spec.as_ref()
-                    && daemonset::repelled(spec, others)
-                {
-                    debug!(daemonset = %ds.name_any(), %node, "pod anti-affinity: waiting for the node to be free");
-                    continue;
-                }
-                match pod_api.create(&PostParams::default(), pod).await {
-                    Ok(_) => creating.expect(key),
+                match pod_api.delete(&key.1, &DeleteParams::default()).await {
+                    Ok(_) => deleting.expect(key),
+                    Err(kube::Error::Api(status)) if status.code == 404 => {}
                     Err(error) => {
-                        warn!(daemonset = %ds.name_any(), %node, %error, "cannot create a DaemonSet pod");
+                        warn!(pod = %key.1, %error, "cannot delete a DaemonSet pod");
                         wake = Some(Duration::from_secs(1));
+                        retry.insert(key.0);
                     }
                 }
             }
-            for name in &plan.delete {
-                if deleting.pending(name) {
-                    continue;
-                }
-                match pod_api.delete(name, &DeleteParams::default()).await {
-                    Ok(_) => deleting.expect(name.clone()),
-                    Err(kube::Error::Api(status)) if status.code == 404 => {}
-                    Err(error) => warn!(pod = %name, %error, "cannot delete a DaemonSet pod"),
-                }
-            }
-            if ds.status.as_ref() != Some(&plan.status) {
+            if ds.status.as_ref() != Some(&status) {
                 let api: Api<DaemonSet> = Api::namespaced(client.clone(), &namespace);
-                let patch = json!({ "status": status_patch(&plan.status) });
+                let patch = json!({ "status": status_patch(&status) });
                 if let Err(error) = api
                     .patch_status(&ds.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
                     .await
                 {
                     warn!(daemonset = %ds.name_any(), %error, "cannot update DaemonSet status");
+                    wake = Some(Duration::from_secs(1));
                 }
             }
         }
@@ -629,8 +940,9 @@ async fn scheduler(client: Client, caches: Caches, shutdown: CancellationToken) 
                 && !is_terminal(p)
                 && p.metadata.deletion_timestamp.is_none()
         };
-        // Most passes have nothing to schedule: look for one waiting pod before copying the cache.
-        if caches.pods.find(waiting).is_none() {
+        // Most passes have nothing to schedule: the index counts the pods that name no node, so a pass
+        // looks at the pods only when some wait.
+        if lock(&caches.index).unbound.is_empty() {
             continue;
         }
         let pods = caches.pods.state();
@@ -779,38 +1091,38 @@ struct NodeWork {
 }
 
 async fn kubelets(client: Client, caches: Caches, state: Arc<SimState>, shutdown: CancellationToken) {
+    let changes = lock(&caches.index).subscribe();
     caches.ready().await;
     let mut changed = caches.changes();
     let mut validator_seen: BTreeSet<String> = BTreeSet::new();
     let mut mig_started: BTreeMap<String, Instant> = BTreeMap::new();
+    // When each node's kubelet asked to look again (a pod's next step, the MIG manager's progress).
+    let mut due: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut config_maps: BTreeMap<(String, String), BTreeMap<String, String>> = BTreeMap::new();
     let mut wake = Some(Duration::ZERO);
     loop {
         // Most of the kubelets' pass is writes that move pods on, not reading: they gather changes only
         // briefly, so that pods move as fast as the API server takes the writes.
+        let mut every_node = false;
         let proceed = tokio::select! {
             () = shutdown.cancelled() => false,
             _ = changed.changed() => gather_changes(COALESCE, &shutdown).await,
-            () = state.changed.notified() => true,
+            () = state.changed.notified() => {
+                // The scenario changed hosts or faults, which no watch event shows.
+                every_node = true;
+                true
+            }
             () = tokio::time::sleep(wake.unwrap_or(Duration::from_secs(5))) => true,
         };
         if !proceed {
             break;
         }
         changed.borrow_and_update();
-        wake = None;
-        let mut soonest = |duration: Option<Duration>| {
-            if let Some(duration) = duration {
-                wake = Some(wake.map_or(duration, |current| current.min(duration)));
-            }
-        };
         let now = k8s_openapi::jiff::Timestamp::now();
-        let nodes: BTreeMap<String, Arc<Node>> = caches
-            .nodes
-            .state()
-            .into_iter()
-            .map(|n| (n.name_any(), n))
-            .collect();
-        let config_maps: BTreeMap<(String, String), BTreeMap<String, String>> = caches
+        // A kubelet looks at its node when the Node or a pod bound there changed, when it asked to, or when
+        // what every node reads changed: a pass costs the nodes that changed, not the cluster's size.
+        let (all, mut dirty) = lock(&changes).take();
+        let latest_config_maps: BTreeMap<(String, String), BTreeMap<String, String>> = caches
             .config_maps
             .state()
             .iter()
@@ -821,22 +1133,39 @@ async fn kubelets(client: Client, caches: Caches, state: Arc<SimState>, shutdown
                 )
             })
             .collect();
-        let mut by_node: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
-        for pod in caches.pods.state() {
-            if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
-                by_node.entry(node).or_default().push(pod);
+        every_node |= all || latest_config_maps != config_maps;
+        config_maps = latest_config_maps;
+        let instant = Instant::now();
+        due.retain(|node, at| {
+            let later = *at > instant;
+            if !later {
+                dirty.insert(node.clone());
             }
-        }
-        let hosts: Vec<String> = state.hosts().keys().cloned().collect();
+            later
+        });
+        let hosts: Vec<String> = if every_node {
+            state.hosts().keys().cloned().collect()
+        } else {
+            let hosts = state.hosts();
+            dirty.retain(|node| hosts.contains_key(node));
+            dirty.into_iter().collect()
+        };
         let faults = state.faults().clone();
         for node_name in hosts {
-            let Some(node) = nodes.get(&node_name) else {
+            let Some(node) = caches.nodes.get(&ObjectRef::new(&node_name)) else {
                 continue;
             };
-            let pods = by_node.remove(&node_name).unwrap_or_default();
+            let node = &node;
             if faults.not_ready.contains(&node_name) {
                 continue;
             }
+            let pods = caches.pods_on(&node_name);
+            let mut look_again: Option<Duration> = None;
+            let mut soonest = |duration: Option<Duration>| {
+                if let Some(duration) = duration {
+                    look_again = Some(look_again.map_or(duration, |current| current.min(duration)));
+                }
+            };
             let allocatable_gpus: u64 = node
                 .status
                 .as_ref()
@@ -1021,7 +1350,15 @@ async fn kubelets(client: Client, caches: Caches, state: Arc<SimState>, shutdown
                 work.feature_discovery.as_ref(),
             )
             .await;
+            if let Some(after) = look_again {
+                let at = Instant::now() + after;
+                due.entry(node_name)
+                    .and_modify(|due| *due = (*due).min(at))
+                    .or_insert(at);
+            }
         }
+        let instant = Instant::now();
+        wake = due.values().min().map(|at| at.saturating_duration_since(instant));
     }
 }
 

@@ -8,7 +8,7 @@
 //! (`OnDelete`), and the status counts are computed from the pods themselves.
 
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap};
 
 use gpuop_api::placement::{Misfit, daemon_pod_fits};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus};
@@ -36,152 +36,322 @@ pub struct Plan {
     pub status: DaemonSetStatus,
 }
 
-/// Plans one pass of the DaemonSet controller. Nodes and pods may be owned or shared (`Arc`), so that the
-/// controller can plan over its caches without copying them.
+/// Plans one pass of the DaemonSet controller over the whole cluster. Nodes and pods may be owned or shared
+/// (`Arc`), so that the controller can plan over its caches without copying them. It is [`plan_node`] for
+/// every node that has a Node object or pods of the DaemonSet, summed up by a fresh [`Rollout`].
 pub fn plan<N: Borrow<Node>, P: Borrow<Pod>>(
     daemonset: &DaemonSet,
     nodes: &[N],
     pods: &[P],
     revisions: &[ControllerRevision],
 ) -> Plan {
-    let name = daemonset.metadata.name.clone().unwrap_or_default();
-    let namespace = daemonset.metadata.namespace.clone();
-    let spec = daemonset.spec.clone().unwrap_or_default();
-    let template_spec = spec.template.spec.clone().unwrap_or_default();
-    let hash = template_hash(&spec.template);
-    let mut plan = Plan::default();
-
-    let existing_revision = revisions
-        .iter()
-        .find(|r| r.metadata.labels.as_ref().and_then(|l| l.get(REVISION_HASH)) == Some(&hash));
-    let newest = revisions.iter().map(|r| r.revision).max().unwrap_or(0);
-    match existing_revision {
-        None => plan.new_revision = Some(revision_object(daemonset, &hash, newest + 1)),
-        Some(existing) if existing.revision < newest => {
-            let name = existing.metadata.name.clone().unwrap_or_default();
-            plan.renumber_revision = Some((name, newest + 1));
-        }
-        Some(_) => {}
-    }
-
-    // `fitting`: nodes that should run a pod (`desiredNumberScheduled`); `keeping`: nodes whose pod may
-    // go on running although no new one would be placed there (a NoSchedule taint added later).
-    let mut fitting: BTreeSet<&str> = BTreeSet::new();
-    let mut keeping: BTreeSet<&str> = BTreeSet::new();
+    let template = Template::new(daemonset);
+    let (new_revision, renumber_revision) = template.revisions(revisions);
+    let mut by_node: BTreeMap<&str, (Option<&Node>, Vec<&Pod>)> = BTreeMap::new();
     for node in nodes.iter().map(Borrow::borrow) {
-        let Some(name) = node.metadata.name.as_deref() else {
-            continue;
-        };
-        match daemon_pod_fits(node, &template_spec) {
-            Ok(()) => {
-                fitting.insert(name);
-            }
-            Err(Misfit::Taint(_)) if !evicted_by_taints(node, &template_spec) => {
-                keeping.insert(name);
-            }
-            Err(_) => {}
+        if let Some(name) = node.metadata.name.as_deref() {
+            by_node.entry(name).or_default().0 = Some(node);
         }
     }
-    let mut by_node: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
-    for pod in pods
+    for pod in pods.iter().map(Borrow::borrow) {
+        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            by_node.entry(node).or_default().1.push(pod);
+        }
+    }
+    let mut rollout = Rollout::default();
+    let mut create = Vec::new();
+    let mut delete = Vec::new();
+    for (name, (node, node_pods)) in by_node {
+        let on_node = plan_node(&template, node, &node_pods);
+        if on_node.create {
+            create.push(template.pod_for(name));
+        }
+        delete.extend(on_node.delete.iter().cloned());
+        rollout.record(name, on_node);
+    }
+    let (status, replace) = rollout.status_and_replacements(&template);
+    delete.extend(replace.into_iter().map(|(_, pod)| pod));
+    delete.sort();
+    delete.dedup();
+    Plan {
+        new_revision,
+        renumber_revision,
+        create,
+        delete,
+        status,
+    }
+}
+
+/// One DaemonSet's pod template, read once for a pass over its nodes.
+#[derive(Clone, Debug)]
+pub struct Template<'a> {
+    daemonset: &'a DaemonSet,
+    name: String,
+    spec: PodSpec,
+    hash: String,
+}
+
+impl<'a> Template<'a> {
+    /// Reads the DaemonSet's template and its hash.
+    pub fn new(daemonset: &'a DaemonSet) -> Self {
+        let template = daemonset.spec.as_ref().map(|s| &s.template);
+        Self {
+            daemonset,
+            name: daemonset.metadata.name.clone().unwrap_or_default(),
+            spec: template.and_then(|t| t.spec.clone()).unwrap_or_default(),
+            hash: template
+                .map(template_hash)
+                .unwrap_or_else(|| template_hash(&k8s_openapi::api::core::v1::PodTemplateSpec::default())),
+        }
+    }
+
+    /// The hash naming the template's revision.
+    pub fn hash(&self) -> &str {
+        &self.hash
+    }
+
+    /// The template's pod spec (before the controller binds it and adds its tolerations).
+    pub fn spec(&self) -> &PodSpec {
+        &self.spec
+    }
+
+    /// The ControllerRevision to create for the template, or the existing one to renumber as the newest.
+    pub fn revisions(
+        &self,
+        revisions: &[ControllerRevision],
+    ) -> (Option<ControllerRevision>, Option<(String, i64)>) {
+        let existing = revisions
+            .iter()
+            .find(|r| r.metadata.labels.as_ref().and_then(|l| l.get(REVISION_HASH)) == Some(&self.hash));
+        let newest = revisions.iter().map(|r| r.revision).max().unwrap_or(0);
+        match existing {
+            None => (
+                Some(revision_object(self.daemonset, &self.hash, newest + 1)),
+                None,
+            ),
+            Some(existing) if existing.revision < newest => {
+                let name = existing.metadata.name.clone().unwrap_or_default();
+                (None, Some((name, newest + 1)))
+            }
+            Some(_) => (None, None),
+        }
+    }
+
+    /// The pod to create on `node`.
+    pub fn pod_for(&self, node: &str) -> Pod {
+        pod_object(
+            self.daemonset,
+            &self.name,
+            self.daemonset.metadata.namespace.as_deref(),
+            node,
+            &self.spec,
+            &self.hash,
+        )
+    }
+
+    fn rolling(&self) -> bool {
+        self.daemonset
+            .spec
+            .as_ref()
+            .and_then(|s| s.update_strategy.as_ref())
+            .and_then(|s| s.type_.as_deref())
+            .unwrap_or("RollingUpdate")
+            == "RollingUpdate"
+    }
+
+    fn max_unavailable(&self, desired: i32) -> i32 {
+        self.daemonset
+            .spec
+            .as_ref()
+            .and_then(|s| s.update_strategy.as_ref())
+            .and_then(|s| s.rolling_update.as_ref())
+            .and_then(|r| r.max_unavailable.as_ref())
+            .map_or(1, |value| scaled(value, desired))
+    }
+}
+
+/// The DaemonSet on one node: what the node adds to its status, and what to do there.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodePlan {
+    /// The node should run a pod (it counts in `desiredNumberScheduled`).
+    pub fits: bool,
+    /// A pod runs where it should not (`numberMisscheduled`).
+    pub misscheduled: bool,
+    /// The pod kept on a fitting node: whether it is Ready and whether it has the current template.
+    pub kept: Option<Kept>,
+    /// A pod is to be created here.
+    pub create: bool,
+    /// Names of this node's pods to delete (failed, duplicate, or on a node they no longer fit).
+    pub delete: Vec<String>,
+}
+
+/// The one pod a fitting node keeps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    /// The pod's name.
+    pub name: String,
+    /// Running and Ready.
+    pub ready: bool,
+    /// Made from the current template.
+    pub updated: bool,
+}
+
+/// Plans the DaemonSet on one node (`None` when the Node object is gone), given the DaemonSet's pods bound
+/// to it. Pods being deleted are not counted, as the real controller does not count them.
+pub fn plan_node<P: Borrow<Pod>>(template: &Template<'_>, node: Option<&Node>, pods: &[P]) -> NodePlan {
+    let pods: Vec<&Pod> = pods
         .iter()
         .map(Borrow::borrow)
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-    {
-        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-            by_node.entry(node).or_default().push(pod);
-        }
-    }
-
-    let mut status = DaemonSetStatus {
-        desired_number_scheduled: count(fitting.len()),
-        observed_generation: daemonset.metadata.generation,
-        ..DaemonSetStatus::default()
+        .collect();
+    // `fits`: the node should run a pod; `keeping`: its pod may go on running although no new one would be
+    // placed there (a NoSchedule taint added later).
+    let (fits, keeping) = match node.map(|node| (node, daemon_pod_fits(node, &template.spec))) {
+        Some((_, Ok(()))) => (true, false),
+        Some((node, Err(Misfit::Taint(_)))) => (false, !evicted_by_taints(node, &template.spec)),
+        _ => (false, false),
     };
-    let mut outdated_on_fitting: Vec<&Pod> = Vec::new();
-    for (node, node_pods) in &by_node {
-        if !fitting.contains(node) {
-            status.number_misscheduled += 1;
-            if !keeping.contains(node) {
+    let mut plan = NodePlan {
+        fits,
+        ..NodePlan::default()
+    };
+    if !fits {
+        if !pods.is_empty() {
+            plan.misscheduled = true;
+            if !keeping {
                 plan.delete
-                    .extend(node_pods.iter().filter_map(|p| p.metadata.name.clone()));
-            }
-            continue;
-        }
-        // One pod per node: keep the newest-looking (a ready one if any), delete the rest and failed ones.
-        let mut keep: Option<&Pod> = None;
-        for pod in node_pods {
-            if phase(pod) == "Failed" {
-                plan.delete.extend(pod.metadata.name.clone());
-            } else if keep.is_none() || (is_ready(pod) && !keep.is_some_and(is_ready)) {
-                if let Some(previous) = keep.replace(pod) {
-                    plan.delete.extend(previous.metadata.name.clone());
-                }
-            } else {
-                plan.delete.extend(pod.metadata.name.clone());
+                    .extend(pods.iter().filter_map(|p| p.metadata.name.clone()));
             }
         }
-        let Some(pod) = keep else { continue };
-        status.current_number_scheduled += 1;
-        if is_ready(pod) {
-            status.number_ready += 1;
-            status.number_available = Some(status.number_available.unwrap_or(0) + 1);
-        }
-        if pod_hash(pod) == Some(hash.as_str()) {
-            status.updated_number_scheduled = Some(status.updated_number_scheduled.unwrap_or(0) + 1);
+        return plan;
+    }
+    // One pod per node: keep the newest-looking (a ready one if any), delete the rest and failed ones.
+    let mut keep: Option<&Pod> = None;
+    for pod in &pods {
+        if phase(pod) == "Failed" {
+            plan.delete.extend(pod.metadata.name.clone());
+        } else if keep.is_none() || (is_ready(pod) && !keep.is_some_and(is_ready)) {
+            if let Some(previous) = keep.replace(pod) {
+                plan.delete.extend(previous.metadata.name.clone());
+            }
         } else {
-            outdated_on_fitting.push(pod);
+            plan.delete.extend(pod.metadata.name.clone());
         }
     }
-    let available = status.number_available.unwrap_or(0);
-    let unavailable = status.desired_number_scheduled - available;
-    status.number_unavailable = (unavailable > 0).then_some(unavailable);
+    plan.create = pods.iter().all(|p| phase(p) == "Failed");
+    plan.kept = keep.map(|pod| Kept {
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        ready: is_ready(pod),
+        updated: pod_hash(pod) == Some(template.hash.as_str()),
+    });
+    plan
+}
 
-    for node in &fitting {
-        if by_node
-            .get(node)
-            .is_none_or(|pods| pods.iter().all(|p| phase(p) == "Failed"))
-        {
-            plan.create.push(pod_object(
-                daemonset,
-                &name,
-                namespace.as_deref(),
-                node,
-                &template_spec,
-                &hash,
-            ));
+/// The status counts of one DaemonSet, summed over its nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Counts {
+    desired: i32,
+    current: i32,
+    ready: i32,
+    updated: i32,
+    misscheduled: i32,
+}
+
+impl Counts {
+    fn of(plan: &NodePlan) -> Self {
+        let kept = plan.kept.as_ref();
+        Self {
+            desired: i32::from(plan.fits),
+            current: i32::from(kept.is_some()),
+            ready: i32::from(kept.is_some_and(|k| k.ready)),
+            updated: i32::from(kept.is_some_and(|k| k.updated)),
+            misscheduled: i32::from(plan.misscheduled),
         }
     }
 
-    let rolling = spec
-        .update_strategy
-        .as_ref()
-        .and_then(|s| s.type_.as_deref())
-        .unwrap_or("RollingUpdate")
-        == "RollingUpdate";
-    if rolling && !outdated_on_fitting.is_empty() {
-        let max_unavailable = spec
-            .update_strategy
-            .as_ref()
-            .and_then(|s| s.rolling_update.as_ref())
-            .and_then(|r| r.max_unavailable.as_ref())
-            .map_or(1, |value| scaled(value, status.desired_number_scheduled));
-        // Pods already missing or not ready use up the budget; outdated pods that are not ready go first.
-        let mut budget = max_unavailable.max(1) - unavailable;
-        outdated_on_fitting.sort_by_key(|pod| is_ready(pod));
-        for pod in outdated_on_fitting {
-            if !is_ready(pod) {
-                plan.delete.extend(pod.metadata.name.clone());
-            } else if budget > 0 {
-                plan.delete.extend(pod.metadata.name.clone());
-                budget -= 1;
+    fn add(&mut self, other: Self, sign: i32) {
+        self.desired += sign * other.desired;
+        self.current += sign * other.current;
+        self.ready += sign * other.ready;
+        self.updated += sign * other.updated;
+        self.misscheduled += sign * other.misscheduled;
+    }
+}
+
+/// One DaemonSet across its nodes: each node's latest [`NodePlan`] (as counts and its outdated pod), so that
+/// the status and the rolling update are known after planning only the nodes that changed. The controller
+/// keeps one per DaemonSet between passes; [`plan`] fills a fresh one.
+#[derive(Clone, Debug, Default)]
+pub struct Rollout {
+    counts: Counts,
+    nodes: HashMap<String, (Counts, Option<(String, bool)>)>,
+    /// Outdated pods on fitting nodes by node, in node order: (pod name, Ready).
+    outdated: BTreeMap<String, (String, bool)>,
+}
+
+impl Rollout {
+    /// Takes `plan` as the node's latest, in place of the one recorded before.
+    pub fn record(&mut self, node: &str, plan: NodePlan) {
+        let counts = Counts::of(&plan);
+        let outdated = plan
+            .kept
+            .filter(|kept| !kept.updated)
+            .map(|kept| (kept.name, kept.ready));
+        if let Some((before, _)) = self.nodes.remove(node) {
+            self.counts.add(before, -1);
+        }
+        self.outdated.remove(node);
+        if let Some(outdated) = &outdated {
+            self.outdated.insert(node.to_owned(), outdated.clone());
+        }
+        if counts != Counts::default() || outdated.is_some() {
+            self.counts.add(counts, 1);
+            self.nodes.insert(node.to_owned(), (counts, outdated));
+        }
+    }
+
+    /// The nodes recorded (those where the DaemonSet has a pod or should have one).
+    pub fn nodes(&self) -> impl Iterator<Item = &str> {
+        self.nodes.keys().map(String::as_str)
+    }
+
+    /// The DaemonSet's status, and the outdated pods a rolling update replaces now, as (node, pod name):
+    /// every one that is not Ready, and Ready ones while fewer than `maxUnavailable` nodes are unavailable.
+    pub fn status_and_replacements(
+        &self,
+        template: &Template<'_>,
+    ) -> (DaemonSetStatus, Vec<(String, String)>) {
+        let counts = self.counts;
+        let some = |n: i32| (n > 0).then_some(n);
+        let unavailable = counts.desired - counts.ready;
+        let status = DaemonSetStatus {
+            desired_number_scheduled: counts.desired,
+            current_number_scheduled: counts.current,
+            number_ready: counts.ready,
+            number_available: some(counts.ready),
+            number_unavailable: some(unavailable),
+            updated_number_scheduled: some(counts.updated),
+            number_misscheduled: counts.misscheduled,
+            observed_generation: template.daemonset.metadata.generation,
+            ..DaemonSetStatus::default()
+        };
+        let mut replace = Vec::new();
+        if template.rolling() && !self.outdated.is_empty() {
+            // Pods already missing or not ready use up the budget; outdated pods that are not ready go first.
+            let mut budget = template.max_unavailable(counts.desired).max(1) - unavailable;
+            let not_ready = self.outdated.iter().filter(|(_, (_, ready))| !ready);
+            let ready = self.outdated.iter().filter(|(_, (_, ready))| *ready);
+            for (node, (name, ready)) in not_ready.chain(ready) {
+                if !ready {
+                    replace.push((node.clone(), name.clone()));
+                } else if budget > 0 {
+                    replace.push((node.clone(), name.clone()));
+                    budget -= 1;
+                }
             }
         }
+        (status, replace)
     }
-    plan.delete.sort();
-    plan.delete.dedup();
-    plan.status = status;
-    plan
 }
 
 /// Whether a pod of this spec may not join the pods already on its node: a required pod anti-affinity term
@@ -273,10 +443,6 @@ fn scaled(value: &IntOrString, total: i32) -> i32 {
             None => text.parse().unwrap_or(1),
         },
     }
-}
-
-fn count(n: usize) -> i32 {
-    i32::try_from(n).unwrap_or(i32::MAX)
 }
 
 fn owner(daemonset: &DaemonSet) -> OwnerReference {
@@ -619,6 +785,60 @@ mod tests {
             2,
             "50% of 3 rounds up to 2"
         );
+    }
+
+    #[test]
+    fn a_rollout_kept_node_by_node_says_what_a_whole_plan_says() {
+        let ds = daemonset("v2", "RollingUpdate", Some(IntOrString::Int(1)));
+        let hash = hash_of(&ds);
+        let template = Template::new(&ds);
+        let mut nodes: Vec<Node> = ["a", "b", "c"]
+            .iter()
+            .map(|n| node(n, &[("gpu", "true")], None, false))
+            .collect();
+        let mut pods: Vec<Pod> = ["a", "b", "c"]
+            .iter()
+            .map(|n| pod(&format!("p-{n}"), n, "old", true))
+            .collect();
+        let mut rollout = Rollout::default();
+        for (node, pod) in nodes.iter().zip(&pods) {
+            let name = node.metadata.name.as_deref().unwrap();
+            rollout.record(name, plan_node(&template, Some(node), std::slice::from_ref(pod)));
+        }
+        let kept = |rollout: &Rollout| {
+            let (status, replace) = rollout.status_and_replacements(&template);
+            (
+                status,
+                replace.into_iter().map(|(_, pod)| pod).collect::<Vec<_>>(),
+            )
+        };
+        let whole = |nodes: &[Node], pods: &[Pod]| {
+            let plan = plan(&ds, nodes, pods, &[]);
+            (plan.status, plan.delete)
+        };
+        assert_eq!(kept(&rollout), whole(&nodes, &pods));
+        assert_eq!(kept(&rollout).1, ["p-a"], "one outdated pod at a time");
+
+        // Only node a changes: its new pod is not ready yet, so no other outdated pod goes.
+        pods[0] = pod("p-a2", "a", &hash, false);
+        rollout.record("a", plan_node(&template, Some(&nodes[0]), &pods[..1]));
+        assert_eq!(kept(&rollout), whole(&nodes, &pods));
+        assert_eq!(kept(&rollout).0.updated_number_scheduled, Some(1));
+        assert!(kept(&rollout).1.is_empty(), "the budget is spent on node a");
+
+        // Node c stops matching: its pod goes and it no longer counts.
+        nodes[2] = node("c", &[], None, false);
+        let on_c = plan_node(&template, Some(&nodes[2]), &pods[2..]);
+        assert_eq!(on_c.delete, ["p-c"]);
+        rollout.record("c", on_c);
+        assert_eq!(kept(&rollout).0, whole(&nodes, &pods).0);
+        assert_eq!(kept(&rollout).0.desired_number_scheduled, 2);
+        assert_eq!(kept(&rollout).0.number_misscheduled, 1);
+
+        // Node c's pod is gone and the Node with it: nothing is left of it.
+        rollout.record("c", plan_node(&template, None, &[] as &[Pod]));
+        assert_eq!(kept(&rollout), whole(&nodes[..2], &pods[..2]));
+        assert_eq!(rollout.nodes().count(), 2);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! What a person watching the simulation sees: per node, each operand the node should run, in the chain
 //! order of the catalogue, and how far it got. Pure: rows from nodes, DaemonSets and pods.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -88,42 +89,50 @@ pub fn rows(nodes: &[Node], daemonsets: &[DaemonSet], pods: &[Pod]) -> Vec<Row> 
     nodes
         .into_iter()
         .map(|node| {
-            let name = node.name_any();
-            let here = pods_by_node.get(&name).map(Vec::as_slice).unwrap_or_default();
-            let mut operands = Vec::new();
-            let mut excluded = None;
-            for info in OPERANDS {
-                let mut wanted = false;
-                for ds in daemonsets.iter().filter(|ds| {
-                    ds.labels().get(gpuop_api::labels::COMPONENT).map(String::as_str) == Some(info.component)
-                }) {
-                    let Some(spec) = ds.spec.as_ref().and_then(|s| s.template.spec.as_ref()) else {
-                        continue;
-                    };
-                    match daemon_pod_fits(node, spec) {
-                        Ok(()) => wanted = true,
-                        Err(misfit @ Misfit::Taint(_))
-                            if node.labels().get(info.deploy_label).is_some_and(|v| v == "true") =>
-                        {
-                            excluded = Some(misfit.to_string());
-                        }
-                        Err(_) => {}
-                    }
-                }
-                if !wanted {
-                    continue;
-                }
-                let pod = here.iter().find(|pod| operand_of(pod) == Some(info.operand));
-                operands.push((info.operand, pod.map_or(Progress::Missing, |pod| progress(pod))));
-            }
-            Row {
-                node: name,
-                advertised: advertised(node),
-                operands,
-                excluded,
-            }
+            let here = pods_by_node
+                .get(&node.name_any())
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            row(node, daemonsets, here)
         })
         .collect()
+}
+
+/// One node's row, given the operand DaemonSets and the pods bound to the node (pods being deleted
+/// excluded).
+pub fn row<D: Borrow<DaemonSet>>(node: &Node, daemonsets: &[D], here: &[&Pod]) -> Row {
+    let mut operands = Vec::new();
+    let mut excluded = None;
+    for info in OPERANDS {
+        let mut wanted = false;
+        for ds in daemonsets.iter().map(Borrow::borrow).filter(|ds| {
+            ds.labels().get(gpuop_api::labels::COMPONENT).map(String::as_str) == Some(info.component)
+        }) {
+            let Some(spec) = ds.spec.as_ref().and_then(|s| s.template.spec.as_ref()) else {
+                continue;
+            };
+            match daemon_pod_fits(node, spec) {
+                Ok(()) => wanted = true,
+                Err(misfit @ Misfit::Taint(_))
+                    if node.labels().get(info.deploy_label).is_some_and(|v| v == "true") =>
+                {
+                    excluded = Some(misfit.to_string());
+                }
+                Err(_) => {}
+            }
+        }
+        if !wanted {
+            continue;
+        }
+        let pod = here.iter().find(|pod| operand_of(pod) == Some(info.operand));
+        operands.push((info.operand, pod.map_or(Progress::Missing, |pod| progress(pod))));
+    }
+    Row {
+        node: node.name_any(),
+        advertised: advertised(node),
+        operands,
+        excluded,
+    }
 }
 
 fn progress(pod: &Pod) -> Progress {

@@ -128,6 +128,7 @@ pub struct Simulation {
     state: Arc<SimState>,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    view: actors::ClusterView,
 }
 
 impl std::fmt::Debug for Simulation {
@@ -181,14 +182,21 @@ impl Simulation {
             add_workload(&client, workload).await?;
         }
         let shutdown = CancellationToken::new();
-        let tasks = actors::spawn(client.clone(), state.clone(), plays, shutdown.clone());
+        let (tasks, view) = actors::spawn(client.clone(), state.clone(), plays, shutdown.clone());
         info!(nodes = state.hosts().len(), "simulated cluster started");
         Ok(Self {
             client,
             state,
             shutdown,
             tasks,
+            view,
         })
+    }
+
+    /// Follows whether every node runs the operands of `namespace` it should, Ready, through the actors'
+    /// caches (see [`actors::Convergence`]).
+    pub fn convergence(&self, namespace: &str) -> actors::Convergence {
+        self.view.convergence(namespace)
     }
 
     /// Starts unrelated churn on the simulated nodes ([`crate::churn`]): a share of them changed each
