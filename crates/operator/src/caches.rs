@@ -800,6 +800,10 @@ impl NodeCache {
     }
 }
 
+/// Nodes per page of the node list (kube's default is 500: 11 MiB of body at a time, twice over while it
+/// is collected, for nodes of ~190 labels).
+const NODE_PAGE: u32 = 100;
+
 /// Follows the node watch into `cache`: every node whose record changed, and every relist, goes to the
 /// labeller's queue; controllers are woken only by a change of a record.
 fn follow_nodes(
@@ -814,10 +818,11 @@ fn follow_nodes(
     let shutdown = shutdown.clone();
     tokio::spawn(async move {
         loop {
-            // Decoded lean: only what the projection reads is built (see `WatchedNode`).
+            // Decoded lean: only what the projection reads is built (see `WatchedNode`). Listed a hundred
+            // at a time: a page is held whole while it is read, and a node of a real fleet is ~20 KB.
             let stream = watcher(
                 Api::<WatchedNode>::all(client.clone()),
-                watcher::Config::default(),
+                watcher::Config::default().page_size(NODE_PAGE),
             )
             .default_backoff();
             let mut stream = std::pin::pin!(stream);
