@@ -737,7 +737,8 @@ impl NodeCache {
         }
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, NodeTable> {
+    /// The table, read-locked: what is read through it is one consistent view (hold it briefly).
+    pub fn read(&self) -> std::sync::RwLockReadGuard<'_, NodeTable> {
         self.table
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -932,7 +933,8 @@ impl PodCache {
         }
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, PodTable> {
+    /// The table, read-locked: what is read through it is one consistent view (hold it briefly).
+    pub fn read(&self) -> std::sync::RwLockReadGuard<'_, PodTable> {
         self.table
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -627,6 +627,7 @@ async fn reconcile_active(
 
     let (mut facts, mut census) = {
         let mut judged = context.caches.judgements();
+        judged.start_pass();
         let count = judged.refresh_facts(&context.caches.nodes, &label_policy, &context.detection);
         context.metrics.nodes_judged(count);
         judged.cluster(FactsInput {
@@ -733,14 +734,29 @@ async fn reconcile_active(
         daemonsets.iter().map(|ds| &**ds),
         &revisions.iter().map(|r| &**r).collect::<Vec<_>>(),
     );
-    let observed = Observed {
-        nodes: &context.caches.nodes,
-        pods: &context.caches.pods,
-        owners: &owners,
-    };
     let (operands, driver_observations) = {
         let mut judged = context.caches.judgements();
-        let (operands, mut count) = observe(&rendered, &observed, &context.detection, &mut judged);
+        // One view of the nodes and pods for the tallies and the census both: the nodes may have changed
+        // since the facts were judged for rendering (a label the labeller must answer, say), and a census
+        // older than the tallies could call a node labelled whose new operand the tallies already miss.
+        let (nodes, pods) = (context.caches.nodes.read(), context.caches.pods.read());
+        let count = judged.refresh_facts(&*nodes, &label_policy, &context.detection);
+        let without_driver = std::mem::take(&mut census.gpu_nodes_without_driver);
+        census = judged
+            .cluster(FactsInput {
+                namespace: &context.namespace,
+                precompiled: validated.spec.driver.use_precompiled(),
+                service_monitor_crd: context.service_monitor_crd,
+            })
+            .1;
+        census.gpu_nodes_without_driver = without_driver;
+        let observed = Observed {
+            nodes: &*nodes,
+            pods: &*pods,
+            owners: &owners,
+        };
+        let (operands, placed) = observe(&rendered, &observed, &context.detection, &mut judged);
+        let mut count = count + placed;
         let driver_observations: Vec<Option<OperandObservation>> = driver_plans
             .iter()
             .map(|plan| {

@@ -207,17 +207,21 @@ impl Scope {
 }
 
 impl Judgements {
+    /// Starts a pass: the tallies of scopes the last pass did not use are dropped.
+    pub fn start_pass(&mut self) {
+        self.pass += 1;
+        let pass = self.pass;
+        self.scopes.retain(|_, scope| scope.used_in + 1 >= pass);
+    }
+
     /// Brings every node's facts up to date with `nodes` and the inputs; returns how many nodes were judged
-    /// anew. Starts a pass: placements of scopes the last pass did not use are dropped.
+    /// anew.
     pub fn refresh_facts(
         &mut self,
         nodes: &(impl NodeSource + ?Sized),
         labelling: &LabelPolicy,
         detection: &GpuDetection,
     ) -> usize {
-        self.pass += 1;
-        let pass = self.pass;
-        self.scopes.retain(|_, scope| scope.used_in + 1 >= pass);
         let same_inputs = self
             .facts_inputs
             .as_ref()
