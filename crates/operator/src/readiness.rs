@@ -569,6 +569,20 @@ mod tests {
                 &mut interner,
             ));
         }
+        // A pass with the kept judgements, a fresh judgement of the same cluster, and how many nodes the
+        // pass judged anew.
+        let pass =
+            |nodes: &NodeSet, pods: &PodSet, owners: &HashMap<String, Owner>, kept: &mut Judgements| {
+                let observed = Observed { nodes, pods, owners };
+                let (incremental, judged) = observe(&rendered, &observed, &GpuDetection::Nfd, kept);
+                let (fresh, _) = observe(
+                    &rendered,
+                    &observed,
+                    &GpuDetection::Nfd,
+                    &mut Judgements::default(),
+                );
+                (incremental, fresh, judged)
+            };
         let mut kept = Judgements::default();
         for round in 0..200 {
             for _ in 0..next(4) + 1 {
@@ -610,18 +624,7 @@ mod tests {
                 }
             }
             let owners = owners(&daemonsets, &revisions.iter().collect::<Vec<_>>());
-            let observed = Observed {
-                nodes: &nodes,
-                pods: &pods,
-                owners: &owners,
-            };
-            let (incremental, _) = observe(&rendered, &observed, &GpuDetection::Nfd, &mut kept);
-            let (fresh, _) = observe(
-                &rendered,
-                &observed,
-                &GpuDetection::Nfd,
-                &mut Judgements::default(),
-            );
+            let (incremental, fresh, _) = pass(&nodes, &pods, &owners, &mut kept);
             assert_eq!(incremental, fresh, "round {round}");
         }
 
@@ -636,18 +639,7 @@ mod tests {
         let owners = owners(&daemonsets, &revisions.iter().collect::<Vec<_>>());
         for ready in [true, false] {
             pods.put(flip(ready));
-            let observed = Observed {
-                nodes: &nodes,
-                pods: &pods,
-                owners: &owners,
-            };
-            let (incremental, judged) = observe(&rendered, &observed, &GpuDetection::Nfd, &mut kept);
-            let (fresh, _) = observe(
-                &rendered,
-                &observed,
-                &GpuDetection::Nfd,
-                &mut Judgements::default(),
-            );
+            let (incremental, fresh, judged) = pass(&nodes, &pods, &owners, &mut kept);
             assert_eq!(incremental, fresh);
             assert_eq!(judged, 0);
         }
