@@ -62,6 +62,11 @@ impl Changes {
     }
 }
 
+/// Locks a mutex whose holder may have panicked: what it guards is whole between statements.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Every cache the operator reads.
 #[derive(Clone, Debug)]
 pub struct Caches {
@@ -247,9 +252,7 @@ impl Caches {
 
     /// The judgements kept across passes (held only between awaits).
     pub fn judgements(&self) -> std::sync::MutexGuard<'_, Judgements> {
-        self.judged
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.judged)
     }
 
     /// Resources the operator needs but cannot read, each with the API's reason.
@@ -793,11 +796,7 @@ impl NodeCache {
     /// The projection of a node read from the API (after a write), with the keys the cache keeps.
     pub fn project(&self, node: &Node) -> NodeRecord {
         let keys = self.read().wanted.clone();
-        let mut interner = self
-            .interner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        NodeRecord::project(node, &keys, &mut interner)
+        NodeRecord::project(node, &keys, &mut lock(&self.interner))
     }
 }
 
@@ -837,13 +836,7 @@ fn follow_nodes(
                 let Some(item) = item else { return };
                 tracker.observe(&item);
                 let Ok(event) = item else { continue };
-                let told = {
-                    let mut interner = cache
-                        .interner
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    cache.write().apply(&event, &mut interner)
-                };
+                let told = cache.write().apply(&event, &mut lock(&cache.interner));
                 if let Some(told) = told {
                     let _ = labeller.send(told);
                     changed.notify();
@@ -1015,17 +1008,11 @@ fn follow_pods(
             let Some(item) = item else { return };
             tracker.observe(&item);
             let Ok(event) = item else { continue };
-            let changed_record = {
-                let mut interner = cache
-                    .interner
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                cache
-                    .table
-                    .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .apply(&event, &mut interner)
-            };
+            let changed_record = cache
+                .table
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .apply(&event, &mut lock(&cache.interner));
             match changed_record {
                 Some(PodChange::UpgradesRead) => {
                     changed.readiness.notify_one();
