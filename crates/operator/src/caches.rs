@@ -40,6 +40,7 @@ use crate::label_queue::NodeEvent;
 use crate::projection::{
     Interner, NodeFields, NodeKeys, NodeRecord, PodRecord, Text, WatchedNode, WatchedPod,
 };
+use crate::trimmed::{MetadataOnly, Statusless, unwrap_event};
 
 /// Wakes every controller when a cache changes. Each has its own `Notify`, so that one controller's
 /// wake-up is never taken by another.
@@ -139,8 +140,9 @@ impl Caches {
             changed,
             shutdown,
         );
-        let daemonsets = spawn(
-            Api::namespaced(client.clone(), namespace),
+        let daemonsets = spawn_decoded(
+            Api::<Statusless<DaemonSet>>::namespaced(client.clone(), namespace),
+            |ds| ds.0,
             watcher::Config::default().labels(&managed_label),
             // Nothing reads a DaemonSet's status or version: the DaemonSet controller's status writes,
             // one per pod that changes, wake nobody.
@@ -191,33 +193,37 @@ impl Caches {
             let writer = reflector::store::Writer::new(kind.api_resource());
             let reader = writer.as_reader();
             let tracker = availability.track(&kind.resource(), kind.kind == "ServiceMonitor");
-            let stream = watcher(
-                kind.api(client.clone(), namespace),
-                watcher::Config::default().labels(&managed_label),
-            )
-            .default_backoff()
-            .modify(|object: &mut DynamicObject| {
-                object.data = serde_json::Value::Null;
-                crate::drift::trim_managed_fields(&mut object.metadata.managed_fields);
-            })
-            // A write to the object's status moves only its version here (the status and the status
-            // subresource's managed fields are trimmed): it wakes nobody, and the version kept is that of
-            // the last change an apply plan reads.
-            .try_filter({
-                let known = reader.clone();
-                let resource = kind.api_resource();
-                move |event| {
-                    let news = match event {
-                        watcher::Event::Apply(object) => !known
-                            .get(&reflector::ObjectRef::from_obj_with(object, resource.clone()))
-                            .is_some_and(|stored| same_but_version(&stored, object)),
-                        _ => true,
-                    };
-                    std::future::ready(news)
-                }
-            })
-            .reflect(writer)
-            .inspect(move |item| tracker.observe(item));
+            let resource = kind.api_resource();
+            let api: Api<MetadataOnly> = if kind.namespaced {
+                Api::namespaced_with(client.clone(), namespace, &resource)
+            } else {
+                Api::all_with(client.clone(), &resource)
+            };
+            let stream = watcher(api, watcher::Config::default().labels(&managed_label))
+                .map_ok(|event| unwrap_event(event, |object| object.0))
+                .default_backoff()
+                .modify(|object: &mut DynamicObject| {
+                    object.data = serde_json::Value::Null;
+                    crate::drift::trim_managed_fields(&mut object.metadata.managed_fields);
+                })
+                // A write to the object's status moves only its version here (the status and the status
+                // subresource's managed fields are trimmed): it wakes nobody, and the version kept is that of
+                // the last change an apply plan reads.
+                .try_filter({
+                    let known = reader.clone();
+                    let resource = kind.api_resource();
+                    move |event| {
+                        let news = match event {
+                            watcher::Event::Apply(object) => !known
+                                .get(&reflector::ObjectRef::from_obj_with(object, resource.clone()))
+                                .is_some_and(|stored| same_but_version(&stored, object)),
+                            _ => true,
+                        };
+                        std::future::ready(news)
+                    }
+                })
+                .reflect(writer)
+                .inspect(move |item| tracker.observe(item));
             run(stream, changed, shutdown);
             managed.insert(kind.kind, reader);
         }
@@ -557,9 +563,44 @@ where
         + Sync
         + 'static,
 {
+    spawn_decoded(
+        api,
+        std::convert::identity,
+        config,
+        trim,
+        unchanged,
+        tracker,
+        changed,
+        shutdown,
+    )
+}
+
+/// [`spawn`], for objects read as `W` (a leaner decoding) and kept as `K`.
+#[allow(clippy::too_many_arguments)]
+fn spawn_decoded<W, K>(
+    api: Api<W>,
+    decoded: fn(W) -> K,
+    config: watcher::Config,
+    trim: impl FnMut(&mut K) + Send + 'static,
+    unchanged: fn(&K, &K) -> bool,
+    tracker: Tracker,
+    changed: &Arc<Changes>,
+    shutdown: &CancellationToken,
+) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    W: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
     let (reader, writer) = reflector::store();
     let known = reader.clone();
     let stream = watcher(api, config)
+        .map_ok(move |event| unwrap_event(event, decoded))
         .default_backoff()
         .modify(trim)
         .try_filter(move |event| {
@@ -634,6 +675,11 @@ struct NodeRelist {
 }
 
 impl NodeTable {
+    /// A node's resourceVersion as last seen.
+    pub fn version(&self, name: &str) -> Option<&str> {
+        self.versions.get(name).map(|v| &**v)
+    }
+
     /// Every record.
     pub fn records(&self) -> Vec<Arc<NodeRecord>> {
         self.nodes.nodes()
@@ -700,11 +746,41 @@ impl NodeTable {
 
 /// Whether two trimmed managed objects differ in nothing but their `resourceVersion`.
 fn same_but_version(stored: &DynamicObject, new: &DynamicObject) -> bool {
-    let meta = |object: &DynamicObject| ObjectMeta {
-        resource_version: None,
-        ..object.metadata.clone()
-    };
-    stored.types == new.types && meta(stored) == meta(new)
+    // Field by field, so that a field ObjectMeta gains is compared too (this does not compile without it).
+    let ObjectMeta {
+        annotations,
+        creation_timestamp,
+        deletion_grace_period_seconds,
+        deletion_timestamp,
+        finalizers,
+        generate_name,
+        generation,
+        labels,
+        managed_fields,
+        name,
+        namespace,
+        owner_references,
+        resource_version: _,
+        self_link,
+        uid,
+    } = &stored.metadata;
+    let other = &new.metadata;
+    stored.types == new.types
+        && stored.data == new.data
+        && *name == other.name
+        && *namespace == other.namespace
+        && *uid == other.uid
+        && *generation == other.generation
+        && *labels == other.labels
+        && *annotations == other.annotations
+        && *owner_references == other.owner_references
+        && *finalizers == other.finalizers
+        && *deletion_timestamp == other.deletion_timestamp
+        && *deletion_grace_period_seconds == other.deletion_grace_period_seconds
+        && *creation_timestamp == other.creation_timestamp
+        && *generate_name == other.generate_name
+        && *self_link == other.self_link
+        && *managed_fields == other.managed_fields
 }
 
 /// How the ConfigMap keys' watch is named in the availability (the managed ConfigMaps' watch is

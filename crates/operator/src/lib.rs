@@ -35,6 +35,7 @@ pub mod readiness;
 pub mod render_command;
 pub mod run;
 pub mod status;
+pub mod trimmed;
 pub mod uninstall;
 pub mod upgrade;
 
