@@ -150,7 +150,7 @@ pub fn judge_placement(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::changes::{NodeSet, PodSet};
     use crate::projection::{Interner, PodRecord};
@@ -166,7 +166,7 @@ mod tests {
     use std::collections::BTreeSet;
     use std::sync::Arc;
 
-    fn node(name: &str, labels: &[(&str, &str)], taint: Option<&str>) -> Node {
+    pub(crate) fn node(name: &str, labels: &[(&str, &str)], taint: Option<&str>) -> Node {
         Node {
             metadata: ObjectMeta {
                 name: Some(name.into()),
@@ -209,7 +209,7 @@ mod tests {
         }
     }
 
-    fn daemonset(operand: Operand) -> DaemonSet {
+    pub(crate) fn daemonset(operand: Operand) -> DaemonSet {
         DaemonSet {
             metadata: ObjectMeta {
                 name: Some(operand.info().daemonset.into()),
@@ -220,7 +220,7 @@ mod tests {
         }
     }
 
-    fn pod(operand: Operand, node: &str, ready: bool, hash: &str) -> Pod {
+    pub(crate) fn pod(operand: Operand, node: &str, ready: bool, hash: &str) -> Pod {
         Pod {
             metadata: ObjectMeta {
                 name: Some(format!("{operand}-{node}")),
@@ -249,7 +249,7 @@ mod tests {
         }
     }
 
-    fn revision(operand: Operand, hash: &str, number: i64) -> ControllerRevision {
+    pub(crate) fn revision(operand: Operand, hash: &str, number: i64) -> ControllerRevision {
         ControllerRevision {
             metadata: ObjectMeta {
                 labels: Some([(REVISION_HASH.to_owned(), hash.to_owned())].into()),

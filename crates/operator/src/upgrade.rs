@@ -19,8 +19,10 @@ use gpuop_api::labels::{UPGRADE_ENABLED_ANNOTATION, UPGRADE_STATE};
 use gpuop_api::read::NodeRead;
 use gpuop_api::upgrade::observe::{DriverPods, PoolScope, node_view, validators, workload_pod};
 use gpuop_api::upgrade::{
-    Decision, EVICTION_RETRY_SECONDS, Step, UpgradeCounts, UpgradePolicy, UpgradeState, WorkloadPod, decide,
+    Decision, EVICTION_RETRY_SECONDS, NodeView, Step, UpgradeCounts, UpgradePolicy, UpgradeState,
+    WorkloadPod, decide,
 };
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, EvictParams, Patch, PatchParams};
@@ -33,6 +35,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::changes::{Changed, NodeSource, PodSource};
 use crate::controller::Context;
 use crate::projection::NodeRecord;
 
@@ -81,8 +84,8 @@ pub type Pools = watch::Sender<Option<Upgrades>>;
 /// What a pass remembers for the next.
 #[derive(Debug, Default)]
 struct Memory {
-    /// Per node, the state seen and since when (seconds).
-    since: BTreeMap<String, (UpgradeState, i64)>,
+    /// The views of the nodes, kept from pass to pass.
+    kept: Kept,
     /// Per node, the resourceVersion it had when this controller patched it, the patched node and its
     /// resourceVersion.
     patched: BTreeMap<String, Patched>,
@@ -159,55 +162,61 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
     let mut computing = Duration::ZERO;
     let mut segment = Instant::now();
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    memory
-        .patched
-        .retain(|_, patched| patched.at.elapsed() < IN_FLIGHT);
+    // A node whose patched copy stops standing in is viewed again from the cache.
+    let mut again: BTreeSet<String> = BTreeSet::new();
+    memory.patched.retain(|name, patched| {
+        let fresh = patched.at.elapsed() < IN_FLIGHT;
+        if !fresh {
+            again.insert(name.clone());
+        }
+        fresh
+    });
     memory.deleted.retain(|_, at| at.elapsed() < IN_FLIGHT);
     memory
         .evicted
         .retain(|_, at| at.elapsed() < Duration::from_secs(EVICTION_RETRY_SECONDS));
-    let nodes = current_nodes(context, memory);
-    let pods = context.caches.pods.state();
-    let daemonsets = context.caches.daemonsets.state();
-    let revisions = context.caches.revisions.state();
-    let drivers = DriverPods::index(
-        pods.iter().map(|p| &**p),
-        &daemonsets.iter().map(|d| &**d).collect::<Vec<_>>(),
-        &revisions.iter().map(|r| &**r).collect::<Vec<_>>(),
-    );
-    let validators = validators(pods.iter().map(|p| &**p));
+    let mut basis = Basis {
+        scopes: pools.iter().map(|pool| pool.scope.clone()).collect(),
+        daemonsets: context.caches.daemonsets.state(),
+        revisions: context.caches.revisions.state(),
+    };
+    basis
+        .daemonsets
+        .sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    basis
+        .revisions
+        .sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    {
+        let (nodes, pods) = (context.caches.nodes.read(), context.caches.pods.read());
+        // This controller's own patches stand in for cached copies that do not show them yet; once the
+        // cache shows a node changed since, the cache's copy is the newer one.
+        memory
+            .patched
+            .retain(|name, patched| nodes.version(name) == patched.before.as_deref());
+        again.extend(memory.patched.keys().cloned());
+        let patched = &memory.patched;
+        let stand_in = |name: &str| patched.get(name).map(|p| p.node.clone());
+        memory.kept.refresh(&*nodes, &*pods, basis, &stand_in, again, now);
+    }
 
     let mut next = RESYNC;
     let mut total = UpgradeCounts::default();
-    let mut seen: BTreeSet<String> = BTreeSet::new();
-    for pool in pools {
-        let members: Vec<&Arc<NodeRecord>> = nodes
-            .values()
-            .filter(|node| pool.scope.includes(node, &drivers))
-            .collect();
+    for (index, pool) in pools.iter().enumerate() {
+        let Memory { kept, node_pods, .. } = &mut *memory;
+        let members = &mut kept.members[index];
         let Some(policy) = &pool.policy else {
+            let names: Vec<String> = members.keys().cloned().collect();
             computing += segment.elapsed();
-            next = next.min(switch_off(context, pool, &members).await);
+            next = next.min(switch_off(context, pool, &names, memory).await);
             segment = Instant::now();
             continue;
         };
-        let mut views = Vec::with_capacity(members.len());
+        // The nodes being emptied get their pods for this pass.
         let mut unknown: BTreeSet<String> = BTreeSet::new();
-        for node in &members {
-            let name = node.name.to_string();
-            seen.insert(name.clone());
-            let mut view = node_view(
-                node,
-                drivers.on(&name, &pool.scope.daemonsets),
-                validators.get(&name).copied().flatten(),
-            );
-            let since = memory.since.entry(name.clone()).or_insert((view.state, now));
-            if since.0 != view.state {
-                *since = (view.state, now);
-            }
-            view.state_since = since.1;
+        for (name, view) in members.iter_mut() {
+            view.pods = Vec::new();
             if emptying(view.state) {
-                match memory.node_pods.of(context, &name) {
+                match node_pods.of(context, name) {
                     Some(pods) => view.pods = pods,
                     // Not listed yet: the node stays where it is this pass (it still counts in the budget).
                     None => {
@@ -215,21 +224,22 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
                     }
                 }
             }
-            views.push(view);
         }
+        let views: Vec<&NodeView> = members.values().collect();
         let mut decision = decide(policy, &views, now);
         decision.steps.retain(|step| !unknown.contains(&step.node));
         computing += segment.elapsed();
-        next = next.min(carry_out(context, pool, &decision, &nodes, memory).await);
+        next = next.min(carry_out(context, pool, &decision, memory).await);
         segment = Instant::now();
         add(&mut total, &decision.counts);
     }
-    memory.since.retain(|name, _| seen.contains(name));
     let emptied: BTreeSet<&str> = memory
-        .since
+        .kept
+        .members
         .iter()
-        .filter(|(_, (state, _))| emptying(*state))
-        .map(|(name, _)| name.as_str())
+        .flat_map(|members| members.values())
+        .filter(|view| emptying(view.state))
+        .map(|view| view.name.as_str())
         .collect();
     memory.node_pods.keep_only(&emptied);
     memory.upgrading = total.pending + total.in_progress > total.failed;
@@ -238,24 +248,144 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
     next
 }
 
-/// Every node, with this controller's own patches standing in for cached copies that do not show them yet.
-fn current_nodes(context: &Context, memory: &mut Memory) -> BTreeMap<String, Arc<NodeRecord>> {
-    let mut nodes: BTreeMap<String, Arc<NodeRecord>> = context
-        .caches
-        .nodes
-        .state()
-        .into_iter()
-        .map(|node| (node.name.to_string(), node))
-        .collect();
-    memory.patched.retain(|name, patched| match nodes.get_mut(name) {
-        // The cache still shows the node as it was before the patch: the patched copy is newer.
-        Some(cached) if context.caches.nodes.resource_version(name) == patched.before => {
-            *cached = patched.node.clone();
-            true
+/// What the views were made for: the pools' scopes, the DaemonSets and their revisions (a change of any
+/// of these makes every view anew).
+struct Basis {
+    scopes: Vec<PoolScope>,
+    daemonsets: Vec<Arc<DaemonSet>>,
+    revisions: Vec<Arc<ControllerRevision>>,
+}
+
+impl Basis {
+    fn same(&self, other: &Basis) -> bool {
+        fn same_arcs<T>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
+            a.len() == b.len() && a.iter().zip(b).all(|(a, b)| Arc::ptr_eq(a, b))
         }
-        _ => false,
-    });
-    nodes
+        self.scopes == other.scopes
+            && same_arcs(&self.daemonsets, &other.daemonsets)
+            && same_arcs(&self.revisions, &other.revisions)
+    }
+}
+
+/// What the passes keep of the caches, brought up to date with the nodes whose record or pods changed
+/// since the last pass: the driver pods and validators by node, and each pool's members as the decision
+/// sees them. A pass costs the nodes that changed, not the cluster.
+#[derive(Debug, Default)]
+struct Kept {
+    /// The node and pod caches' marks it is up to date with; `None` until the first pass.
+    marks: Option<(u64, u64)>,
+    basis: Option<Basis>,
+    /// The driver pods, by node.
+    drivers: DriverPods,
+    /// Since when each node's validator has been Ready, by node.
+    validators: BTreeMap<String, Option<i64>>,
+    /// Per pool (in the order of the basis' scopes), its members' views by name. The pods of the nodes
+    /// being emptied are set by each pass.
+    members: Vec<BTreeMap<String, NodeView>>,
+}
+
+impl std::fmt::Debug for Basis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Basis")
+            .field("scopes", &self.scopes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Kept {
+    /// Views again the nodes that changed since the last refresh and those in `again`, or every node when
+    /// the basis changed or a cache was listed anew. `stand_in` gives a node as this controller patched it,
+    /// where the cache does not show the patch yet. Returns how many nodes were viewed.
+    fn refresh(
+        &mut self,
+        nodes: &(impl NodeSource + ?Sized),
+        pods: &(impl PodSource + ?Sized),
+        basis: Basis,
+        stand_in: &dyn Fn(&str) -> Option<Arc<NodeRecord>>,
+        again: BTreeSet<String>,
+        now: i64,
+    ) -> usize {
+        let (node_mark, node_changes) = nodes.changes(self.marks.map_or(0, |m| m.0));
+        let (pod_mark, pod_changes) = pods.changes(self.marks.map_or(0, |m| m.1));
+        let same_basis = self.basis.as_ref().is_some_and(|kept| kept.same(&basis));
+        // Made anew, the views still count each state from when it was first seen.
+        let mut previous = Vec::new();
+        let names: BTreeSet<String> = match (same_basis, node_changes, pod_changes) {
+            (true, Changed::Names(changed), Changed::Names(moved)) => changed
+                .iter()
+                .chain(&moved)
+                .map(|name| name.to_string())
+                .chain(again)
+                .collect(),
+            _ => {
+                self.drivers = DriverPods::default();
+                self.validators.clear();
+                previous = std::mem::replace(
+                    &mut self.members,
+                    basis.scopes.iter().map(|_| BTreeMap::new()).collect(),
+                );
+                nodes.nodes().iter().map(|node| node.name.to_string()).collect()
+            }
+        };
+        let daemonsets: Vec<&DaemonSet> = basis.daemonsets.iter().map(|d| &**d).collect();
+        let revisions: Vec<&ControllerRevision> = basis.revisions.iter().map(|r| &**r).collect();
+        for name in &names {
+            let Some(node) = stand_in(name).or_else(|| nodes.node(name)) else {
+                self.drivers.by_node.remove(name);
+                self.validators.remove(name);
+                for members in &mut self.members {
+                    members.remove(name);
+                }
+                continue;
+            };
+            let on_node = pods.on_node(name);
+            let on_node = || on_node.iter().map(|pod| &**pod);
+            match DriverPods::index(on_node(), &daemonsets, &revisions)
+                .by_node
+                .remove(name)
+            {
+                Some(drivers) => self.drivers.by_node.insert(name.clone(), drivers),
+                None => self.drivers.by_node.remove(name),
+            };
+            match validators(on_node()).remove(name) {
+                Some(since) => self.validators.insert(name.clone(), since),
+                None => self.validators.remove(name),
+            };
+            let mut seen: Option<(UpgradeState, i64)> = None;
+            for members in self.members.iter_mut().chain(&mut previous) {
+                if let Some(old) = members.remove(name) {
+                    seen = Some((old.state, old.state_since));
+                }
+            }
+            for (scope, members) in basis.scopes.iter().zip(&mut self.members) {
+                if !scope.includes(&*node, &self.drivers) {
+                    continue;
+                }
+                let mut view = node_view(
+                    &*node,
+                    self.drivers.on(name, &scope.daemonsets),
+                    self.validators.get(name).copied().flatten(),
+                );
+                // Eviction timeouts count from when the state was first seen.
+                view.state_since = match seen {
+                    Some((state, since)) if state == view.state => since,
+                    _ => now,
+                };
+                members.insert(name.clone(), view);
+            }
+        }
+        self.marks = Some((node_mark, pod_mark));
+        self.basis = Some(basis);
+        names.len()
+    }
+}
+
+/// A node as this controller sees it: its own patch while the cache does not show it, else the cache's.
+fn current_node(context: &Context, memory: &Memory, name: &str) -> Option<Arc<NodeRecord>> {
+    match memory.patched.get(name) {
+        Some(patched) => Some(patched.node.clone()),
+        None => context.caches.nodes.get(name),
+    }
 }
 
 /// The resourceVersion of the node as this controller sees it: its own patch's while the cache does not
@@ -397,7 +527,6 @@ async fn carry_out(
     context: &Context,
     pool: &UpgradePool,
     decision: &Decision,
-    nodes: &BTreeMap<String, Arc<NodeRecord>>,
     memory: &mut Memory,
 ) -> Duration {
     let mut next = decision.recheck_in.map_or(RESYNC, Duration::from_secs);
@@ -426,7 +555,7 @@ async fn carry_out(
     }
     for chunk in steps.chunks(CONCURRENCY) {
         let results = futures::future::join_all(chunk.iter().map(|step| {
-            let node = nodes.get(&step.node).cloned();
+            let node = current_node(context, memory, &step.node);
             let version = version_of(context, memory, &step.node);
             async move {
                 let result = execute(context, pool, step, node.as_deref(), version.clone()).await;
@@ -588,10 +717,13 @@ async fn execute(
 
 /// With automatic upgrades off, the state labels go (as NVIDIA's operator removes them), so that a later
 /// switch-on starts from what the drivers are, not from stale states.
-async fn switch_off(context: &Context, pool: &UpgradePool, members: &[&Arc<NodeRecord>]) -> Duration {
+async fn switch_off(context: &Context, pool: &UpgradePool, members: &[String], memory: &Memory) -> Duration {
     let api: Api<Node> = Api::all(context.client.clone());
     let mut next = RESYNC;
-    for node in members {
+    for node in members
+        .iter()
+        .filter_map(|name| current_node(context, memory, name))
+    {
         let labelled = node.label(UPGRADE_STATE).is_some();
         let annotated = node.annotation(UPGRADE_ENABLED_ANNOTATION).is_some();
         if !labelled && !annotated {
@@ -692,6 +824,141 @@ fn add(total: &mut UpgradeCounts, counts: &UpgradeCounts) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::changes::{NodeSet, PodSet};
+    use crate::projection::{Interner, NodeKeys, PodRecord};
+    use crate::readiness::tests::{daemonset, node, pod, revision};
+    use gpuop_api::Operand;
+    use gpuop_api::labels::COMPONENT;
+
+    /// A driver or validator pod as the upgrade controller reads it.
+    fn operand_pod(operand: Operand, node: &str, ready: bool, hash: &str) -> PodRecord {
+        let mut pod = pod(operand, node, ready, hash);
+        let labels = pod.metadata.labels.get_or_insert_default();
+        labels.insert(COMPONENT.to_owned(), operand.info().component.to_owned());
+        labels.insert("app".to_owned(), operand.info().daemonset.to_owned());
+        PodRecord::project(&pod, &mut Interner::default())
+    }
+
+    /// Over random changes of nodes (their state label, cordon), driver and validator pods, revisions and
+    /// pools, the kept views stay what views made afresh are; a pass with nothing changed views no node,
+    /// and one after one pod changed views that pod's node only.
+    #[test]
+    fn kept_views_follow_every_change_as_fresh_views_would() {
+        let driver = daemonset(Operand::Driver);
+        let scope = |held: &[&str]| PoolScope {
+            routed_to: None,
+            daemonsets: [driver.metadata.name.clone().unwrap()].into(),
+            held: held.iter().map(|n| (*n).to_owned()).collect(),
+        };
+        let mut scopes = vec![scope(&[])];
+        let daemonsets = vec![Arc::new(driver.clone())];
+        let mut revisions = vec![Arc::new(revision(Operand::Driver, "r1", 1))];
+        let mut interner = Interner::default();
+        let mut nodes = NodeSet::default();
+        let mut pods = PodSet::default();
+        let mut seed = 4242u64;
+        let mut next = move |bound: usize| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as usize % bound
+        };
+        let states = [
+            "",
+            "upgrade-done",
+            "upgrade-required",
+            "cordon-required",
+            "pod-restart-required",
+        ];
+        let mut kept = Kept::default();
+        let no_stand_in = |_: &str| None;
+        for round in 0..300 {
+            let now = 1_000 + round;
+            for _ in 0..next(5) + 1 {
+                let name = format!("gpu-{:02}", next(50));
+                match next(7) {
+                    0 => {
+                        let state = states[next(states.len())];
+                        let labels: Vec<(&str, &str)> = [(UPGRADE_STATE, state)]
+                            .into_iter()
+                            .filter(|(_, v)| !v.is_empty())
+                            .collect();
+                        let mut node = node(&name, &labels, None);
+                        node.spec.get_or_insert_default().unschedulable = Some(next(3) == 0);
+                        nodes.put(NodeRecord::project(&node, &NodeKeys::default(), &mut interner));
+                    }
+                    1 => {
+                        nodes.remove(&name);
+                    }
+                    2 => {
+                        pods.remove(&format!("{}-{name}", Operand::Driver));
+                    }
+                    3 => {
+                        pods.put(operand_pod(Operand::OperatorValidator, &name, next(2) == 0, "v"));
+                    }
+                    4 if next(6) == 0 => {
+                        let number = revisions.len() as i64 + 1;
+                        revisions.push(Arc::new(revision(Operand::Driver, &format!("r{number}"), number)));
+                    }
+                    5 if next(6) == 0 => {
+                        scopes = vec![scope(&[&name])];
+                    }
+                    _ => {
+                        let hash = format!("r{}", 1 + next(revisions.len()));
+                        pods.put(operand_pod(Operand::Driver, &name, next(3) != 0, &hash));
+                    }
+                }
+            }
+            let basis = || Basis {
+                scopes: scopes.clone(),
+                daemonsets: daemonsets.clone(),
+                revisions: revisions.clone(),
+            };
+            let before = kept.members.first().cloned().unwrap_or_default();
+            kept.refresh(&nodes, &pods, basis(), &no_stand_in, BTreeSet::new(), now);
+            let mut fresh = Kept::default();
+            fresh.refresh(&nodes, &pods, basis(), &no_stand_in, BTreeSet::new(), now);
+            assert_eq!(kept.drivers, fresh.drivers, "round {round}");
+            assert_eq!(kept.validators, fresh.validators, "round {round}");
+            assert_eq!(kept.members.len(), 1);
+            let members = &kept.members[0];
+            assert_eq!(
+                members.keys().collect::<Vec<_>>(),
+                fresh.members[0].keys().collect::<Vec<_>>(),
+                "round {round}"
+            );
+            for (name, view) in members {
+                // A state seen before counts from when it was first seen.
+                let since = match before.get(name) {
+                    Some(old) if old.state == view.state => old.state_since,
+                    _ => now,
+                };
+                let fresh = &fresh.members[0][name];
+                assert_eq!(view.state_since, since, "round {round}: {name}");
+                assert_eq!(
+                    NodeView {
+                        state_since: now,
+                        ..view.clone()
+                    },
+                    *fresh,
+                    "round {round}: {name}"
+                );
+            }
+        }
+        assert!(kept.members[0].len() > 10, "the random cluster keeps members");
+
+        let basis = || Basis {
+            scopes: scopes.clone(),
+            daemonsets: daemonsets.clone(),
+            revisions: revisions.clone(),
+        };
+        let viewed = kept.refresh(&nodes, &pods, basis(), &no_stand_in, BTreeSet::new(), 5_000);
+        assert_eq!(viewed, 0, "nothing changed");
+        let name = kept.members[0].keys().next().unwrap().clone();
+        pods.put(operand_pod(Operand::OperatorValidator, &name, true, "later"));
+        let viewed = kept.refresh(&nodes, &pods, basis(), &no_stand_in, BTreeSet::new(), 5_001);
+        assert_eq!(viewed, 1, "one pod changed");
+    }
 
     #[test]
     fn a_trimmed_pod_looks_the_same_to_the_eviction_rules() {

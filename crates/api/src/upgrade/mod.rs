@@ -19,6 +19,7 @@
 //! - workload pods that can never be evicted under the policy (unmanaged without `force`, emptyDir without
 //!   `deleteEmptyDir`) fail the node at once, naming them, instead of after the timeout.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -458,14 +459,14 @@ struct Budget {
 }
 
 impl Budget {
-    fn of(policy: &UpgradePolicy, nodes: &[NodeView]) -> Self {
+    fn of<V: Borrow<NodeView>>(policy: &UpgradePolicy, nodes: &[V]) -> Self {
         let managed = u32::try_from(nodes.len()).unwrap_or(u32::MAX);
+        let nodes = || nodes.iter().map(Borrow::borrow);
         Self {
             max_parallel: policy.max_parallel,
             max_unavailable: policy.max_unavailable.scaled_up(managed) as usize,
-            in_progress: nodes.iter().filter(|n| n.state.is_in_progress()).count(),
-            unavailable: nodes
-                .iter()
+            in_progress: nodes().filter(|n| n.state.is_in_progress()).count(),
+            unavailable: nodes()
                 .filter(|n| n.unavailable() || n.state == UpgradeState::CordonRequired)
                 .count(),
         }
@@ -507,13 +508,15 @@ impl Budget {
 
 /// Decides the next move of every managed node of one pool (a ClusterPolicy's or an NVIDIADriver's), at
 /// `now` (seconds). Auto upgrade must be on: with it off the caller removes the state labels instead.
-pub fn decide(policy: &UpgradePolicy, nodes: &[NodeView], now: i64) -> Decision {
+pub fn decide<V: Borrow<NodeView>>(policy: &UpgradePolicy, nodes: &[V], now: i64) -> Decision {
     let mut budget = Budget::of(policy, nodes);
     let mut decision = Decision::default();
     let mut recheck = Recheck::default();
+    let nodes: Vec<&NodeView> = nodes.iter().map(Borrow::borrow).collect();
     // Nodes waiting for a slot: those that cost no capacity first, then by name.
     let mut candidates: Vec<&NodeView> = nodes
         .iter()
+        .copied()
         .filter(|n| n.state == UpgradeState::Required)
         .collect();
     candidates.sort_by_key(|n| (!n.unavailable(), n.name.as_str()));
@@ -526,7 +529,7 @@ pub fn decide(policy: &UpgradePolicy, nodes: &[NodeView], now: i64) -> Decision 
             Err(why) => decision.waiting.push((node.name.clone(), why)),
         }
     }
-    let mut sorted: Vec<&NodeView> = nodes.iter().collect();
+    let mut sorted = nodes.clone();
     sorted.sort_by_key(|n| n.name.as_str());
     for node in sorted {
         let step = match started.remove(node.name.as_str()) {
@@ -552,7 +555,7 @@ pub fn decide(policy: &UpgradePolicy, nodes: &[NodeView], now: i64) -> Decision 
             decision.steps.push(step);
         }
     }
-    decision.counts = counts(nodes, &decision.steps, &budget);
+    decision.counts = counts(&nodes, &decision.steps, &budget);
     decision.recheck_in = recheck.0;
     decision
 }
@@ -967,7 +970,7 @@ fn listed(items: &[String]) -> String {
     text
 }
 
-fn counts(nodes: &[NodeView], steps: &[Step], budget: &Budget) -> UpgradeCounts {
+fn counts(nodes: &[&NodeView], steps: &[Step], budget: &Budget) -> UpgradeCounts {
     let moved: BTreeMap<&str, UpgradeState> = steps
         .iter()
         .filter_map(|s| Some((s.node.as_str(), s.to?)))
