@@ -19,7 +19,7 @@ use gpuop_operator::caches::{NodeTable, PodTable};
 use gpuop_operator::index::Judgements;
 use gpuop_operator::labeler::LabelPolicy;
 use gpuop_operator::projection::Interner;
-use gpuop_operator::readiness::{Observed, observe};
+use gpuop_operator::readiness::{Observed, Templates, observe};
 use gpuop_render::{Manifest, Rendered};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::watcher;
@@ -327,7 +327,12 @@ fn main() {
                 pods: &pod_table,
                 owners: &owners,
             };
-            let (observations, placed) = observe(&rendered(), &observed, &GpuDetection::Nfd, &mut judgements);
+            let (observations, placed) = observe(
+                &Templates::of(&rendered()),
+                &observed,
+                &GpuDetection::Nfd,
+                &mut judgements,
+            );
             drop(observations);
             let judged_kib = rss_kib();
             println!(

@@ -47,7 +47,7 @@ use crate::lease::Leadership;
 use crate::metrics::{Metrics, ReconciliationStatus};
 use crate::pod_security;
 use crate::projection::{NodeKeys, NodeRecord};
-use crate::readiness::{self, Observed, observe};
+use crate::readiness::{self, Observed, Templates, observe};
 use crate::status::Failure;
 use crate::status::{
     OperandObservation, Outcome, bounded_note, driver_status, only_counts_differ, policy_status, transition,
@@ -121,6 +121,8 @@ struct RenderMemo {
     validated: ValidatedPolicy,
     facts: ClusterFacts,
     rendered: Arc<Rendered>,
+    /// Its DaemonSets' pod templates, parsed once.
+    templates: Arc<Templates>,
 }
 
 /// Everything an apply plan is made from.
@@ -245,8 +247,18 @@ impl Context {
             validated: validated.clone(),
             facts: facts.clone(),
             rendered: rendered.clone(),
+            templates: Arc::new(Templates::of(&rendered)),
         });
         Ok(rendered)
+    }
+
+    /// The pod templates of a rendering: those of the last policy rendering are parsed once, others (the
+    /// NVIDIADrivers', rendered each pass) now.
+    fn templates(&self, rendered: &Arc<Rendered>) -> Arc<Templates> {
+        match &self.memo().render {
+            Some(last) if Arc::ptr_eq(&last.rendered, rendered) => last.templates.clone(),
+            _ => Arc::new(Templates::of(rendered)),
+        }
     }
 }
 
@@ -720,10 +732,15 @@ async fn reconcile_active(
     }
 
     let mut next = if awaiting_echo { IN_FLIGHT } else { RESYNC };
+    let templates = context.templates(&rendered);
+    let driver_templates: Vec<Templates> = driver_plans
+        .iter()
+        .map(|plan| Templates::of(&plan.rendered))
+        .collect();
     // The pods are judged against the templates' selectors: the nodes must keep the NFD labels they read.
     let mut keys = NodeKeys::default();
-    for rendered in std::iter::once(&*rendered).chain(driver_plans.iter().map(|plan| &plan.rendered)) {
-        keys = keys.union(&readiness::template_keys(rendered));
+    for templates in std::iter::once(&*templates).chain(&driver_templates) {
+        keys = keys.union(templates.keys());
     }
     if !context.caches.nodes.covers(&keys) {
         return Ok(next.min(IN_FLIGHT));
@@ -755,13 +772,13 @@ async fn reconcile_active(
             pods: &*pods,
             owners: &owners,
         };
-        let (operands, placed) = observe(&rendered, &observed, &context.detection, &mut judged);
+        let (operands, placed) = observe(&templates, &observed, &context.detection, &mut judged);
         let mut count = count + placed;
-        let driver_observations: Vec<Option<OperandObservation>> = driver_plans
+        let driver_observations: Vec<Option<OperandObservation>> = driver_templates
             .iter()
-            .map(|plan| {
+            .map(|templates| {
                 let (observations, judged_now) =
-                    observe(&plan.rendered, &observed, &context.detection, &mut judged);
+                    observe(templates, &observed, &context.detection, &mut judged);
                 count += judged_now;
                 observations.into_iter().next()
             })

@@ -57,28 +57,54 @@ pub fn owners<'a>(
         .collect()
 }
 
+/// The rendered DaemonSets' pod templates by operand, and the NFD keys they select on: parsed from the
+/// rendered JSON once per rendering, not once per pass.
+#[derive(Debug, Default)]
+pub struct Templates {
+    by_operand: BTreeMap<Operand, Vec<(String, PodSpec)>>,
+    keys: NodeKeys,
+}
+
+impl Templates {
+    /// The templates of the rendered DaemonSets.
+    pub fn of(rendered: &Rendered) -> Self {
+        let mut templates = Self::default();
+        for manifest in rendered.objects.iter().filter(|m| m.kind() == "DaemonSet") {
+            let Ok(template) =
+                serde_json::from_value::<PodTemplateSpec>(manifest.object["spec"]["template"].clone())
+            else {
+                continue;
+            };
+            let spec = template.spec.unwrap_or_default();
+            templates.keys.extend_from_pod_spec(&spec);
+            if let Some(operand) = manifest.operand {
+                templates
+                    .by_operand
+                    .entry(operand)
+                    .or_default()
+                    .push((manifest.name().to_owned(), spec));
+            }
+        }
+        templates
+    }
+
+    /// The NFD label keys the templates select on (node selector, required node affinity): the node cache
+    /// must keep them before the pods are judged.
+    pub fn keys(&self) -> &NodeKeys {
+        &self.keys
+    }
+}
+
 /// One observation per enabled operand, in catalogue order; `detection` tells which nodes have a GPU.
 /// The tallies are kept in `judgements` and brought up to date with what changed since the last pass;
 /// returns how many placements were judged anew too.
 pub fn observe<N: NodeSource + ?Sized, P: PodSource + ?Sized>(
-    rendered: &Rendered,
+    templates: &Templates,
     observed: &Observed<'_, N, P>,
     detection: &GpuDetection,
     judgements: &mut Judgements,
 ) -> (Vec<OperandObservation>, usize) {
-    let mut templates: BTreeMap<Operand, Vec<(String, PodSpec)>> = BTreeMap::new();
-    for manifest in rendered.objects.iter().filter(|m| m.kind() == "DaemonSet") {
-        let Some(operand) = manifest.operand else { continue };
-        let Ok(template) =
-            serde_json::from_value::<PodTemplateSpec>(manifest.object["spec"]["template"].clone())
-        else {
-            continue;
-        };
-        templates
-            .entry(operand)
-            .or_default()
-            .push((manifest.name().to_owned(), template.spec.unwrap_or_default()));
-    }
+    let templates = &templates.by_operand;
     let mut judged = 0;
     let observations = OPERANDS
         .iter()
@@ -108,20 +134,6 @@ pub fn observe<N: NodeSource + ?Sized, P: PodSource + ?Sized>(
         })
         .collect();
     (observations, judged)
-}
-
-/// The NFD label keys the rendered DaemonSets' pod templates select on (node selector, required node
-/// affinity): the node cache must keep them before the pods are judged.
-pub fn template_keys(rendered: &Rendered) -> NodeKeys {
-    let mut keys = NodeKeys::default();
-    for manifest in rendered.objects.iter().filter(|m| m.kind() == "DaemonSet") {
-        if let Ok(template) =
-            serde_json::from_value::<PodTemplateSpec>(manifest.object["spec"]["template"].clone())
-        {
-            keys.extend_from_pod_spec(&template.spec.unwrap_or_default());
-        }
-    }
-    keys
 }
 
 /// Where an operand's pods go on a node: the first template whose pods fit; else excluded when the node
@@ -288,7 +300,7 @@ pub(crate) mod tests {
             owners: &owners,
         };
         observe(
-            rendered,
+            &Templates::of(rendered),
             &observed,
             &GpuDetection::Nfd,
             &mut Judgements::default(),
@@ -492,7 +504,12 @@ pub(crate) mod tests {
                 pods: &pods,
                 owners: &owners,
             };
-            observe(rendered, &observed, &GpuDetection::Nfd, &mut judgements)
+            observe(
+                &Templates::of(rendered),
+                &observed,
+                &GpuDetection::Nfd,
+                &mut judgements,
+            )
         };
         let (first, judged) = pass(&records, &rendered);
         assert_eq!(judged, 2000 * operands.len());
@@ -574,9 +591,10 @@ pub(crate) mod tests {
         let pass =
             |nodes: &NodeSet, pods: &PodSet, owners: &HashMap<String, Owner>, kept: &mut Judgements| {
                 let observed = Observed { nodes, pods, owners };
-                let (incremental, judged) = observe(&rendered, &observed, &GpuDetection::Nfd, kept);
+                let templates = Templates::of(&rendered);
+                let (incremental, judged) = observe(&templates, &observed, &GpuDetection::Nfd, kept);
                 let (fresh, _) = observe(
-                    &rendered,
+                    &templates,
                     &observed,
                     &GpuDetection::Nfd,
                     &mut Judgements::default(),
