@@ -342,9 +342,14 @@ pub(crate) struct Updater<'a> {
 pub(crate) fn record_update(old: Option<&Value>, new: &mut Value, updater: &Updater<'_>) {
     const POINTER: &str = "/metadata/managedFields";
     let stored = old.and_then(|o| o.pointer(POINTER));
+    // Whether `new` carries the stored entries as they are (a patch or status write starts from the stored
+    // object): then they are moved out of it rather than copied.
+    let same = new
+        .pointer(POINTER)
+        .is_some_and(|entries| entries.is_array() && Some(entries) == stored);
     // `Some(cleared)` when the request sent managed fields of its own (a single empty entry clears them).
     let sent = match new.pointer(POINTER) {
-        Some(sent @ Value::Array(entries)) if Some(sent) != stored => {
+        Some(Value::Array(entries)) if !same => {
             Some(entries.len() == 1 && entries[0].as_object().is_some_and(Map::is_empty))
         }
         _ => None,
@@ -359,7 +364,7 @@ pub(crate) fn record_update(old: Option<&Value>, new: &mut Value, updater: &Upda
     if unchanged && sent.is_none() {
         // The stored entries stay as they are: they were written by `write_entries`, so reading and writing
         // them again would give them back unchanged.
-        if let Some(metadata) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+        if !same && let Some(metadata) = new.get_mut("metadata").and_then(Value::as_object_mut) {
             match stored {
                 Some(stored) => metadata.insert("managedFields".into(), stored.clone()),
                 None => metadata.remove("managedFields"),
@@ -374,23 +379,27 @@ pub(crate) fn record_update(old: Option<&Value>, new: &mut Value, updater: &Upda
         // Stored entries that own none of what changed stay as they are, unread: on a Node with hundreds
         // of labels or a pod with a long spec, reading and writing every entry would cost more than the rest
         // of the write.
-        (None, Some(_)) => stored
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|raw| {
-                let touched = raw_is(raw, updater.manager, "Update", subresource)
-                    || removed
-                        .iter()
-                        .chain(changed.iter())
-                        .any(|path| reaches(raw.get("fieldsV1"), path));
-                if touched {
-                    read_entry(raw).map(Entry::Read)
-                } else {
-                    raw_is_valid(raw).then(|| Entry::Kept(raw.clone()))
-                }
-            })
-            .collect(),
+        (None, Some(_)) => {
+            // The place the entries are taken from is left `null`, and written again below.
+            let raws = match new.pointer_mut(POINTER).filter(|_| same).map(Value::take) {
+                Some(Value::Array(raws)) => raws,
+                _ => stored.and_then(Value::as_array).cloned().unwrap_or_default(),
+            };
+            raws.into_iter()
+                .filter_map(|raw| {
+                    let touched = raw_is(&raw, updater.manager, "Update", subresource)
+                        || removed
+                            .iter()
+                            .chain(changed.iter())
+                            .any(|path| reaches(raw.get("fieldsV1"), path));
+                    if touched {
+                        read_entry(&raw).map(Entry::Read)
+                    } else {
+                        raw_is_valid(&raw).then_some(Entry::Kept(raw))
+                    }
+                })
+                .collect()
+        }
         (None, None) => Vec::new(),
     };
     if unchanged {

@@ -12,7 +12,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::fieldset;
@@ -102,6 +102,99 @@ pub(crate) fn normalize(info: &ResourceInfo, object: &Value) -> Result<Normalize
         object: normalized,
         unknown,
     })
+}
+
+/// [`normalize`] for an update of `stored`, a stored object: decodes through the type only the top-level
+/// sections the update changed, and keeps the others as stored.
+///
+/// A stored object came out of [`normalize`] (or a server write that only removes from it, or sets what
+/// its type declares), and decoding is idempotent and field by field, so an unchanged section decodes to
+/// itself, cannot fail and drops nothing: the result, the unknown fields and the first error are those of
+/// the whole object's decoding. Debug builds (every test) decode the whole object too and check that.
+/// The one difference is the order of keys inside an unchanged section, which stays as stored (defaults
+/// are added after decoding, so a stored section is not in its type's order) where decoding would
+/// reorder it; JSON objects are unordered, and no client sees the difference.
+/// Only kinds whose top-level fields other than `metadata` are all optional take this path (a section
+/// decodes alone), and only when the update brings no section the stored object lacks (the stored
+/// top-level order is then kept as it is).
+pub(crate) fn normalize_update(
+    info: &ResourceInfo,
+    stored: &Value,
+    object: &Value,
+) -> Result<Normalized, ApiError> {
+    let fast = normalize_sections(info, stored, object);
+    #[cfg(debug_assertions)]
+    if let Some(fast) = &fast {
+        let whole = normalize(info, object);
+        let same = match (fast, &whole) {
+            (Ok(fast), Ok(whole)) => fast.unknown == whole.unknown && fast.object == whole.object,
+            (Err(fast), Err(whole)) => fast == whole,
+            _ => false,
+        };
+        assert!(
+            same,
+            "decoding the changed sections differs from decoding the whole object: {fast:?} != {whole:?}"
+        );
+    }
+    fast.unwrap_or_else(|| normalize(info, object))
+}
+
+/// The sections-only decoding of [`normalize_update`], or `None` where it does not apply.
+fn normalize_sections(
+    info: &ResourceInfo,
+    stored: &Value,
+    object: &Value,
+) -> Option<Result<Normalized, ApiError>> {
+    let decode: fn(&ResourceInfo, &Value) -> Result<Value, ApiError> =
+        match (info.custom.is_some(), info.group.as_str(), info.kind.as_str()) {
+            (false, "", "Pod") => roundtrip::<core::v1::Pod>,
+            (false, "", "Node") => roundtrip::<core::v1::Node>,
+            (false, "apps", "DaemonSet") => roundtrip::<apps::v1::DaemonSet>,
+            (false, "apps", "ReplicaSet") => roundtrip::<apps::v1::ReplicaSet>,
+            (false, "coordination.k8s.io", "Lease") => roundtrip::<coordination::v1::Lease>,
+            _ => return None,
+        };
+    let (stored, sent) = (stored.as_object()?, object.as_object()?);
+    if sent.keys().any(|key| !stored.contains_key(key)) {
+        return None;
+    }
+    let identity = |key: &str| matches!(key, "apiVersion" | "kind");
+    let changed = |key: &str| !identity(key) && stored.get(key) != sent.get(key);
+    let partial: Map<String, Value> = sent
+        .iter()
+        .filter(|(key, _)| identity(key) || changed(key))
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect();
+    let decoded = match decode(info, &Value::Object(partial)) {
+        Ok(decoded) => decoded,
+        Err(error) => return Some(Err(error)),
+    };
+    let mut out = Map::new();
+    for key in stored.keys() {
+        // An unchanged section is taken as stored: equal to the one sent, and in the type's key order.
+        let value = if identity(key) || changed(key) {
+            decoded.get(key)
+        } else {
+            sent.get(key).and(stored.get(key))
+        };
+        if let Some(value) = value {
+            out.insert(key.clone(), value.clone());
+        }
+    }
+    let mut normalized = Value::Object(out);
+    drop_empty_metadata(&mut normalized);
+    let mut unknown = Vec::new();
+    for (key, value) in sent.iter().filter(|(key, _)| changed(key)) {
+        match normalized.get(key) {
+            Some(kept) => dropped(value, kept, key, &mut unknown),
+            None if !is_empty(value) => unknown.push(key.clone()),
+            None => {}
+        }
+    }
+    Some(Ok(Normalized {
+        object: normalized,
+        unknown,
+    }))
 }
 
 fn is_empty(value: &Value) -> bool {

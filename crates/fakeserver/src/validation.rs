@@ -362,7 +362,8 @@ fn name_problems(info: &ResourceInfo, name: &str) -> Vec<String> {
 /// Checks the metadata every object has. `generate_name` tells whether a name was generated.
 pub(crate) fn metadata(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
     let mut causes = Vec::new();
-    let meta = object.get("metadata").cloned().unwrap_or_default();
+    let no_meta = Value::Null;
+    let meta = object.get("metadata").unwrap_or(&no_meta);
     let name = meta.get("name").and_then(Value::as_str).unwrap_or_default();
     if name.is_empty() {
         causes.push(required("metadata.name", "name or generateName is required"));
@@ -859,6 +860,10 @@ fn pod_immutables(object: &Value, old: &Value, causes: &mut Vec<Cause>) {
     let (Some(new_spec), Some(old_spec)) = (object.get("spec"), old.get("spec")) else {
         return;
     };
+    // Most pod writes (status, labels) leave the spec as it was: nothing to strip and compare.
+    if new_spec == old_spec {
+        return;
+    }
     // Only images, activeDeadlineSeconds, tolerations (additions) and scheduling gates may change.
     let strip = |spec: &Value| {
         let mut spec = spec.clone();

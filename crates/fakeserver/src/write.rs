@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use gpuop_api::field::FieldErrorKind;
 use gpuop_api::schema;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::clock::format_time;
 use crate::defaults;
@@ -93,17 +93,54 @@ const PROTECTED_NAMESPACES: [&str; 3] = ["default", "kube-system", "kube-public"
 
 /// Whether anything outside metadata (and status, when it is a subresource) differs.
 fn spec_changed(old: &Value, new: &Value, status_subresource: bool) -> bool {
-    let strip = |value: &Value| {
-        let mut map = value.as_object().cloned().unwrap_or_default();
-        for key in ["metadata", "apiVersion", "kind"] {
-            map.remove(key);
-        }
-        if status_subresource {
-            map.remove("status");
-        }
-        map
+    let ignored = |key: &str| {
+        matches!(key, "metadata" | "apiVersion" | "kind") || (status_subresource && key == "status")
     };
-    strip(old) != strip(new)
+    // Compared key by key, borrowing (and, as maps compare, whatever the keys' order): cloning both
+    // objects (a pod's spec, a node's labels) cost more than the comparison.
+    let empty = Map::new();
+    let old = old.as_object().unwrap_or(&empty);
+    let new = new.as_object().unwrap_or(&empty);
+    let count = |map: &Map<String, Value>| map.keys().filter(|key| !ignored(key)).count();
+    count(old) != count(new)
+        || old
+            .iter()
+            .filter(|(key, _)| !ignored(key))
+            .any(|(key, value)| new.get(key) != Some(value))
+}
+
+/// Whether `new` (a status write's object) is exactly, key order included, what a status write keeps of
+/// it: the stored object `old` with `new`'s status in its place. Both must have a status; then rebuilding
+/// that object from a copy of `old` would give `new` back.
+fn already_status_only(old: &Value, new: &Value) -> bool {
+    let (Some(old), Some(new)) = (old.as_object(), new.as_object()) else {
+        return false;
+    };
+    old.contains_key("status")
+        && old.len() == new.len()
+        && old
+            .iter()
+            .zip(new)
+            .all(|((old_key, old_value), (new_key, new_value))| {
+                old_key == new_key && (old_key == "status" || identical(old_value, new_value))
+            })
+}
+
+/// Equality that also compares the order of object keys (`==` on maps does not), so that two values
+/// serialise to the same bytes.
+fn identical(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b)
+                    .all(|((a_key, a_value), (b_key, b_value))| a_key == b_key && identical(a_value, b_value))
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(a, b)| identical(a, b))
+        }
+        _ => a == b,
+    }
 }
 
 /// Whether an object may go now: no finalizers left (and, for namespaces, no `spec.finalizers`).
@@ -482,26 +519,33 @@ impl State {
             }
             Some(old_value) => {
                 if opts.status {
-                    let mut only_status = old_value.clone();
-                    match new.get("status") {
-                        Some(status) => only_status["status"] = status.clone(),
-                        None => {
-                            only_status.as_object_mut().map(|o| o.remove("status"));
+                    // A status write that changed nothing but the status (most do) is kept as it is:
+                    // rebuilding it from a copy of the stored object would give it back.
+                    if !already_status_only(old_value, &new) {
+                        let mut only_status = old_value.clone();
+                        match new.get("status") {
+                            Some(status) => only_status["status"] = status.clone(),
+                            None => {
+                                only_status.as_object_mut().map(|o| o.remove("status"));
+                            }
                         }
+                        if let Some(fields) = new.pointer("/metadata/managedFields") {
+                            metadata_mut(&mut only_status).insert("managedFields".into(), fields.clone());
+                        }
+                        new = only_status;
                     }
-                    if let Some(fields) = new.pointer("/metadata/managedFields") {
-                        metadata_mut(&mut only_status).insert("managedFields".into(), fields.clone());
-                    }
-                    new = only_status;
                 } else if info.status_subresource {
                     match old_value.get("status") {
+                        // A write that left the status as stored (most do) keeps it where it is.
+                        Some(status) if new.get("status").is_some_and(|sent| identical(sent, status)) => {}
                         Some(status) => new["status"] = status.clone(),
                         None => {
                             new.as_object_mut().map(|o| o.remove("status"));
                         }
                     }
                 }
-                let old_meta = old_value.get("metadata").cloned().unwrap_or_default();
+                let no_meta = Value::Null;
+                let old_meta = old_value.get("metadata").unwrap_or(&no_meta);
                 let meta = metadata_mut(&mut new);
                 for key in [
                     "uid",
@@ -521,7 +565,10 @@ impl State {
             }
         }
 
-        let normalized = typed::normalize(info, &new)?;
+        let normalized = match old {
+            Some(old) => typed::normalize_update(info, old, &new)?,
+            None => typed::normalize(info, &new)?,
+        };
         let mut unknown = normalized.unknown;
         new = normalized.object;
         let schema = info.custom.as_ref().and_then(|c| c.schema.as_ref());
