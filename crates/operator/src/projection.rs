@@ -20,7 +20,7 @@
 //! and since when, deletion; of driver pods the highest restart
 //! count and the `DRIVER_CONFIG_DIGEST` its containers run with.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use gpuop_api::labels::{
@@ -48,6 +48,9 @@ pub struct Interner {
     strings: Shared<str>,
     tables: Shared<[(Text, Text)]>,
     kinds: Shared<PodKind>,
+    /// Taint lists by their JSON (`Taint` has no `Hash`): the GPU nodes of a fleet carry the same few.
+    taints: HashMap<String, Arc<[Taint]>>,
+    taints_swept_at: usize,
 }
 
 /// One interned set.
@@ -89,6 +92,23 @@ impl Interner {
 
     fn intern_table(&mut self, pairs: &[(Text, Text)]) -> Arc<[(Text, Text)]> {
         self.tables.get(pairs, |pairs| Arc::from(pairs))
+    }
+
+    fn intern_taints(&mut self, taints: &[Taint]) -> Arc<[Taint]> {
+        // JSON names every field of every taint unambiguously.
+        let Ok(key) = serde_json::to_string(taints) else {
+            return Arc::from(taints);
+        };
+        if let Some(shared) = self.taints.get(&key) {
+            return shared.clone();
+        }
+        if self.taints.len() >= 2 * self.taints_swept_at.max(64) {
+            self.taints.retain(|_, shared| Arc::strong_count(shared) > 1);
+            self.taints_swept_at = self.taints.len();
+        }
+        let shared: Arc<[Taint]> = Arc::from(taints);
+        self.taints.insert(key, shared.clone());
+        shared
     }
 
     fn intern_kind(&mut self, kind: &PodKind) -> Arc<PodKind> {
@@ -254,8 +274,8 @@ pub struct NodeRecord {
     pub annotations: LabelTable,
     /// Whether the node carries any NFD label (kept or not).
     pub nfd_labels: bool,
-    /// `spec.taints`.
-    pub taints: Box<[Taint]>,
+    /// `spec.taints` (one list shared by the nodes that carry the same).
+    pub taints: Arc<[Taint]>,
     /// `spec.unschedulable`.
     pub unschedulable: bool,
     /// Its Ready condition is True.
@@ -337,7 +357,7 @@ impl NodeRecord {
                 interner,
             ),
             nfd_labels: node.each_label().any(|(key, _)| key.starts_with(NFD_PREFIX)),
-            taints: node.taints().to_vec().into_boxed_slice(),
+            taints: interner.intern_taints(node.taints()),
             unschedulable: node.unschedulable(),
             ready: node.ready(),
             runtime_version: node.runtime_version().map(|v| interner.intern(v)),
@@ -492,12 +512,13 @@ mod tests {
                 },
                 "annotations": {"nvidia.com/gpu-driver-upgrade-enabled": "true"},
             },
+            "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]},
         }))
         .expect("a node")
     }
 
     /// The nodes of a pool, which differ only in labels no rule reads (GFD's timestamp, NFD's CPU flags),
-    /// hold one label table between them; a selector that names the timestamp still gets it.
+    /// hold one label table and one taint list between them; a selector that names the timestamp still gets it.
     #[test]
     fn nodes_that_differ_only_in_labels_no_rule_reads_share_one_table() {
         let mut interner = Interner::default();
@@ -511,6 +532,8 @@ mod tests {
             Arc::ptr_eq(&a.annotations.0, &b.annotations.0),
             "one annotation table"
         );
+        assert!(Arc::ptr_eq(&a.taints, &b.taints), "one taint list");
+        assert_eq!(a.taints[0].key, "nvidia.com/gpu");
 
         let mut named = NodeKeys::default();
         named.extend([GFD_TIMESTAMP]);
