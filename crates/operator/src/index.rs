@@ -52,10 +52,10 @@ impl Owner {
     /// deleted.
     pub fn ready_among(&self, pods: &[Arc<PodRecord>]) -> bool {
         pods.iter().any(|pod| {
-            pod.daemonset_uid.as_deref() == Some(self.uid.as_str())
+            pod.kind.daemonset_uid.as_deref() == Some(self.uid.as_str())
                 && !pod.terminating
                 && pod.ready_since.is_some()
-                && (self.latest.is_none() || pod.revision.as_deref() == self.latest.as_deref())
+                && (self.latest.is_none() || pod.kind.revision.as_deref() == self.latest.as_deref())
         })
     }
 }

@@ -256,8 +256,8 @@ pub fn backoff(key: &str, failures: u32) -> Duration {
 /// The label patch this operator sent to a node and when, until the node cache shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sent {
-    /// The patch.
-    pub patch: NodePatch,
+    /// The patch (one copy shared by every node it went to: [`Patches`]).
+    pub patch: Arc<NodePatch>,
     /// When the API server accepted it.
     pub at: Instant,
 }
@@ -274,6 +274,30 @@ impl Sent {
                 .annotations
                 .iter()
                 .all(|(k, v)| node.annotations.get_label(k) == v.as_deref())
+    }
+}
+
+/// One copy of each patch the labeller keeps as sent: during a rollout every node is labelled within
+/// seconds, the cache shows a patch only later, and the nodes of one kind get the same patch (the same
+/// switches, the same record of what the operator owns). Patches no node keeps are dropped when the set
+/// has doubled since the last sweep.
+#[derive(Debug, Default)]
+struct Patches {
+    kept: std::collections::HashSet<Arc<NodePatch>>,
+    swept_at: usize,
+}
+
+impl Patches {
+    fn share(&mut self, patch: Arc<NodePatch>) -> Arc<NodePatch> {
+        if let Some(kept) = self.kept.get(&patch) {
+            return kept.clone();
+        }
+        if self.kept.len() >= 2 * self.swept_at.max(64) {
+            self.kept.retain(|kept| Arc::strong_count(kept) > 1);
+            self.swept_at = self.kept.len();
+        }
+        self.kept.insert(patch.clone());
+        patch
     }
 }
 
@@ -306,7 +330,7 @@ pub fn decide(
     // The node may change again (its status, other labels) before the cache shows the last patch; the same
     // patch again would only repeat it. A different patch is a new decision and goes at once.
     if let Some(sent) = sent
-        && sent.patch == patch
+        && *sent.patch == patch
         && !sent.shown_by(node)
     {
         let until = sent.at + IN_FLIGHT;
@@ -333,6 +357,7 @@ pub async fn run_labeller(
     let mut queue = WorkQueue::new(WORKERS);
     // Per node, the patch last sent that the cache did not show when the node was last processed.
     let mut unconfirmed: HashMap<String, Sent> = HashMap::new();
+    let mut patches = Patches::default();
     let mut working = FuturesUnordered::new();
     let all_nodes = |context: &Context| -> Vec<String> {
         context
@@ -390,7 +415,8 @@ pub async fn run_labeller(
             Some((name, outcome, sent)) = working.next(), if !working.is_empty() => {
                 queue.done(&name, outcome, now());
                 if let (Some(sent), true) = (sent, leading) {
-                    unconfirmed.insert(name, sent);
+                    let patch = patches.share(sent.patch);
+                    unconfirmed.insert(name, Sent { patch, ..sent });
                 }
             }
             () = tokio::time::sleep_until(wake.unwrap_or_else(tokio::time::Instant::now)), if wake.is_some() => {}
@@ -434,6 +460,7 @@ async fn label(
                 log_write(&name, &patch);
                 let at = now();
                 let recheck_at = Some(at + IN_FLIGHT);
+                let patch = Arc::new(patch);
                 return (name, Outcome::Done { recheck_at }, Some(Sent { patch, at }));
             }
             Err(kube::Error::Api(status)) if status.code == 409 && attempt < CONFLICT_ATTEMPTS => {
@@ -728,6 +755,33 @@ mod tests {
         LabelPolicy::default()
     }
 
+    /// The nodes of one kind get the same patch; the labeller keeps one copy of it while the cache does
+    /// not show it, and drops the copies no node keeps any more.
+    #[test]
+    fn the_same_patch_sent_to_many_nodes_is_kept_once() {
+        let t0 = Instant::now();
+        let detection = GpuDetection::Nfd;
+        let mut patches = Patches::default();
+        let sent: Vec<Arc<NodePatch>> = (0..1000)
+            .map(|_| {
+                let Decision::Write(patch) =
+                    decide(&record(&gpu_node(&[])), Some(&policy()), &detection, None, t0)
+                else {
+                    panic!("a new GPU node is labelled");
+                };
+                patches.share(Arc::new(patch))
+            })
+            .collect();
+        assert!(sent.iter().all(|patch| Arc::ptr_eq(patch, &sent[0])));
+        drop(sent);
+        for i in 0..200 {
+            let mut patch = NodePatch::default();
+            patch.labels.insert(format!("example.com/l{i}"), None);
+            patches.share(Arc::new(patch));
+        }
+        assert!(patches.kept.len() < 200, "patches no node keeps are dropped");
+    }
+
     #[test]
     fn a_write_the_cache_does_not_show_is_looked_at_again_when_its_trust_ends() {
         let t0 = Instant::now();
@@ -738,7 +792,7 @@ mod tests {
         };
         assert_eq!(patch.labels.get(GPU_PRESENT), Some(&Some("true".into())));
         let sent = Sent {
-            patch: patch.clone(),
+            patch: Arc::new(patch.clone()),
             at: t0,
         };
         // The node changes (its status, say) before the cache shows the patch: it is not sent again...

@@ -56,7 +56,7 @@ impl LabelPolicy {
 }
 
 /// Changes to one node's metadata; `None` removes a key. Empty when the node is as it should be.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct NodePatch {
     /// Label changes.
     pub labels: BTreeMap<String, Option<String>>,

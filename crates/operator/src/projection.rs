@@ -4,7 +4,8 @@
 //!
 //! **What a node keeps** ([`NodeRecord::project`]): the labels a rule reads, and no other (a real node
 //! carries a hundred or more NFD labels and dozens from its cloud provider). Those are: every `nvidia.com/`
-//! label (the labeller's, GPU feature discovery's, the upgrade state machine's); NFD's NVIDIA PCI, OS and
+//! label (the labeller's, GPU feature discovery's, the upgrade state machine's) but GFD's timestamp
+//! ([`GFD_TIMESTAMP`]); NFD's NVIDIA PCI, OS and
 //! kernel labels (GPU detection, the facts); the labels the node's own record of what the labeller wrote
 //! names (the labeller may remove those); and every key named by [`NodeKeys`]: the selectors of the rendered
 //! pod templates, of the NVIDIADrivers and of `--gpu-node-selector`, which the caches are told of before
@@ -15,10 +16,11 @@
 //! kept leaves the record, and every judgement made of it, as it was.
 //!
 //! **What a pod keeps** ([`PodRecord::project`]): name, node, its DaemonSet owner's uid, its revision hash,
-//! `app` and component labels, readiness and since when, deletion; of driver pods the highest restart
+//! `app` and component labels (these four as one [`PodKind`] shared by the pods of a revision), readiness
+//! and since when, deletion; of driver pods the highest restart
 //! count and the `DRIVER_CONFIG_DIGEST` its containers run with.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use gpuop_api::labels::{
@@ -38,37 +40,89 @@ pub use wire::{WatchedNode, WatchedPod};
 /// A shared string.
 pub type Text = Arc<str>;
 
-/// One copy of each string the projections share. Strings no projection holds any more are dropped when
-/// the table has doubled since the last sweep.
+/// One copy of each string the projections share, and of each label table and pod kind (the nodes of a
+/// pool carry the same kept labels; the pods of one DaemonSet revision the same owner, revision and app).
+/// What no projection holds any more is dropped when its set has doubled since the last sweep.
 #[derive(Debug, Default)]
 pub struct Interner {
-    strings: HashSet<Text>,
+    strings: Shared<str>,
+    tables: Shared<[(Text, Text)]>,
+    kinds: Shared<PodKind>,
+    /// Taint lists by their JSON (`Taint` has no `Hash`): the GPU nodes of a fleet carry the same few.
+    taints: HashMap<String, Arc<[Taint]>>,
+    taints_swept_at: usize,
+}
+
+/// One interned set.
+#[derive(Debug)]
+struct Shared<T: ?Sized> {
+    items: HashSet<Arc<T>>,
     swept_at: usize,
+}
+
+impl<T: ?Sized> Default for Shared<T> {
+    fn default() -> Self {
+        Self {
+            items: HashSet::new(),
+            swept_at: 0,
+        }
+    }
+}
+
+impl<T: ?Sized + Eq + std::hash::Hash> Shared<T> {
+    fn get(&mut self, item: &T, make: impl FnOnce(&T) -> Arc<T>) -> Arc<T> {
+        if let Some(shared) = self.items.get(item) {
+            return shared.clone();
+        }
+        if self.items.len() >= 2 * self.swept_at.max(1024) {
+            self.items.retain(|s| Arc::strong_count(s) > 1);
+            self.swept_at = self.items.len();
+        }
+        let shared = make(item);
+        self.items.insert(shared.clone());
+        shared
+    }
 }
 
 impl Interner {
     /// The shared copy of `text`.
     pub fn intern(&mut self, text: &str) -> Text {
-        if let Some(shared) = self.strings.get(text) {
+        self.strings.get(text, |text| Arc::from(text))
+    }
+
+    fn intern_table(&mut self, pairs: &[(Text, Text)]) -> Arc<[(Text, Text)]> {
+        self.tables.get(pairs, |pairs| Arc::from(pairs))
+    }
+
+    fn intern_taints(&mut self, taints: &[Taint]) -> Arc<[Taint]> {
+        // JSON names every field of every taint unambiguously.
+        let Ok(key) = serde_json::to_string(taints) else {
+            return Arc::from(taints);
+        };
+        if let Some(shared) = self.taints.get(&key) {
             return shared.clone();
         }
-        if self.strings.len() >= 2 * self.swept_at.max(1024) {
-            self.strings.retain(|s| Arc::strong_count(s) > 1);
-            self.swept_at = self.strings.len();
+        if self.taints.len() >= 2 * self.taints_swept_at.max(64) {
+            self.taints.retain(|_, shared| Arc::strong_count(shared) > 1);
+            self.taints_swept_at = self.taints.len();
         }
-        let shared: Text = Arc::from(text);
-        self.strings.insert(shared.clone());
+        let shared: Arc<[Taint]> = Arc::from(taints);
+        self.taints.insert(key, shared.clone());
         shared
+    }
+
+    fn intern_kind(&mut self, kind: &PodKind) -> Arc<PodKind> {
+        self.kinds.get(kind, |kind| Arc::new(kind.clone()))
     }
 
     /// How many strings it holds.
     pub fn len(&self) -> usize {
-        self.strings.len()
+        self.strings.items.len()
     }
 
     /// Whether it holds none.
     pub fn is_empty(&self) -> bool {
-        self.strings.is_empty()
+        self.strings.items.is_empty()
     }
 }
 
@@ -127,10 +181,11 @@ impl NodeKeys {
 }
 
 /// Label keys the operator's own rules read on any node: NVIDIA's (`nvidia.com/`: the labeller's deploy
-/// switches, GPU feature discovery's MIG and product labels, the upgrade state), and NFD's NVIDIA PCI
-/// detection, OS release and kernel (driver pools, precompiled drivers).
+/// switches, GPU feature discovery's MIG and product labels, the upgrade state) but for GPU feature
+/// discovery's [`GFD_TIMESTAMP`], and NFD's NVIDIA PCI detection, OS release and kernel (driver pools,
+/// precompiled drivers).
 pub fn always_kept(key: &str) -> bool {
-    key.starts_with(NVIDIA_PREFIX)
+    (key.starts_with(NVIDIA_PREFIX) && key != GFD_TIMESTAMP)
         || NFD_NVIDIA_PCI.contains(&key)
         || [
             NFD_KERNEL_VERSION,
@@ -142,9 +197,15 @@ pub fn always_kept(key: &str) -> bool {
         .contains(&key)
 }
 
-/// A table of labels (or annotations), sorted by key, keys and values shared.
+/// GPU feature discovery's time of its last look at the node: different on every node and changed at each
+/// of its runs, and no rule reads it (a selector that names it still keeps it: [`NodeKeys`]). Not kept, so
+/// that the nodes of a pool share one label table.
+pub const GFD_TIMESTAMP: &str = "nvidia.com/gfd.timestamp";
+
+/// A table of labels (or annotations), sorted by key, keys and values shared, and the table itself shared
+/// by every node that keeps the same ones.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LabelTable(Box<[(Text, Text)]>);
+pub struct LabelTable(Arc<[(Text, Text)]>);
 
 impl LabelTable {
     /// `pairs` come sorted by key, each key once (a map's, or a [`WatchedNode`]'s).
@@ -158,7 +219,7 @@ impl LabelTable {
             .filter(|(k, _)| keep(k))
             .map(|(k, v)| (interner.intern(k), interner.intern(v)))
             .collect();
-        Self(kept.into_boxed_slice())
+        Self(interner.intern_table(&kept))
     }
 
     /// How many it holds.
@@ -213,8 +274,8 @@ pub struct NodeRecord {
     pub annotations: LabelTable,
     /// Whether the node carries any NFD label (kept or not).
     pub nfd_labels: bool,
-    /// `spec.taints`.
-    pub taints: Box<[Taint]>,
+    /// `spec.taints` (one list shared by the nodes that carry the same).
+    pub taints: Arc<[Taint]>,
     /// `spec.unschedulable`.
     pub unschedulable: bool,
     /// Its Ready condition is True.
@@ -296,7 +357,7 @@ impl NodeRecord {
                 interner,
             ),
             nfd_labels: node.each_label().any(|(key, _)| key.starts_with(NFD_PREFIX)),
-            taints: node.taints().to_vec().into_boxed_slice(),
+            taints: interner.intern_taints(node.taints()),
             unschedulable: node.unschedulable(),
             ready: node.ready(),
             runtime_version: node.runtime_version().map(|v| interner.intern(v)),
@@ -339,13 +400,9 @@ pub struct DriverFields {
     pub digest: Option<Text>,
 }
 
-/// A Pod as the operator keeps it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodRecord {
-    /// `metadata.name`.
-    pub name: Text,
-    /// `spec.nodeName`.
-    pub node: Option<Text>,
+/// What a pod has in common with every pod of its DaemonSet's revision (one copy shared by all of them).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PodKind {
     /// Its DaemonSet's uid.
     pub daemonset_uid: Option<Text>,
     /// `controller-revision-hash`.
@@ -354,6 +411,17 @@ pub struct PodRecord {
     pub app: Option<Text>,
     /// Its `app.kubernetes.io/component` label.
     pub component: Option<Text>,
+}
+
+/// A Pod as the operator keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRecord {
+    /// `metadata.name`.
+    pub name: Text,
+    /// `spec.nodeName`.
+    pub node: Option<Text>,
+    /// Its owner, revision and app, shared.
+    pub kind: Arc<PodKind>,
     /// Since when it has been ready, while it runs and is ready.
     pub ready_since: Option<i64>,
     /// Being deleted.
@@ -371,13 +439,16 @@ impl PodRecord {
                 digest: pod.driver_digest().map(|d| interner.intern(d)),
             })
         });
-        Self {
-            name: Arc::from(PodRead::name(pod)),
-            node: pod.node_name().map(|n| interner.intern(n)),
+        let kind = PodKind {
             daemonset_uid: pod.daemonset_uid().map(|u| interner.intern(u)),
             revision: pod.label(REVISION_HASH).map(|r| interner.intern(r)),
             app: pod.label("app").map(|a| interner.intern(a)),
             component: pod.label(COMPONENT).map(|c| interner.intern(c)),
+        };
+        Self {
+            name: Arc::from(PodRead::name(pod)),
+            node: pod.node_name().map(|n| interner.intern(n)),
+            kind: interner.intern_kind(&kind),
             ready_since: pod.ready_since(),
             terminating: pod.terminating(),
             driver,
@@ -396,9 +467,9 @@ impl PodRead for PodRecord {
 
     fn label(&self, key: &str) -> Option<&str> {
         match key {
-            REVISION_HASH => self.revision.as_deref(),
-            "app" => self.app.as_deref(),
-            COMPONENT => self.component.as_deref(),
+            REVISION_HASH => self.kind.revision.as_deref(),
+            "app" => self.kind.app.as_deref(),
+            COMPONENT => self.kind.component.as_deref(),
             _ => None,
         }
     }
@@ -412,7 +483,7 @@ impl PodRead for PodRecord {
     }
 
     fn daemonset_uid(&self) -> Option<&str> {
-        self.daemonset_uid.as_deref()
+        self.kind.daemonset_uid.as_deref()
     }
 
     fn driver_digest(&self) -> Option<&str> {
@@ -421,5 +492,80 @@ impl PodRead for PodRecord {
 
     fn restarts(&self) -> i32 {
         self.driver.as_ref().map_or(0, |d| d.restarts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu_node(name: &str, timestamp: &str, cpu_flag: &str) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                    "nvidia.com/gpu.deploy.driver": "true",
+                    GFD_TIMESTAMP: timestamp,
+                    format!("feature.node.kubernetes.io/cpu-cpuid.{cpu_flag}"): "true",
+                    "feature.node.kubernetes.io/pci-10de.present": "true",
+                },
+                "annotations": {"nvidia.com/gpu-driver-upgrade-enabled": "true"},
+            },
+            "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]},
+        }))
+        .expect("a node")
+    }
+
+    /// The nodes of a pool, which differ only in labels no rule reads (GFD's timestamp, NFD's CPU flags),
+    /// hold one label table and one taint list between them; a selector that names the timestamp still gets it.
+    #[test]
+    fn nodes_that_differ_only_in_labels_no_rule_reads_share_one_table() {
+        let mut interner = Interner::default();
+        let keys = NodeKeys::default();
+        let a = NodeRecord::project(&gpu_node("a", "1733000001", "AVX"), &keys, &mut interner);
+        let b = NodeRecord::project(&gpu_node("b", "1733000002", "SSE4"), &keys, &mut interner);
+        assert_eq!(a.label(GFD_TIMESTAMP), None);
+        assert_eq!(a.label("nvidia.com/gpu.product"), Some("NVIDIA-H100-80GB-HBM3"));
+        assert!(Arc::ptr_eq(&a.labels.0, &b.labels.0), "one label table");
+        assert!(
+            Arc::ptr_eq(&a.annotations.0, &b.annotations.0),
+            "one annotation table"
+        );
+        assert!(Arc::ptr_eq(&a.taints, &b.taints), "one taint list");
+        assert_eq!(a.taints[0].key, "nvidia.com/gpu");
+
+        let mut named = NodeKeys::default();
+        named.extend([GFD_TIMESTAMP]);
+        let c = NodeRecord::project(&gpu_node("c", "1733000003", "AVX"), &named, &mut interner);
+        assert_eq!(c.label(GFD_TIMESTAMP), Some("1733000003"));
+    }
+
+    fn operand_pod(name: &str, node: &str, revision: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": name,
+                "labels": {"app": "nvidia-device-plugin-daemonset", REVISION_HASH: revision},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "plugin",
+                                     "uid": "ds-1", "controller": true}],
+            },
+            "spec": {"nodeName": node, "containers": []},
+        }))
+        .expect("a pod")
+    }
+
+    /// The pods of one DaemonSet revision hold one copy of their owner, revision and app; a pod of the next
+    /// revision has its own, and reads its own revision.
+    #[test]
+    fn pods_of_one_revision_share_their_kind() {
+        let mut interner = Interner::default();
+        let a = PodRecord::project(&operand_pod("p-a", "a", "r1"), &mut interner);
+        let b = PodRecord::project(&operand_pod("p-b", "b", "r1"), &mut interner);
+        let c = PodRecord::project(&operand_pod("p-c", "c", "r2"), &mut interner);
+        assert!(Arc::ptr_eq(&a.kind, &b.kind));
+        assert_eq!(b.daemonset_uid(), Some("ds-1"));
+        assert_eq!(b.node_name(), Some("b"));
+        assert_eq!(c.label(REVISION_HASH), Some("r2"));
+        assert_eq!(a.label(REVISION_HASH), Some("r1"));
     }
 }

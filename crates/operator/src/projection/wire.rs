@@ -845,7 +845,7 @@ mod tests {
             let record = PodRecord::project(&lean.0, &mut interner);
             assert_eq!(record, PodRecord::project(&whole, &mut interner));
             assert_eq!(record.ready_since, Some(1_767_225_610));
-            assert_eq!(record.daemonset_uid.as_deref(), Some("ds-1"));
+            assert_eq!(record.kind.daemonset_uid.as_deref(), Some("ds-1"));
         }
         let driver = PodRecord::project(
             &serde_json::from_str::<WatchedPod>(
