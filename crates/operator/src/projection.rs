@@ -27,7 +27,7 @@ use gpuop_api::labels::{
 };
 use gpuop_api::read::{Labels, NodeRead, PodRead};
 use gpuop_api::upgrade::observe::{REVISION_HASH, is_driver_pod};
-use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, Taint};
 
 use crate::labeler::OWNED_LABELS;
 
@@ -363,8 +363,8 @@ pub struct PodRecord {
 }
 
 impl PodRecord {
-    /// The projection of `pod`.
-    pub fn project(pod: &Pod, interner: &mut Interner) -> Self {
+    /// The projection of `pod`: a whole `Pod`, or a [`WatchedPod`] (the pod watch's lean decoding).
+    pub fn project(pod: &(impl PodRead + ?Sized), interner: &mut Interner) -> Self {
         let driver = is_driver_pod(pod).then(|| {
             Box::new(DriverFields {
                 restarts: pod.restarts(),
