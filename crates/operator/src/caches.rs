@@ -22,7 +22,7 @@ use gpuop_api::labels::{MANAGED_BY, MANAGED_BY_VALUE};
 use gpuop_api::read::{NodeRead, PodRead};
 use gpuop_api::{ClusterPolicy, NVIDIADriver};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
 use kube::core::error_boundary::InvalidObject;
@@ -957,26 +957,26 @@ impl PodChange {
 
 impl PodTable {
     /// Takes in one event of the pod watch; says whom a changed record concerns (`None`: nothing changed).
-    pub fn apply<P: std::borrow::Borrow<Pod>>(
+    pub fn apply<P: PodRead>(
         &mut self,
         event: &watcher::Event<P>,
         interner: &mut Interner,
     ) -> Option<PodChange> {
         match event {
             watcher::Event::Apply(pod) => {
-                let record = PodRecord::project(pod.borrow(), interner);
+                let record = PodRecord::project(pod, interner);
                 self.pods.put(record).map(|record| PodChange::of(&record))
             }
             watcher::Event::Delete(pod) => self
                 .pods
-                .remove(PodRead::name(pod.borrow()))
+                .remove(PodRead::name(pod))
                 .map(|record| PodChange::of(&record)),
             watcher::Event::Init => {
                 self.relist = Some(HashMap::new());
                 None
             }
             watcher::Event::InitApply(pod) => {
-                let record = PodRecord::project(pod.borrow(), interner);
+                let record = PodRecord::project(pod, interner);
                 let record = match self.pods.get(&record.name) {
                     Some(old) if **old == record => old.clone(),
                     _ => Arc::new(record),
@@ -1106,6 +1106,7 @@ mod tests {
     use super::*;
     use gpuop_api::read::Labels;
     use gpuop_api::upgrade::observe::DriverPods;
+    use k8s_openapi::api::core::v1::Pod;
 
     fn pod(component: &str) -> Pod {
         use gpuop_api::driver::DRIVER_CONFIG_DIGEST;

@@ -29,7 +29,7 @@ use gpuop_api::labels::{
 };
 use gpuop_api::read::{Labels, NodeRead, PodRead};
 use gpuop_api::upgrade::observe::{REVISION_HASH, is_driver_pod};
-use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, Taint};
 
 use crate::labeler::OWNED_LABELS;
 
@@ -431,8 +431,8 @@ pub struct PodRecord {
 }
 
 impl PodRecord {
-    /// The projection of `pod`.
-    pub fn project(pod: &Pod, interner: &mut Interner) -> Self {
+    /// The projection of `pod`: a whole `Pod`, or a [`WatchedPod`] (the pod watch's lean decoding).
+    pub fn project(pod: &(impl PodRead + ?Sized), interner: &mut Interner) -> Self {
         let driver = is_driver_pod(pod).then(|| {
             Box::new(DriverFields {
                 restarts: pod.restarts(),
@@ -498,6 +498,7 @@ impl PodRead for PodRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Pod;
 
     fn gpu_node(name: &str, timestamp: &str, cpu_flag: &str) -> Node {
         serde_json::from_value(serde_json::json!({

@@ -15,18 +15,18 @@
 //! Fields that are not read are not checked.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
-use std::fmt;
+use std::cell::RefCell;
+use std::fmt::{self, Write as _};
 use std::marker::PhantomData;
 
 use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
-use gpuop_api::read::NodeRead;
-use k8s_openapi::api::core::v1::{
-    Container, ContainerStatus, EnvVar, Node, Pod, PodCondition, PodSpec, PodStatus, Taint,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use gpuop_api::labels::COMPONENT;
+use gpuop_api::read::{NodeRead, PodRead};
+use gpuop_api::upgrade::observe::REVISION_HASH;
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::Deserialize;
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::{NVIDIA_PREFIX, NodeFields};
 
@@ -44,10 +44,21 @@ pub struct WatchedNode {
     runtime_version: Option<String>,
 }
 
-/// A Pod as the pod watch decodes it: a `k8s_openapi` Pod holding only what [`super::PodRecord::project`]
-/// reads.
+/// A Pod as the pod watch decodes it: only what [`super::PodRecord::project`] reads, as it reads it.
 #[derive(Clone, Debug, Default)]
-pub struct WatchedPod(pub Pod);
+pub struct WatchedPod {
+    /// Its name, namespace and resourceVersion (what kube's watcher reads).
+    metadata: ObjectMeta,
+    node_name: Option<String>,
+    revision: Option<String>,
+    app: Option<String>,
+    component: Option<String>,
+    terminating: bool,
+    ready_since: Option<i64>,
+    daemonset_uid: Option<String>,
+    digest: Option<String>,
+    restarts: i32,
+}
 
 /// String pairs (labels, annotations) in one buffer, sorted by key, each key once.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -122,13 +133,17 @@ impl<'de> Visitor<'de> for PairsVisitor {
                 break;
             }
             let middle = span(&pairs.text)?;
-            let kept = pairs.text.get(start as usize..).is_some_and(self.0);
-            if kept {
-                map.next_value_seed(Append(&mut pairs.text))?;
+            let key = pairs.text.get(start as usize..).unwrap_or_default();
+            if (self.0)(key) {
+                let value = map.next_value_seed(Append(&mut pairs.text));
+                let key = pairs
+                    .text
+                    .get(start as usize..middle as usize)
+                    .unwrap_or_default();
+                at(value, key)?;
                 pairs.spans.push((start, middle, span(&pairs.text)?));
             } else {
-                pairs.text.truncate(start as usize);
-                map.next_value_seed(Append(&mut pairs.text))?;
+                at(map.next_value::<Str<'de>>(), key)?;
                 pairs.text.truncate(start as usize);
             }
         }
@@ -169,12 +184,15 @@ fn nvidia_key(key: &str) -> bool {
     key.starts_with(NVIDIA_PREFIX)
 }
 
-fn all_pairs<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Pairs, D::Error> {
-    deserializer.deserialize_option(PairsVisitor(every_key))
-}
+/// Reads labels or annotations (null as none), keeping the pairs whose key it accepts.
+struct PairsSeed(fn(&str) -> bool);
 
-fn nvidia_pairs<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Pairs, D::Error> {
-    deserializer.deserialize_option(PairsVisitor(nvidia_key))
+impl<'de> DeserializeSeed<'de> for PairsSeed {
+    type Value = Pairs;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Pairs, D::Error> {
+        deserializer.deserialize_option(PairsVisitor(self.0))
+    }
 }
 
 /// What is read of an object's metadata.
@@ -182,16 +200,41 @@ trait Named {
     fn name(&self) -> Option<&str>;
 }
 
-#[derive(Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Default)]
 struct NodeMeta {
     name: Option<String>,
     uid: Option<String>,
     resource_version: Option<String>,
-    #[serde(default, deserialize_with = "all_pairs")]
     labels: Pairs,
-    #[serde(default, deserialize_with = "nvidia_pairs")]
     annotations: Pairs,
+}
+
+impl<'de> Deserialize<'de> for NodeMeta {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(Fields::<Self>::new("node metadata"))
+    }
+}
+
+impl<'de> FieldsOf<'de> for NodeMeta {
+    fn field<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "name" => self.name = at(map.next_value::<Option<String>>(), "name")?,
+            "uid" => self.uid = at(map.next_value::<Option<String>>(), "uid")?,
+            "resourceVersion" => {
+                self.resource_version = at(map.next_value::<Option<String>>(), "resourceVersion")?;
+            }
+            "labels" => {
+                self.labels = at(map.next_value_seed(PairsSeed(every_key)), "labels")?;
+            }
+            "annotations" => {
+                self.annotations = at(map.next_value_seed(PairsSeed(nvidia_key)), "annotations")?;
+            }
+            _ => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Named for NodeMeta {
@@ -228,10 +271,14 @@ struct NodeInfo {
 
 impl<'de> Deserialize<'de> for WatchedNode {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let (meta, spec, status) =
-            deserializer.deserialize_map(ObjectVisitor::<NodeMeta, NodeSpec, NodeStatus>::new("Node"))?;
+        let (meta, spec, status) = deserializer.deserialize_map(ObjectVisitor::<
+            NodeMeta,
+            PathTracked<NodeSpec>,
+            PathTracked<NodeStatus>,
+        >::new("Node"))?;
         let meta = meta.unwrap_or_default();
-        let status = status.as_ref();
+        let spec = spec.map(|s| s.0);
+        let status = status.as_ref().map(|s| &s.0);
         Ok(Self {
             metadata: ObjectMeta {
                 name: meta.name,
@@ -326,16 +373,16 @@ impl kube::Resource for WatchedNode {
     }
 }
 
-#[derive(Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// What is read of a pod's metadata.
+#[derive(Default)]
 struct PodMeta {
     name: Option<String>,
     namespace: Option<String>,
-    uid: Option<String>,
     resource_version: Option<String>,
-    labels: Option<BTreeMap<String, String>>,
-    deletion_timestamp: Option<Time>,
-    owner_references: Option<Vec<OwnerReference>>,
+    /// `controller-revision-hash`, `app`, `app.kubernetes.io/component`: the labels a record keeps.
+    labels: [Option<String>; 3],
+    terminating: bool,
+    daemonset_uid: Option<String>,
 }
 
 impl Named for PodMeta {
@@ -344,47 +391,318 @@ impl Named for PodMeta {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// The pod labels a record keeps, in the order of [`PodMeta::labels`].
+const POD_LABELS: [&str; 3] = [REVISION_HASH, "app", COMPONENT];
+
+impl<'de> Deserialize<'de> for PodMeta {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(Fields::<Self>::new("pod metadata"))
+    }
+}
+
+impl<'de> FieldsOf<'de> for PodMeta {
+    fn field<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "name" => self.name = at(map.next_value::<Option<String>>(), "name")?,
+            "namespace" => self.namespace = at(map.next_value::<Option<String>>(), "namespace")?,
+            "resourceVersion" => {
+                self.resource_version = at(map.next_value::<Option<String>>(), "resourceVersion")?;
+            }
+            "labels" => {
+                let labels = at(map.next_value::<Option<PodLabels>>(), "labels")?;
+                self.labels = labels.unwrap_or_default().0;
+            }
+            "deletionTimestamp" => {
+                self.terminating = at(map.next_value::<Option<Time>>(), "deletionTimestamp")?.is_some();
+            }
+            "ownerReferences" => {
+                let owners = at(map.next_value::<Option<Each<Owner<'de>>>>(), "ownerReferences")?;
+                // Its controller reference, when that is a DaemonSet.
+                self.daemonset_uid = owners
+                    .into_iter()
+                    .flat_map(|each| each.0)
+                    .find(|o| o.kind.as_deref() == Some("DaemonSet") && o.controller == Some(true))
+                    .and_then(|o| o.uid)
+                    .map(Cow::into_owned);
+            }
+            _ => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Of a pod's labels, those a record keeps; the others' values are checked to be strings, and not kept.
+#[derive(Default)]
+struct PodLabels([Option<String>; 3]);
+
+impl<'de> Deserialize<'de> for PodLabels {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(Fields::<Self>::new("a map of strings to strings"))
+    }
+}
+
+impl<'de> FieldsOf<'de> for PodLabels {
+    fn field<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        let value = at(map.next_value::<Str<'de>>(), key)?;
+        if let Some(i) = POD_LABELS.iter().position(|kept| *kept == key) {
+            self.0[i] = Some(value.0.into_owned());
+        }
+        Ok(())
+    }
+}
+
+/// What is read of an owner reference.
+#[derive(Default)]
+struct Owner<'de> {
+    kind: Option<Cow<'de, str>>,
+    uid: Option<Cow<'de, str>>,
+    controller: Option<bool>,
+}
+
+impl<'de> Deserialize<'de> for Owner<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(Fields::<Self>::new("an owner reference"))
+    }
+}
+
+impl<'de> FieldsOf<'de> for Owner<'de> {
+    fn field<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "kind" => self.kind = Some(at(map.next_value::<Str<'de>>(), "kind")?.0),
+            "uid" => self.uid = Some(at(map.next_value::<Str<'de>>(), "uid")?.0),
+            "controller" => self.controller = at(map.next_value::<Option<bool>>(), "controller")?,
+            _ => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish<E: de::Error>(self) -> Result<Self, E> {
+        // Both are required of an owner reference.
+        if self.kind.is_none() {
+            return Err(de::Error::missing_field("kind"));
+        }
+        if self.uid.is_none() {
+            return Err(de::Error::missing_field("uid"));
+        }
+        Ok(self)
+    }
+}
+
+/// What is read of a pod's spec.
+#[derive(Default)]
 struct PodWireSpec {
     node_name: Option<String>,
-    containers: Option<Vec<PodContainer>>,
+    /// `DRIVER_CONFIG_DIGEST` of the first container that sets it.
+    digest: Option<String>,
 }
 
-#[derive(Deserialize)]
+impl<'de> Deserialize<'de> for PodWireSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(Fields::<Self>::new("a pod spec"))
+    }
+}
+
+impl<'de> FieldsOf<'de> for PodWireSpec {
+    fn field<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "nodeName" => self.node_name = at(map.next_value::<Option<String>>(), "nodeName")?,
+            "containers" => {
+                let containers = at(map.next_value::<Option<Each<PodContainer>>>(), "containers")?;
+                self.digest = containers
+                    .into_iter()
+                    .flat_map(|each| each.0)
+                    .find_map(|c| c.digest);
+            }
+            _ => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Of a container, the `DRIVER_CONFIG_DIGEST` its environment sets.
+#[derive(Default)]
 struct PodContainer {
-    name: String,
-    env: Option<Vec<PodEnv>>,
+    digest: Option<String>,
 }
 
-#[derive(Deserialize)]
-struct PodEnv {
-    name: String,
-    value: Option<String>,
+impl<'de> Deserialize<'de> for PodContainer {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(Fields::<Self>::new("a container"))
+    }
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+impl<'de> FieldsOf<'de> for PodContainer {
+    fn field<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "env" => {
+                let env = at(map.next_value::<Option<Each<PodEnv<'de>>>>(), "env")?;
+                self.digest = env
+                    .into_iter()
+                    .flat_map(|each| each.0)
+                    .find(|e| e.name.as_deref() == Some(DRIVER_CONFIG_DIGEST))
+                    .and_then(|e| e.value)
+                    .map(Cow::into_owned);
+            }
+            _ => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An environment variable: its name and value, borrowed from the input where it is not escaped.
+#[derive(Default)]
+struct PodEnv<'de> {
+    name: Option<Cow<'de, str>>,
+    value: Option<Cow<'de, str>>,
+}
+
+impl<'de> Deserialize<'de> for PodEnv<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(Fields::<Self>::new("an environment variable"))
+    }
+}
+
+impl<'de> FieldsOf<'de> for PodEnv<'de> {
+    fn field<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "name" => self.name = Some(at(map.next_value::<Str<'de>>(), "name")?.0),
+            "value" => self.value = at(map.next_value::<Option<Str<'de>>>(), "value")?.map(|v| v.0),
+            _ => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish<E: de::Error>(self) -> Result<Self, E> {
+        if self.name.is_none() {
+            return Err(de::Error::missing_field("name"));
+        }
+        Ok(self)
+    }
+}
+
+/// What is read of a pod's status.
+#[derive(Default)]
 struct PodWireStatus {
-    phase: Option<String>,
-    conditions: Option<Vec<PodWireCondition>>,
-    container_statuses: Option<Vec<PodContainerStatus>>,
+    running: bool,
+    /// Whether its Ready condition is True, and since when.
+    ready: Option<Option<Time>>,
+    /// The highest restart count of its containers.
+    restarts: Option<i32>,
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct PodWireCondition {
-    #[serde(rename = "type")]
-    type_: String,
-    status: String,
+impl<'de> Deserialize<'de> for PodWireStatus {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(Fields::<Self>::new("a pod status"))
+    }
+}
+
+impl<'de> FieldsOf<'de> for PodWireStatus {
+    fn field<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "phase" => {
+                let phase = at(map.next_value::<Option<Str<'de>>>(), "phase")?;
+                self.running = phase.is_some_and(|p| p.0 == "Running");
+            }
+            "conditions" => {
+                let conditions = at(
+                    map.next_value::<Option<Each<PodWireCondition<'de>>>>(),
+                    "conditions",
+                )?;
+                self.ready = conditions
+                    .into_iter()
+                    .flat_map(|each| each.0)
+                    .find(|c| c.type_.as_deref() == Some("Ready") && c.status.as_deref() == Some("True"))
+                    .map(|c| c.last_transition_time);
+            }
+            "containerStatuses" => {
+                let statuses = at(
+                    map.next_value::<Option<Each<PodContainerStatus>>>(),
+                    "containerStatuses",
+                )?;
+                self.restarts = statuses
+                    .into_iter()
+                    .flat_map(|each| each.0)
+                    .map(|s| s.restart_count)
+                    .max();
+            }
+            _ => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct PodWireCondition<'de> {
+    type_: Option<Cow<'de, str>>,
+    status: Option<Cow<'de, str>>,
     last_transition_time: Option<Time>,
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+impl<'de> Deserialize<'de> for PodWireCondition<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(Fields::<Self>::new("a pod condition"))
+    }
+}
+
+impl<'de> FieldsOf<'de> for PodWireCondition<'de> {
+    fn field<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "type" => self.type_ = Some(at(map.next_value::<Str<'de>>(), "type")?.0),
+            "status" => self.status = Some(at(map.next_value::<Str<'de>>(), "status")?.0),
+            "lastTransitionTime" => {
+                self.last_transition_time = at(map.next_value::<Option<Time>>(), "lastTransitionTime")?;
+            }
+            _ => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish<E: de::Error>(self) -> Result<Self, E> {
+        if self.type_.is_none() {
+            return Err(de::Error::missing_field("type"));
+        }
+        if self.status.is_none() {
+            return Err(de::Error::missing_field("status"));
+        }
+        Ok(self)
+    }
+}
+
+#[derive(Default)]
 struct PodContainerStatus {
-    name: String,
     restart_count: i32,
+}
+
+impl<'de> Deserialize<'de> for PodContainerStatus {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(Fields::<Self>::new("a container status"))
+    }
+}
+
+impl<'de> FieldsOf<'de> for PodContainerStatus {
+    fn field<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "restartCount" => self.restart_count = at(map.next_value::<i32>(), "restartCount")?,
+            _ => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl<'de> Deserialize<'de> for WatchedPod {
@@ -392,71 +710,68 @@ impl<'de> Deserialize<'de> for WatchedPod {
         let (meta, spec, status) =
             deserializer.deserialize_map(ObjectVisitor::<PodMeta, PodWireSpec, PodWireStatus>::new("Pod"))?;
         let meta = meta.unwrap_or_default();
-        let spec = spec.map(|spec| PodSpec {
-            node_name: spec.node_name,
-            containers: spec
-                .containers
-                .into_iter()
-                .flatten()
-                .map(|container| Container {
-                    name: container.name,
-                    // Only the digest is read of a container's environment.
-                    env: container.env.map(|env| {
-                        env.into_iter()
-                            .filter(|e| e.name == DRIVER_CONFIG_DIGEST)
-                            .map(|e| EnvVar {
-                                name: e.name,
-                                value: e.value,
-                                value_from: None,
-                            })
-                            .collect()
-                    }),
-                    ..Container::default()
-                })
-                .collect(),
-            ..PodSpec::default()
-        });
-        let status = status.map(|status| PodStatus {
-            phase: status.phase,
-            // Only the Ready condition is read.
-            conditions: status.conditions.map(|conditions| {
-                conditions
-                    .into_iter()
-                    .filter(|c| c.type_ == "Ready")
-                    .map(|c| PodCondition {
-                        type_: c.type_,
-                        status: c.status,
-                        last_transition_time: c.last_transition_time,
-                        ..PodCondition::default()
-                    })
-                    .collect()
-            }),
-            container_statuses: status.container_statuses.map(|statuses| {
-                statuses
-                    .into_iter()
-                    .map(|s| ContainerStatus {
-                        name: s.name,
-                        restart_count: s.restart_count,
-                        ..ContainerStatus::default()
-                    })
-                    .collect()
-            }),
-            ..PodStatus::default()
-        });
-        Ok(Self(Pod {
+        let spec = spec.unwrap_or_default();
+        let status = status.unwrap_or_default();
+        let [revision, app, component] = meta.labels;
+        Ok(Self {
             metadata: ObjectMeta {
                 name: meta.name,
                 namespace: meta.namespace,
-                uid: meta.uid,
                 resource_version: meta.resource_version,
-                labels: meta.labels,
-                deletion_timestamp: meta.deletion_timestamp,
-                owner_references: meta.owner_references,
                 ..ObjectMeta::default()
             },
-            spec,
-            status,
-        }))
+            node_name: spec.node_name,
+            revision,
+            app,
+            component,
+            terminating: meta.terminating,
+            ready_since: status
+                .ready
+                .filter(|_| status.running)
+                .map(|since| since.map_or(0, |t| t.0.as_second())),
+            daemonset_uid: meta.daemonset_uid,
+            digest: spec.digest,
+            restarts: status.restarts.unwrap_or(0),
+        })
+    }
+}
+
+impl PodRead for WatchedPod {
+    fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    fn node_name(&self) -> Option<&str> {
+        self.node_name.as_deref()
+    }
+
+    fn label(&self, key: &str) -> Option<&str> {
+        match key {
+            REVISION_HASH => self.revision.as_deref(),
+            "app" => self.app.as_deref(),
+            COMPONENT => self.component.as_deref(),
+            _ => None,
+        }
+    }
+
+    fn terminating(&self) -> bool {
+        self.terminating
+    }
+
+    fn ready_since(&self) -> Option<i64> {
+        self.ready_since
+    }
+
+    fn daemonset_uid(&self) -> Option<&str> {
+        self.daemonset_uid.as_deref()
+    }
+
+    fn driver_digest(&self) -> Option<&str> {
+        self.digest.as_deref()
+    }
+
+    fn restarts(&self) -> i32 {
+        self.restarts
     }
 }
 
@@ -481,11 +796,167 @@ impl kube::Resource for WatchedPod {
     }
 
     fn meta(&self) -> &ObjectMeta {
-        &self.0.metadata
+        &self.metadata
     }
 
     fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.0.metadata
+        &mut self.metadata
+    }
+}
+
+/// A string, borrowed from the input where it is not escaped (`serde_json::from_str`, as kube decodes
+/// watch events, lends unescaped strings).
+struct Str<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Str<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_str(StrVisitor)
+    }
+}
+
+struct StrVisitor;
+
+impl<'de> Visitor<'de> for StrVisitor {
+    type Value = Str<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string")
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Str<'de>, E> {
+        Ok(Str(Cow::Borrowed(text)))
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Str<'de>, E> {
+        Ok(Str(Cow::Owned(text.to_owned())))
+    }
+
+    fn visit_string<E: de::Error>(self, text: String) -> Result<Str<'de>, E> {
+        Ok(Str(Cow::Owned(text)))
+    }
+}
+
+/// A JSON array read element by element, each element's index recorded on an error.
+struct Each<T>(Vec<T>);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Each<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_seq(EachVisitor(PhantomData))
+    }
+}
+
+struct EachVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for EachVisitor<T> {
+    type Value = Each<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a sequence")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Each<T>, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+        loop {
+            let index = items.len();
+            let item = seq.next_element::<T>();
+            if item.is_err() {
+                record(Segment::Index(index));
+            }
+            match item? {
+                Some(item) => items.push(item),
+                None => return Ok(Each(items)),
+            }
+        }
+    }
+}
+
+/// An object read field by field into `Self` (starting from its default), each field's name recorded on
+/// an error in it ([`at`]); fields not read are skipped unread.
+trait FieldsOf<'de>: Default + Sized {
+    fn field<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error>;
+
+    /// Checks what was read once every field was.
+    fn finish<E: de::Error>(self) -> Result<Self, E> {
+        Ok(self)
+    }
+}
+
+struct Fields<T> {
+    expecting: &'static str,
+    value: PhantomData<T>,
+}
+
+impl<T> Fields<T> {
+    fn new(expecting: &'static str) -> Self {
+        Self {
+            expecting,
+            value: PhantomData,
+        }
+    }
+}
+
+impl<'de, T: FieldsOf<'de>> Visitor<'de> for Fields<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.expecting)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
+        let mut value = T::default();
+        while let Some(key) = map.next_key::<Str<'de>>()? {
+            value.field(&key.0, &mut map)?;
+        }
+        value.finish()
+    }
+}
+
+/// One step of the path to a malformed field.
+enum Segment {
+    Key(String),
+    Index(usize),
+}
+
+thread_local! {
+    /// The path to the field an error came from, innermost step first: each level records its step as
+    /// the error passes out of it (on errors only: reading costs nothing), and [`Traced`] reads it.
+    static PATH: RefCell<Vec<Segment>> = const { RefCell::new(Vec::new()) };
+}
+
+fn record(segment: Segment) {
+    PATH.with_borrow_mut(|path| path.push(segment));
+}
+
+/// `result`, with `key` recorded as a step of the error's path when it is an error.
+fn at<T, E>(result: Result<T, E>, key: &str) -> Result<T, E> {
+    if result.is_err() {
+        record(Segment::Key(key.to_owned()));
+    }
+    result
+}
+
+/// A part whose errors' paths `serde_path_to_error` tracks (it allocates each key it reads, so it is kept
+/// to the small parts of a node).
+struct PathTracked<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for PathTracked<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        serde_path_to_error::deserialize(deserializer)
+            .map(PathTracked)
+            .map_err(|error| {
+                let steps: Vec<Segment> = error
+                    .path()
+                    .iter()
+                    .filter_map(|step| match step {
+                        serde_path_to_error::Segment::Seq { index } => Some(Segment::Index(*index)),
+                        serde_path_to_error::Segment::Map { key } => Some(Segment::Key(key.clone())),
+                        serde_path_to_error::Segment::Enum { variant } => Some(Segment::Key(variant.clone())),
+                        serde_path_to_error::Segment::Unknown => None,
+                    })
+                    .collect();
+                PATH.with_borrow_mut(|path| path.extend(steps.into_iter().rev()));
+                error.into_inner()
+            })
     }
 }
 
@@ -568,25 +1039,26 @@ impl<'de, V: Deserialize<'de>> DeserializeSeed<'de> for Traced<'_, V> {
     type Value = Option<V>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Option<V>, D::Error> {
-        serde_path_to_error::deserialize(deserializer).map_err(|error| {
+        PATH.with_borrow_mut(Vec::clear);
+        Option::<V>::deserialize(deserializer).map_err(|error| {
             let object = match self.name {
                 Some(name) => format!("{} {name}", self.kind),
                 None => self.kind.to_owned(),
             };
-            let path = error.path().to_string();
-            let field = if path == "." {
-                self.field.to_owned()
-            } else {
-                format!("{}.{path}", self.field)
-            };
-            de::Error::custom(format_args!("{object}: {field}: {}", error.into_inner()))
+            let mut field = self.field.to_owned();
+            for step in PATH.take().iter().rev() {
+                match step {
+                    Segment::Key(key) => {
+                        field.push('.');
+                        field.push_str(key);
+                    }
+                    Segment::Index(index) => {
+                        let _ = write!(field, "[{index}]");
+                    }
+                }
+            }
+            de::Error::custom(format_args!("{object}: {field}: {error}"))
         })
-    }
-}
-
-impl std::borrow::Borrow<Pod> for WatchedPod {
-    fn borrow(&self) -> &Pod {
-        &self.0
     }
 }
 
@@ -842,7 +1314,7 @@ mod tests {
             let text = pod_json(component).to_string();
             let whole: Pod = serde_json::from_str(&text).unwrap();
             let lean: WatchedPod = serde_json::from_str(&text).unwrap();
-            let record = PodRecord::project(&lean.0, &mut interner);
+            let record = PodRecord::project(&lean, &mut interner);
             assert_eq!(record, PodRecord::project(&whole, &mut interner));
             assert_eq!(record.ready_since, Some(1_767_225_610));
             assert_eq!(record.kind.daemonset_uid.as_deref(), Some("ds-1"));
@@ -851,8 +1323,7 @@ mod tests {
             &serde_json::from_str::<WatchedPod>(
                 &pod_json(gpuop_api::Operand::Driver.info().component).to_string(),
             )
-            .unwrap()
-            .0,
+            .unwrap(),
             &mut interner,
         );
         let fields = driver.driver.expect("a driver pod");
