@@ -543,6 +543,29 @@ fn refusal(error: &watcher::Error) -> Option<(String, String)> {
     Some((reason, status.message.clone()))
 }
 
+/// What a reflector of [`spawn`] keeps.
+trait Cached:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Cached for K where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// Starts a reflector whose objects are trimmed by `trim`; an update that leaves the trimmed object as the
 /// store holds it (`unchanged`) is dropped, so that it wakes nobody.
 fn spawn<K>(
@@ -555,13 +578,7 @@ fn spawn<K>(
     shutdown: &CancellationToken,
 ) -> Store<K>
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Cached,
 {
     spawn_decoded(
         api,
@@ -588,13 +605,7 @@ fn spawn_decoded<W, K>(
     shutdown: &CancellationToken,
 ) -> Store<K>
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Cached,
     W: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
 {
     let (reader, writer) = reflector::store();
