@@ -836,12 +836,20 @@ async fn write_driver_status(
     let name = driver.name_any();
     let key = format!("NVIDIADriver/{name}");
     let stored = driver.status.as_ref();
+    // As for a ClusterPolicy (see `write_status`): made from this operator's own last write while the
+    // watch may not have brought it back yet.
+    let sent = context
+        .recent()
+        .statuses
+        .get(&key)
+        .filter(|(_, at)| at.elapsed() < IN_FLIGHT)
+        .map(|(sent, _)| sent.clone());
     let status = driver_status(
         &plan.outcome,
         observation,
         &context.namespace,
         driver.metadata.generation,
-        stored,
+        sent.as_ref().or(stored),
         &now(),
     );
     if !leader || stored == Some(&status) {
@@ -1275,10 +1283,14 @@ async fn write_status(
     let name = policy.name.clone();
     let last_write = context.recent().statuses.get(&name).cloned();
     let stored = policy.stored;
-    let previous = if policy.decoded {
-        stored
-    } else {
-        last_write.as_ref().map(|(written, _)| written)
+    // The status is made from the last one written: the stored one until this operator writes, and its
+    // own write while the watch may not have brought it back yet. Made from a stale stored one, a changed
+    // condition would get a new transition time each pass, and be written again each interval until the
+    // echo comes.
+    let previous = match &last_write {
+        Some((written, at)) if !policy.decoded || at.elapsed() < IN_FLIGHT => Some(written),
+        _ if policy.decoded => stored,
+        _ => None,
     };
     let status = policy_status(outcome, &context.namespace, policy.generation, previous, &now());
     let unchanged = stored == Some(&status)
