@@ -34,6 +34,7 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use crate::labeler::OWNED_LABELS;
 
 mod wire;
+pub(crate) use wire::Str;
 
 pub use wire::{WatchedNode, WatchedPod};
 

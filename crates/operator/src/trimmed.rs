@@ -18,6 +18,8 @@ use serde::de::value::{BorrowedStrDeserializer, MapAccessDeserializer, StringDes
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
+use crate::projection::Str;
+
 /// An object decoded without its `status`.
 #[derive(Clone, Debug)]
 pub struct Statusless<K>(pub K);
@@ -89,8 +91,8 @@ impl<'de> Deserialize<'de> for MetadataOnly {
 
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let (mut api_version, mut kind, mut metadata) = (None, None, None);
-                while let Some(key) = map.next_key::<Key<'de>>()? {
-                    match key.as_str() {
+                while let Some(key) = map.next_key::<Str<'de>>()? {
+                    match &*key.0 {
                         "apiVersion" => api_version = Some(map.next_value::<String>()?),
                         "kind" => kind = Some(map.next_value::<String>()?),
                         "metadata" => metadata = Some(map.next_value::<ObjectMeta>()?),
@@ -170,14 +172,14 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for Without<A> {
     type Error = A::Error;
 
     fn next_key_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<Option<S::Value>, A::Error> {
-        while let Some(key) = self.map.next_key::<Key<'de>>()? {
-            if key.as_str() == self.key {
+        while let Some(key) = self.map.next_key::<Str<'de>>()? {
+            if key.0 == self.key {
                 self.map.next_value::<IgnoredAny>()?;
                 continue;
             }
-            return match key {
-                Key::Borrowed(key) => seed.deserialize(BorrowedStrDeserializer::new(key)),
-                Key::Owned(key) => seed.deserialize(StringDeserializer::new(key)),
+            return match key.0 {
+                Cow::Borrowed(key) => seed.deserialize(BorrowedStrDeserializer::new(key)),
+                Cow::Owned(key) => seed.deserialize(StringDeserializer::new(key)),
             }
             .map(Some);
         }
@@ -186,49 +188,6 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for Without<A> {
 
     fn next_value_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<S::Value, A::Error> {
         self.map.next_value_seed(seed)
-    }
-}
-
-/// A map's key, borrowed from the input where it has no escapes.
-enum Key<'de> {
-    Borrowed(&'de str),
-    Owned(String),
-}
-
-impl Key<'_> {
-    fn as_str(&self) -> &str {
-        match self {
-            Key::Borrowed(key) => key,
-            Key::Owned(key) => key,
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Text;
-
-        impl<'de> Visitor<'de> for Text {
-            type Value = Key<'de>;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a field name")
-            }
-
-            fn visit_borrowed_str<E: de::Error>(self, key: &'de str) -> Result<Self::Value, E> {
-                Ok(Key::Borrowed(key))
-            }
-
-            fn visit_str<E: de::Error>(self, key: &str) -> Result<Self::Value, E> {
-                Ok(Key::Owned(key.to_owned()))
-            }
-
-            fn visit_string<E: de::Error>(self, key: String) -> Result<Self::Value, E> {
-                Ok(Key::Owned(key))
-            }
-        }
-
-        deserializer.deserialize_str(Text)
     }
 }
 

@@ -806,7 +806,7 @@ impl kube::Resource for WatchedPod {
 
 /// A string, borrowed from the input where it is not escaped (`serde_json::from_str`, as kube decodes
 /// watch events, lends unescaped strings).
-struct Str<'de>(Cow<'de, str>);
+pub(crate) struct Str<'de>(pub(crate) Cow<'de, str>);
 
 impl<'de> Deserialize<'de> for Str<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
