@@ -22,7 +22,7 @@ use gpuop_api::labels::{MANAGED_BY, MANAGED_BY_VALUE};
 use gpuop_api::read::{NodeRead, PodRead};
 use gpuop_api::{ClusterPolicy, NVIDIADriver};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
 use kube::core::error_boundary::InvalidObject;
@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::apply::MANAGED_KINDS;
 use crate::changes::{Changed, NodeSet, NodeSource, PodSet, PodSource};
+use crate::gulps::{GATHER, Gulps};
 use crate::index::Judgements;
 use crate::label_queue::NodeEvent;
 use crate::projection::{
@@ -881,7 +882,7 @@ impl NodeCache {
     }
 
     /// The projection of a node read from the API (after a write), with the keys the cache keeps.
-    pub fn project(&self, node: &Node) -> NodeRecord {
+    pub fn project(&self, node: &impl NodeFields) -> NodeRecord {
         let keys = self.read().wanted.clone();
         NodeRecord::project(node, &keys, &mut lock(&self.interner))
     }
@@ -912,7 +913,8 @@ fn follow_nodes(
                 watcher::Config::default().page_size(NODE_PAGE),
             )
             .default_backoff();
-            let mut stream = std::pin::pin!(stream);
+            let stream = std::pin::pin!(stream);
+            let mut stream = Gulps::new(stream, GATHER);
             loop {
                 let item = tokio::select! {
                     () = shutdown.cancelled() => return,
@@ -1086,7 +1088,8 @@ fn follow_pods(
     let shutdown = shutdown.clone();
     tokio::spawn(async move {
         let stream = watcher(api, watcher::Config::default()).default_backoff();
-        let mut stream = std::pin::pin!(stream);
+        let stream = std::pin::pin!(stream);
+        let mut stream = Gulps::new(stream, GATHER);
         loop {
             let item = tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -1115,6 +1118,7 @@ fn follow_pods(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Node;
     use gpuop_api::read::Labels;
     use gpuop_api::upgrade::observe::DriverPods;
     use k8s_openapi::api::core::v1::Pod;

@@ -30,14 +30,14 @@ use gpuop_api::labels::GpuDetection;
 use gpuop_api::read::Labels;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
-use kube::{Api, Client};
+use kube::{Api, Client, Resource as _};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::controller::{Context, IN_FLIGHT};
 use crate::labeler::{LabelPolicy, NodePatch, desired_labels};
-use crate::projection::NodeRecord;
+use crate::projection::{NodeRecord, WatchedNode};
 
 /// Nodes labelled at once. A label patch is one small write; a handful in flight keep a node watch's
 /// worth of work moving while leaving the API server's other clients their share (the labeller used to
@@ -466,9 +466,9 @@ async fn label(
             Err(kube::Error::Api(status)) if status.code == 409 && attempt < CONFLICT_ATTEMPTS => {
                 // The node changed since it was read (a person, another controller, or this operator's own
                 // write the cache does not show yet): decide again on the node as it is now.
-                match Api::<Node>::all(context.client.clone()).get_opt(&name).await {
+                match Api::<WatchedNode>::all(context.client.clone()).get_opt(&name).await {
                     Ok(Some(fresh)) => {
-                        version = fresh.metadata.resource_version.clone();
+                        version = fresh.meta().resource_version.clone();
                         node = Arc::new(context.caches.nodes.project(&fresh));
                         // The API server's answer is newer than anything sent: nothing left to trust.
                         sent = None;
@@ -515,10 +515,12 @@ async fn write_labels(
     if let Some(version) = resource_version {
         body["metadata"]["resourceVersion"] = serde_json::Value::String(version);
     }
-    Api::<Node>::all(client.clone())
+    // The answer is the whole node (~25 KB of JSON on a real fleet); nothing in it is read, so it is not
+    // decoded: the node watch brings the change.
+    let request = kube::core::Request::new(Node::url_path(&(), None))
         .patch(name, &PatchParams::default(), &Patch::Merge(body))
-        .await
-        .map(|_| ())
+        .map_err(kube::Error::BuildRequest)?;
+    client.request_text(request).await.map(drop)
 }
 
 fn log_write(name: &str, patch: &NodePatch) {

@@ -24,6 +24,7 @@ pub mod diff_live;
 pub mod drift;
 pub mod drivers;
 pub mod facts;
+pub mod gulps;
 pub mod index;
 pub mod label_queue;
 pub mod labeler;

@@ -37,7 +37,7 @@ use tracing::{debug, info, warn};
 
 use crate::changes::{Changed, NodeSource, PodSource};
 use crate::controller::Context;
-use crate::projection::NodeRecord;
+use crate::projection::{NodeRecord, WatchedNode};
 
 /// The shortest time between the starts of two passes while nodes are being upgraded: each of a node's
 /// moves waits for a pass.
@@ -572,7 +572,7 @@ async fn carry_out(
                             Patched {
                                 before,
                                 node: Arc::new(context.caches.nodes.project(&patched)),
-                                version: patched.metadata.resource_version.clone(),
+                                version: kube::Resource::meta(&patched).resource_version.clone(),
                                 at: Instant::now(),
                             },
                         );
@@ -601,7 +601,7 @@ async fn carry_out(
 /// still tried, and the patch stands).
 #[derive(Default)]
 struct Executed {
-    patched: Option<Node>,
+    patched: Option<WatchedNode>,
     failed: Option<kube::Error>,
 }
 
@@ -617,7 +617,8 @@ async fn execute(
         if node.is_none() {
             return Ok(executed);
         }
-        let api: Api<Node> = Api::all(context.client.clone());
+        // The answer is the whole node (~25 KB of JSON on a real fleet): read as the node watch reads it.
+        let api: Api<WatchedNode> = Api::all(context.client.clone());
         let mut metadata = Map::new();
         if let Some(state) = step.to {
             metadata.insert("labels".into(), json!({ UPGRADE_STATE: state.label() }));
