@@ -330,7 +330,10 @@ pub async fn uninstall(client: kube::Client, args: UninstallArgs) -> ExitCode {
 
 fn run_operator(args: RunArgs) -> ExitCode {
     init_logging(args.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // One thread: the operator's work is reading watch events, each a few microseconds of decoding, and
+    // short passes. A multi-threaded runtime hands those between workers, waking and parking them for
+    // every event, and gives each worker its own allocator arena.
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("gpu-operator run: cannot start the async runtime: {error}");
