@@ -20,7 +20,7 @@ use anyhow::{Context as _, bail};
 use gpuop_api::ClusterPolicy;
 use gpuop_api::status::{PolicyStatus, State};
 use gpuop_fakeserver::FakeServer;
-use gpuop_fakeserver::accounting::RequestCounts;
+use gpuop_fakeserver::accounting::{RequestCounts, RequestKey};
 use gpuop_operator::status::only_counts_differ;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
 use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, PodTemplateSpec, Toleration};
@@ -172,8 +172,15 @@ pub async fn nodes(args: NodesBenchArgs) -> anyhow::Result<()> {
 
 /// Writes by verb and resource (`patch pods/status`), whoever made them.
 pub fn writes_by_resource(counts: &RequestCounts) -> BTreeMap<String, u64> {
+    writes_of(counts, None)
+}
+
+/// Writes by verb and resource of one client (its product token), or of all (`None`).
+fn writes_of(counts: &RequestCounts, client: Option<&str>) -> BTreeMap<String, u64> {
     let mut writes = BTreeMap::new();
-    for (key, count) in counts.iter().filter(|(key, _)| key.verb.is_write()) {
+    let of_client =
+        |key: &RequestKey| client.is_none_or(|client| key.client.split('/').next() == Some(client));
+    for (key, count) in counts.iter().filter(|(key, _)| key.verb.is_write() && of_client(key)) {
         let resource = if key.subresource.is_empty() {
             key.resource.clone()
         } else {
@@ -482,11 +489,7 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
     let cpu_steady = Cpu::now(&pid).since(cpu_steady_start);
     let after = server.requests();
     let steady = by_verb(&after.since(&at_convergence), operator_client);
-    let steady_writes: u64 = steady
-        .iter()
-        .filter(|(verb, _)| !["get", "list", "watch"].contains(&verb.as_str()))
-        .map(|(_, c)| c)
-        .sum();
+    let steady_writes = writes_of(&after.since(&at_convergence), Some(operator_client));
     let churn_window = match churn {
         Some(churn) => {
             let requests_before = server.requests();
@@ -563,12 +566,20 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
         "| operator requests during the rollout, by verb | {} |",
         verbs_text(&rollout)
     );
+    // Every write is a watch event for whoever watches its kind: what the operator had to read.
+    println!(
+        "| writes during the rollout, all clients, by resource | {} |",
+        verbs_text(&writes_by_resource(&at_convergence.since(&before)))
+    );
     println!(
         "| operator requests in the {} s steady window that follows | {} |",
         args.steady_seconds,
         requests_text(&steady)
     );
-    println!("| operator writes in the steady window | {steady_writes} |");
+    println!(
+        "| operator writes in the steady window | {} |",
+        requests_text(&steady_writes)
+    );
     println!(
         "| ClusterPolicy status writes during the rollout | {} |",
         statuses.summary()
