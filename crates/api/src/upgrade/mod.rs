@@ -378,9 +378,10 @@ pub struct Step {
 }
 
 impl Step {
+    /// A step of `node` that does nothing yet. Its name is left for [`decide`] to set on the steps it keeps:
+    /// most nodes have none, and a decision is made for every node of a pool again and again.
     fn new(node: &NodeView) -> Self {
         Self {
-            node: node.name.clone(),
             from: node.state,
             ..Self::default()
         }
@@ -530,7 +531,10 @@ pub fn decide<V: Borrow<NodeView>>(policy: &UpgradePolicy, nodes: &[V], now: i64
         }
     }
     let mut sorted = nodes.clone();
-    sorted.sort_by_key(|n| n.name.as_str());
+    // Callers keep their nodes by name: the sort is for those that do not.
+    if !sorted.is_sorted_by_key(|n| n.name.as_str()) {
+        sorted.sort_by_key(|n| n.name.as_str());
+    }
     for node in sorted {
         let step = match started.remove(node.name.as_str()) {
             Some(step) => step,
@@ -552,6 +556,7 @@ pub fn decide<V: Borrow<NodeView>>(policy: &UpgradePolicy, nodes: &[V], now: i64
             _ => {}
         }
         if !step.is_empty() {
+            step.node.clone_from(&node.name);
             decision.steps.push(step);
         }
     }
@@ -1314,7 +1319,10 @@ mod tests {
             .steps
             .into_iter()
             .next()
-            .unwrap_or_else(|| Step::new(&nodes[0]))
+            .unwrap_or_else(|| Step {
+                node: nodes[0].name.clone(),
+                ..Step::new(&nodes[0])
+            })
     }
 
     fn annotation(step: &Step, key: &str) -> Option<Option<String>> {
