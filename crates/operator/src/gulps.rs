@@ -5,7 +5,15 @@
 //! `read` and an `epoll_wait`: more than decoding it. [`Gulps`] reads whatever is there, and once the
 //! stream has nothing more it waits [`GATHER`] before it looks again, so that what arrives meanwhile waits
 //! in the socket and is read in one go. An event that comes after a quiet spell is read at once; one in a
-//! busy stream waits at most [`GATHER`].
+//! busy stream waits at most [`GATHER`]. A stream is busy when its last two events came within
+//! [`GATHER`] of each other: events further apart (a quiet cluster's changes, a few a second) are read as
+//! they come, without the pause's timer.
+//!
+//! "Nothing more" is not the first time the stream says it has nothing: the connection's task hands the
+//! body over frame by frame, so a stream with a socket full of events still says so between two frames.
+//! It is when it still has nothing after [`PROBES`] turns of the runtime, in which the connection's task
+//! could read. Pausing at every such gap instead reads one event per pause, and the API server closes a
+//! watcher that falls that far behind.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,19 +21,27 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use futures::Stream;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
 /// How long a busy stream is left to gather events before it is read again. The status is written at most
 /// once a second and a pass waits at least 200 ms for the next: 25 ms is not seen in either.
 pub const GATHER: Duration = Duration::from_millis(25);
+
+/// How many turns of the runtime a stream that had events gets to show more before it pauses.
+pub const PROBES: u8 = 4;
 
 /// `stream`, read in gulps (see the module's doc).
 #[derive(Debug)]
 pub struct Gulps<S> {
     stream: S,
     gather: Duration,
-    /// Whether an item came since the stream last paused: the next time it has none, it pauses.
+    /// When the last item came.
+    last: Option<Instant>,
+    /// Whether the last two items came within `gather` of each other: the next time it has none, it
+    /// pauses.
     busy: bool,
+    /// The turns it has had nothing since its last item.
+    probes: u8,
     pause: Option<Pin<Box<Sleep>>>,
 }
 
@@ -35,7 +51,9 @@ impl<S> Gulps<S> {
         Self {
             stream,
             gather,
+            last: None,
             busy: false,
+            probes: 0,
             pause: None,
         }
     }
@@ -52,11 +70,21 @@ impl<S: Stream + Unpin> Stream for Gulps<S> {
         }
         match Pin::new(&mut this.stream).poll_next(cx) {
             Poll::Ready(item) => {
-                this.busy = true;
+                let now = Instant::now();
+                this.busy = this.last.is_some_and(|last| now - last < this.gather);
+                this.last = Some(now);
+                this.probes = 0;
                 Poll::Ready(item)
+            }
+            Poll::Pending if this.busy && this.probes < PROBES => {
+                // Let the connection's task run, and look again.
+                this.probes += 1;
+                cx.waker().wake_by_ref();
+                Poll::Pending
             }
             Poll::Pending if this.busy => {
                 this.busy = false;
+                this.probes = 0;
                 let mut pause = Box::pin(tokio::time::sleep(this.gather));
                 // Registers the timer's wakeup; a zero pause is over at once.
                 if pause.as_mut().poll(cx).is_pending() {
@@ -117,5 +145,78 @@ mod tests {
 
         drop(sender);
         assert_eq!(gulps.next().await, None);
+    }
+
+    /// A stream that has its next item only after two turns of the runtime, as a watch whose connection
+    /// task hands over one frame at a time.
+    struct FrameByFrame {
+        polls: u32,
+    }
+
+    impl Stream for FrameByFrame {
+        type Item = u32;
+
+        fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<u32>> {
+            let this = self.get_mut();
+            this.polls += 1;
+            if this.polls.is_multiple_of(3) {
+                Poll::Ready(Some(this.polls / 3))
+            } else {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+    }
+
+    /// A stream that counts how often it is asked for an item.
+    struct Counted<S> {
+        stream: S,
+        polls: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    }
+
+    impl<S: Stream + Unpin> Stream for Counted<S> {
+        type Item = S::Item;
+
+        fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+            let this = self.get_mut();
+            this.polls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Pin::new(&mut this.stream).poll_next(cx)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_further_apart_than_the_gathering_are_read_as_they_come() {
+        let (sender, receiver) = mpsc::unbounded();
+        let polls = std::sync::Arc::default();
+        let counted = Counted {
+            stream: receiver,
+            polls: std::sync::Arc::clone(&polls),
+        };
+        let mut gulps = Gulps::new(counted, GATHER);
+        let start = Instant::now();
+        let apart = GATHER * 2;
+        let sending = tokio::spawn(async move {
+            for event in 0..10 {
+                tokio::time::sleep(apart).await;
+                sender.unbounded_send(event).unwrap();
+            }
+        });
+        for event in 0..10 {
+            assert_eq!(gulps.next().await, Some(event));
+            assert_eq!(start.elapsed(), apart * (event + 1));
+        }
+        sending.await.unwrap();
+        // Each event: the look that found nothing, and the one that found it; no probing, no pause.
+        assert_eq!(polls.load(std::sync::atomic::Ordering::Relaxed), 20);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_between_two_frames_is_not_paused() {
+        let mut gulps = Gulps::new(FrameByFrame { polls: 0 }, GATHER);
+        let start = Instant::now();
+        for expected in 1..=100 {
+            assert_eq!(gulps.next().await, Some(expected));
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO);
     }
 }
