@@ -1118,9 +1118,9 @@ fn follow_pods(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::Node;
     use gpuop_api::read::Labels;
     use gpuop_api::upgrade::observe::DriverPods;
+    use k8s_openapi::api::core::v1::Node;
     use k8s_openapi::api::core::v1::Pod;
 
     fn pod(component: &str) -> Pod {

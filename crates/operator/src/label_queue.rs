@@ -466,7 +466,10 @@ async fn label(
             Err(kube::Error::Api(status)) if status.code == 409 && attempt < CONFLICT_ATTEMPTS => {
                 // The node changed since it was read (a person, another controller, or this operator's own
                 // write the cache does not show yet): decide again on the node as it is now.
-                match Api::<WatchedNode>::all(context.client.clone()).get_opt(&name).await {
+                match Api::<WatchedNode>::all(context.client.clone())
+                    .get_opt(&name)
+                    .await
+                {
                     Ok(Some(fresh)) => {
                         version = fresh.meta().resource_version.clone();
                         node = Arc::new(context.caches.nodes.project(&fresh));

@@ -180,7 +180,10 @@ fn writes_of(counts: &RequestCounts, client: Option<&str>) -> BTreeMap<String, u
     let mut writes = BTreeMap::new();
     let of_client =
         |key: &RequestKey| client.is_none_or(|client| key.client.split('/').next() == Some(client));
-    for (key, count) in counts.iter().filter(|(key, _)| key.verb.is_write() && of_client(key)) {
+    for (key, count) in counts
+        .iter()
+        .filter(|(key, _)| key.verb.is_write() && of_client(key))
+    {
         let resource = if key.subresource.is_empty() {
             key.resource.clone()
         } else {

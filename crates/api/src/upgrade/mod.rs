@@ -1315,14 +1315,10 @@ mod tests {
     fn one(policy: &UpgradePolicy, node: NodeView) -> Step {
         let nodes = [node];
         let decision = decide(policy, &nodes, NOW);
-        decision
-            .steps
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| Step {
-                node: nodes[0].name.clone(),
-                ..Step::new(&nodes[0])
-            })
+        decision.steps.into_iter().next().unwrap_or_else(|| Step {
+            node: nodes[0].name.clone(),
+            ..Step::new(&nodes[0])
+        })
     }
 
     fn annotation(step: &Step, key: &str) -> Option<Option<String>> {
