@@ -381,8 +381,19 @@ async fn a_preinstalled_driver_gets_no_driver_pod_and_deploy_switches_move_pods(
         })
         .await;
     cluster.label_node("l4-0", DEPLOY_OPERANDS, None).await;
+    // Until the operator has switched the node's operands back on, the emptied node and a `ready` status
+    // from before still look converged: wait for the pods themselves.
+    cluster
+        .until("l4-0 runs its operands again", || async {
+            let on = cluster.operands_on("l4-0").await;
+            if on == ids(CONTAINER_STACK) {
+                Ok(())
+            } else {
+                Err(format!("{on:?}"))
+            }
+        })
+        .await;
     cluster.converged("cluster-policy").await;
-    assert_eq!(cluster.operands_on("l4-0").await, ids(CONTAINER_STACK));
     cluster.stop().await;
 }
 
