@@ -178,11 +178,9 @@ pub fn writes_by_resource(counts: &RequestCounts) -> BTreeMap<String, u64> {
 /// Writes by verb and resource of one client (its product token), or of all (`None`).
 fn writes_of(counts: &RequestCounts, client: Option<&str>) -> BTreeMap<String, u64> {
     let mut writes = BTreeMap::new();
-    let of_client =
-        |key: &RequestKey| client.is_none_or(|client| key.client.split('/').next() == Some(client));
     for (key, count) in counts
         .iter()
-        .filter(|(key, _)| key.verb.is_write() && of_client(key))
+        .filter(|(key, _)| key.verb.is_write() && client.is_none_or(|client| made_by(key, client)))
     {
         let resource = if key.subresource.is_empty() {
             key.resource.clone()
@@ -200,11 +198,16 @@ fn writes_of(counts: &RequestCounts, client: Option<&str>) -> BTreeMap<String, u
 pub fn by_verb(counts: &RequestCounts, client: &str) -> BTreeMap<String, u64> {
     let mut verbs = BTreeMap::new();
     for (key, count) in counts.iter() {
-        if key.client.split('/').next() == Some(client) {
+        if made_by(key, client) {
             *verbs.entry(key.verb.metric_label().to_owned()).or_insert(0) += count;
         }
     }
     verbs
+}
+
+/// Whether `key`'s request came from `client` (its User-Agent's product token).
+fn made_by(key: &RequestKey, client: &str) -> bool {
+    key.client.split('/').next() == Some(client)
 }
 
 pub(crate) fn verbs_text(verbs: &BTreeMap<String, u64>) -> String {
