@@ -109,73 +109,132 @@ pub struct FactsInput<'a> {
     pub service_monitor_crd: bool,
 }
 
-/// The facts for rendering, and the census, from the cached nodes.
-///
-/// The runtime follows NVIDIA's rule: containerd if any GPU node runs it, else CRI-O, else Docker; unknown
-/// means containerd. OS pools are the distinct OS releases of the GPU nodes, with the kernel when drivers are
-/// precompiled.
-///
-/// The nodes are given by name with their judged [`NodeFacts`].
+/// The facts for rendering, and the census, from the judged nodes.
 pub fn cluster_facts<'a>(
     nodes: impl IntoIterator<Item = (&'a str, &'a NodeFacts)>,
     input: FactsInput<'_>,
 ) -> (ClusterFacts, Census) {
-    let mut census = Census::default();
-    let mut runtimes = Vec::new();
-    let mut pools = BTreeSet::new();
+    let mut sums = FactSums::default();
     for (name, node) in nodes {
-        census.nfd_labels |= node.nfd_labels;
+        sums.add(&Text::from(name), node);
+    }
+    sums.derive(input)
+}
+
+/// What the cluster facts and the census are derived from, summed over the nodes' facts and kept up to
+/// date one node at a time ([`Self::add`], [`Self::remove`]): a node whose facts change costs its own
+/// facts, not a walk over the cluster's.
+#[derive(Debug, Default)]
+pub struct FactSums {
+    /// Nodes that carry an NFD label.
+    nfd_nodes: usize,
+    gpu_nodes: usize,
+    unlabelled: BTreeSet<Text>,
+    upgrade_failures: BTreeMap<Text, String>,
+    /// GPU nodes per container runtime the toolkit knows.
+    runtimes: Vec<(ContainerRuntime, usize)>,
+    /// GPU nodes per OS release and full kernel version.
+    releases: BTreeMap<(Text, Text, Option<Text>), usize>,
+}
+
+impl FactSums {
+    /// Counts in one node's facts.
+    pub fn add(&mut self, name: &Text, node: &NodeFacts) {
+        self.nfd_nodes += usize::from(node.nfd_labels);
         if !node.gpu {
-            continue;
+            return;
         }
-        census.gpu_nodes += 1;
+        self.gpu_nodes += 1;
         if let Some(why) = &node.upgrade_failure {
-            census.upgrade_failures.push((name.to_owned(), why.clone()));
+            self.upgrade_failures.insert(name.clone(), why.clone());
         }
         if node.unlabelled {
-            census.gpu_nodes_unlabelled.push(name.to_owned());
+            self.unlabelled.insert(name.clone());
         }
-        if let Some(runtime) = node.runtime.filter(|runtime| !runtimes.contains(runtime)) {
-            runtimes.push(runtime);
+        if let Some(runtime) = node.runtime {
+            match self.runtimes.iter_mut().find(|(known, _)| *known == runtime) {
+                Some((_, count)) => *count += 1,
+                None => self.runtimes.push((runtime, 1)),
+            }
         }
         if let Some((os_id, os_version)) = &node.os {
-            let kernel = if input.precompiled {
-                node.kernel.as_deref()
-            } else {
-                None
-            };
-            // Thousands of nodes share a few releases: copy the strings only for a new one.
-            let known = pools.iter().any(|pool: &OsPool| {
-                *pool.os_id == **os_id && *pool.os_version == **os_version && pool.kernel.as_deref() == kernel
-            });
-            if !known {
-                pools.insert(OsPool {
-                    os_id: os_id.to_string(),
-                    os_version: os_version.to_string(),
-                    kernel: kernel.map(str::to_owned),
-                });
+            *self
+                .releases
+                .entry((os_id.clone(), os_version.clone(), node.kernel.clone()))
+                .or_default() += 1;
+        }
+    }
+
+    /// Counts out one node's facts, as they were counted in.
+    pub fn remove(&mut self, name: &Text, node: &NodeFacts) {
+        self.nfd_nodes -= usize::from(node.nfd_labels);
+        if !node.gpu {
+            return;
+        }
+        self.gpu_nodes -= 1;
+        self.upgrade_failures.remove(name);
+        self.unlabelled.remove(name);
+        if let Some(runtime) = node.runtime {
+            self.runtimes
+                .iter_mut()
+                .filter(|(known, _)| *known == runtime)
+                .for_each(|(_, count)| *count -= 1);
+            self.runtimes.retain(|(_, count)| *count > 0);
+        }
+        if let Some((os_id, os_version)) = &node.os {
+            let release = (os_id.clone(), os_version.clone(), node.kernel.clone());
+            if let Some(count) = self.releases.get_mut(&release) {
+                *count -= 1;
+                if *count == 0 {
+                    self.releases.remove(&release);
+                }
             }
         }
     }
-    // Node order is the cache's; the names listed in the status are the first in name order.
-    census.gpu_nodes_unlabelled.sort_unstable();
-    census.upgrade_failures.sort_unstable();
-    let runtime = [
-        ContainerRuntime::Containerd,
-        ContainerRuntime::Crio,
-        ContainerRuntime::Docker,
-    ]
-    .into_iter()
-    .find(|runtime| runtimes.contains(runtime))
-    .unwrap_or_default();
-    let facts = ClusterFacts {
-        config_map_keys: BTreeMap::new(),
-        namespace: input.namespace.to_owned(),
-        runtime,
-        driver_pools: pools.into_iter().collect(),
-        service_monitor_crd: input.service_monitor_crd,
-    };
-    (facts, census)
+
+    /// The cluster facts and the census of the nodes counted in.
+    pub fn derive(&self, input: FactsInput<'_>) -> (ClusterFacts, Census) {
+        let census = Census {
+            gpu_nodes: self.gpu_nodes,
+            gpu_nodes_unlabelled: self.unlabelled.iter().map(|name| name.to_string()).collect(),
+            nfd_labels: self.nfd_nodes > 0,
+            gpu_nodes_without_driver: Vec::new(),
+            upgrade_failures: self
+                .upgrade_failures
+                .iter()
+                .map(|(name, why)| (name.to_string(), why.clone()))
+                .collect(),
+        };
+        let runtime = [
+            ContainerRuntime::Containerd,
+            ContainerRuntime::Crio,
+            ContainerRuntime::Docker,
+        ]
+        .into_iter()
+        .find(|runtime| self.runtimes.iter().any(|(known, _)| known == runtime))
+        .unwrap_or_default();
+        // Thousands of nodes share a few releases; the kernel tells pools apart only for precompiled drivers.
+        let pools: BTreeSet<OsPool> = self
+            .releases
+            .keys()
+            .map(|(os_id, os_version, kernel)| OsPool {
+                os_id: os_id.to_string(),
+                os_version: os_version.to_string(),
+                kernel: kernel
+                    .as_ref()
+                    .filter(|_| input.precompiled)
+                    .map(|k| k.to_string()),
+            })
+            .collect();
+        let facts = ClusterFacts {
+            config_map_keys: BTreeMap::new(),
+            namespace: input.namespace.to_owned(),
+            runtime,
+            driver_pools: pools.into_iter().collect(),
+            service_monitor_crd: input.service_monitor_crd,
+        };
+        (facts, census)
+    }
 }
 
 #[cfg(test)]
@@ -358,5 +417,60 @@ mod tests {
             .insert("nvidia.com/gpu.deploy.dcgm-exporter".into(), "false".into());
         let (_, census) = facts(std::slice::from_ref(&fresh), "ns", false, false);
         assert!(census.gpu_nodes_unlabelled.is_empty(), "{census:?}");
+    }
+
+    /// Counting a node out undoes counting it in: after nodes leave, the sums derive what counting the
+    /// rest afresh derives, pools, runtime, failures and all.
+    #[test]
+    fn sums_follow_nodes_that_leave() {
+        let mut failed = gpu("b", "ubuntu", "22.04", "5.15.0-2", "cri-o://1.30.1");
+        let labels = failed.metadata.labels.get_or_insert_default();
+        labels.insert(UPGRADE_STATE.into(), UpgradeState::Failed.label().into());
+        let nodes = [
+            gpu("a", "ubuntu", "22.04", "5.15.0-1", "containerd://1.7.27"),
+            failed,
+            gpu("c", "rhel", "9.4", "5.14.0-427", "cri-o://1.30.1"),
+            node("cpu", &[(NFD_OS_ID, "debian")], "containerd://2.0.0"),
+        ];
+        let mut interner = Interner::default();
+        let judged: Vec<(Text, NodeFacts)> = nodes
+            .iter()
+            .map(|node| {
+                let record = NodeRecord::project(node, &NodeKeys::default(), &mut interner);
+                let facts = judge_node(&record, &LabelPolicy::default(), &GpuDetection::Nfd);
+                (record.name.clone(), facts)
+            })
+            .collect();
+        let input = FactsInput {
+            namespace: "ns",
+            precompiled: true,
+            service_monitor_crd: false,
+        };
+        let mut sums = FactSums::default();
+        for (name, facts) in &judged {
+            sums.add(name, facts);
+        }
+        let (all, census) = sums.derive(input);
+        assert_eq!(
+            (all.driver_pools.len(), all.runtime),
+            (3, ContainerRuntime::Containerd)
+        );
+        assert_eq!(census.upgrade_failures.len(), 1);
+        for leaving in ["a", "b"] {
+            let (name, facts) = judged.iter().find(|(name, _)| &**name == leaving).unwrap();
+            sums.remove(name, facts);
+        }
+        let rest = judged
+            .iter()
+            .filter(|(name, _)| !["a", "b"].contains(&&**name))
+            .map(|(name, facts)| (&**name, facts));
+        let (facts, census) = sums.derive(input);
+        assert_eq!((facts.clone(), census.clone()), cluster_facts(rest, input));
+        assert_eq!(
+            (facts.driver_pools.len(), facts.runtime),
+            (1, ContainerRuntime::Crio)
+        );
+        assert!(census.upgrade_failures.is_empty() && census.nfd_labels);
+        assert_eq!(census.gpu_nodes, 1);
     }
 }

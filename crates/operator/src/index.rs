@@ -22,7 +22,7 @@ use gpuop_render::ClusterFacts;
 use k8s_openapi::api::core::v1::PodSpec;
 
 use crate::changes::{Changed, NodeSource, PodSource};
-use crate::facts::{Census, FactsInput, NodeFacts, cluster_facts, judge_node};
+use crate::facts::{Census, FactSums, FactsInput, NodeFacts, judge_node};
 use crate::labeler::LabelPolicy;
 use crate::projection::{NodeRecord, PodRecord, Text};
 
@@ -78,6 +78,8 @@ pub struct Tally {
 pub struct Judgements {
     facts_inputs: Option<(LabelPolicy, GpuDetection)>,
     facts: HashMap<Text, (Arc<NodeRecord>, NodeFacts)>,
+    /// The facts summed for the cluster facts and the census, kept with `facts`.
+    sums: FactSums,
     /// The node log's mark the facts were brought up to.
     facts_mark: u64,
     /// Counts the changes of any node's facts (the cluster facts are derived again after one).
@@ -228,12 +230,15 @@ impl Judgements {
             .is_some_and(|(l, d)| l == labelling && d == detection);
         if !same_inputs {
             self.facts.clear();
+            self.sums = FactSums::default();
             self.facts_mark = 0;
             self.facts_inputs = Some((labelling.clone(), detection.clone()));
         }
         let (mark, changed) = nodes.changes(self.facts_mark);
         let mut judged = 0;
-        let mut judge = |facts: &mut HashMap<Text, (Arc<NodeRecord>, NodeFacts)>, node: Arc<NodeRecord>| {
+        let mut judge = |facts: &mut HashMap<Text, (Arc<NodeRecord>, NodeFacts)>,
+                         sums: &mut FactSums,
+                         node: Arc<NodeRecord>| {
             let name = node.name.clone();
             match facts.get_mut(&name) {
                 Some((record, _)) if Arc::ptr_eq(record, &node) => false,
@@ -241,12 +246,17 @@ impl Judgements {
                     judged += 1;
                     let new = judge_node(&node, labelling, detection);
                     let changed = kept.1 != new;
+                    if changed {
+                        sums.remove(&name, &kept.1);
+                        sums.add(&name, &new);
+                    }
                     *kept = (node, new);
                     changed
                 }
                 None => {
                     judged += 1;
                     let new = judge_node(&node, labelling, detection);
+                    sums.add(&name, &new);
                     facts.insert(name, (node, new));
                     true
                 }
@@ -258,18 +268,30 @@ impl Judgements {
                 let all = nodes.nodes();
                 let names: HashSet<&str> = all.iter().map(|node| &*node.name).collect();
                 let before = self.facts.len();
-                self.facts.retain(|name, _| names.contains(&**name));
+                let sums = &mut self.sums;
+                self.facts.retain(|name, (_, facts)| {
+                    let keep = names.contains(&**name);
+                    if !keep {
+                        sums.remove(name, facts);
+                    }
+                    keep
+                });
                 facts_changed |= self.facts.len() != before;
                 drop(names);
                 for node in all {
-                    facts_changed |= judge(&mut self.facts, node);
+                    facts_changed |= judge(&mut self.facts, &mut self.sums, node);
                 }
             }
             Changed::Names(names) => {
                 for name in names {
                     match nodes.node(&name) {
-                        Some(node) => facts_changed |= judge(&mut self.facts, node),
-                        None => facts_changed |= self.facts.remove(&name).is_some(),
+                        Some(node) => facts_changed |= judge(&mut self.facts, &mut self.sums, node),
+                        None => {
+                            if let Some((_, facts)) = self.facts.remove(&name) {
+                                self.sums.remove(&name, &facts);
+                                facts_changed = true;
+                            }
+                        }
                     }
                 }
             }
@@ -291,8 +313,9 @@ impl Judgements {
         self.facts.get(name).map(|(_, facts)| facts)
     }
 
-    /// The cluster facts and census of the facts as last refreshed ([`cluster_facts`]), derived again only
-    /// when a node's facts or `input` changed.
+    /// The cluster facts and census of the facts as last refreshed, derived again only when a node's facts
+    /// or `input` changed (from the sums: the cost follows the unlabelled and failed nodes and the OS
+    /// releases, not the cluster).
     pub fn cluster(&mut self, input: FactsInput<'_>) -> (ClusterFacts, Census) {
         let key = (
             input.namespace.to_owned(),
@@ -304,7 +327,7 @@ impl Judgements {
             .as_ref()
             .is_some_and(|memo| memo.facts_version == self.facts_version && memo.input == key);
         if !fresh {
-            let (facts, census) = cluster_facts(self.facts(), input);
+            let (facts, census) = self.sums.derive(input);
             self.cluster = Some(ClusterMemo {
                 facts_version: self.facts_version,
                 input: key,
@@ -400,6 +423,19 @@ mod tests {
         node
     }
 
+    /// The census kept from the sums is the one counted afresh over every node's facts.
+    fn census_as_counted_afresh(judgements: &mut Judgements) -> Census {
+        let input = FactsInput {
+            namespace: "gpu-operator",
+            precompiled: true,
+            service_monitor_crd: false,
+        };
+        let (facts, census) = judgements.cluster(input);
+        let afresh = crate::facts::cluster_facts(judgements.facts(), input);
+        assert_eq!((facts, census.clone()), afresh);
+        census
+    }
+
     /// At 2,000 nodes: every node is judged once, then none while nothing changes, then the one whose
     /// labels changed, then all when the labeller's inputs change.
     #[test]
@@ -418,6 +454,12 @@ mod tests {
         let mut judgements = Judgements::default();
         assert_eq!(judgements.refresh_facts(&nodes, &labelling, &detection), 2000);
         assert_eq!(judgements.facts().filter(|(_, f)| f.unlabelled).count(), 2000);
+        assert_eq!(
+            census_as_counted_afresh(&mut judgements)
+                .gpu_nodes_unlabelled
+                .len(),
+            2000
+        );
         assert_eq!(judgements.refresh_facts(&nodes, &labelling, &detection), 0);
 
         // The labeller's patch reaches one node.
@@ -447,11 +489,21 @@ mod tests {
         assert_eq!(judgements.refresh_facts(&nodes, &labelling, &detection), 1);
         assert_eq!(judgements.facts().filter(|(_, f)| f.unlabelled).count(), 1999);
         assert!(!judgements.facts_of("gpu-0003").unwrap().unlabelled);
+        let census = census_as_counted_afresh(&mut judgements);
+        assert_eq!(
+            (census.gpu_nodes, census.gpu_nodes_unlabelled.len()),
+            (2000, 1999)
+        );
 
         // A node that goes is forgotten.
         nodes.remove("gpu-1999");
         assert_eq!(judgements.refresh_facts(&nodes, &labelling, &detection), 0);
         assert_eq!(judgements.facts().count(), 1999);
+        let census = census_as_counted_afresh(&mut judgements);
+        assert_eq!(
+            (census.gpu_nodes, census.gpu_nodes_unlabelled.len()),
+            (1999, 1998)
+        );
 
         let migrating = LabelPolicy {
             mig_manager: true,
