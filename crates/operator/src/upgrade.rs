@@ -22,7 +22,7 @@ use gpuop_api::upgrade::{
     Decision, EVICTION_RETRY_SECONDS, NodeView, Step, UpgradeCounts, UpgradePolicy, UpgradeState,
     WorkloadPod, decide,
 };
-use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetSpec};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, EvictParams, Patch, PatchParams};
@@ -249,7 +249,7 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
 }
 
 /// What the views were made for: the pools' scopes, the DaemonSets and their revisions (a change of any
-/// of these makes every view anew).
+/// of these that a view reads makes every view anew).
 struct Basis {
     scopes: Vec<PoolScope>,
     daemonsets: Vec<Arc<DaemonSet>>,
@@ -257,12 +257,24 @@ struct Basis {
 }
 
 impl Basis {
+    /// Whether views made for `other` are what views made for `self` would be. Of a DaemonSet the views
+    /// read its name, uid and spec (the driver config digest its pods should carry), never its status:
+    /// during a rollout a driver DaemonSet's status changes with every node, and each change would make
+    /// every node's view anew.
     fn same(&self, other: &Basis) -> bool {
         fn same_arcs<T>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
             a.len() == b.len() && a.iter().zip(b).all(|(a, b)| Arc::ptr_eq(a, b))
         }
+        fn read(ds: &DaemonSet) -> (&Option<String>, &Option<String>, &Option<DaemonSetSpec>) {
+            (&ds.metadata.name, &ds.metadata.uid, &ds.spec)
+        }
         self.scopes == other.scopes
-            && same_arcs(&self.daemonsets, &other.daemonsets)
+            && self.daemonsets.len() == other.daemonsets.len()
+            && self
+                .daemonsets
+                .iter()
+                .zip(&other.daemonsets)
+                .all(|(a, b)| Arc::ptr_eq(a, b) || read(a) == read(b))
             && same_arcs(&self.revisions, &other.revisions)
     }
 }
@@ -959,6 +971,27 @@ mod tests {
         pods.put(operand_pod(Operand::OperatorValidator, &name, true, "later"));
         let viewed = kept.refresh(&nodes, &pods, basis(), &no_stand_in, BTreeSet::new(), 5_001);
         assert_eq!(viewed, 1, "one pod changed");
+        // The driver DaemonSet's status (and resourceVersion) moves as its pods do: no view reads it.
+        let mut counted = driver.clone();
+        counted.metadata.resource_version = Some("2".to_owned());
+        counted.status.get_or_insert_default().number_ready = 7;
+        let recounted = || Basis {
+            scopes: scopes.clone(),
+            daemonsets: vec![Arc::new(counted.clone())],
+            revisions: revisions.clone(),
+        };
+        let viewed = kept.refresh(&nodes, &pods, recounted(), &no_stand_in, BTreeSet::new(), 5_000);
+        assert_eq!(viewed, 0, "only the DaemonSet's status changed");
+        // Its spec is read (the driver config digest): a new one views every node again.
+        let mut respecified = counted.clone();
+        respecified.spec.get_or_insert_default().min_ready_seconds = Some(5);
+        let respecified = Basis {
+            scopes: scopes.clone(),
+            daemonsets: vec![Arc::new(respecified)],
+            revisions: revisions.clone(),
+        };
+        let viewed = kept.refresh(&nodes, &pods, respecified, &no_stand_in, BTreeSet::new(), 5_000);
+        assert_eq!(viewed, nodes.nodes().len(), "the DaemonSet's spec changed");
     }
 
     #[test]
