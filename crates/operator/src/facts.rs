@@ -109,7 +109,8 @@ pub struct FactsInput<'a> {
     pub service_monitor_crd: bool,
 }
 
-/// The facts for rendering, and the census, from the judged nodes.
+/// The facts for rendering, and the census, from the judged nodes, given by name with their
+/// [`NodeFacts`] ([`FactSums::derive`] says how they are derived).
 pub fn cluster_facts<'a>(
     nodes: impl IntoIterator<Item = (&'a str, &'a NodeFacts)>,
     input: FactsInput<'_>,
@@ -167,24 +168,24 @@ impl FactSums {
 
     /// Counts out one node's facts, as they were counted in.
     pub fn remove(&mut self, name: &Text, node: &NodeFacts) {
-        self.nfd_nodes -= usize::from(node.nfd_labels);
+        self.nfd_nodes = self.nfd_nodes.saturating_sub(usize::from(node.nfd_labels));
         if !node.gpu {
             return;
         }
-        self.gpu_nodes -= 1;
+        self.gpu_nodes = self.gpu_nodes.saturating_sub(1);
         self.upgrade_failures.remove(name);
         self.unlabelled.remove(name);
         if let Some(runtime) = node.runtime {
             self.runtimes
                 .iter_mut()
                 .filter(|(known, _)| *known == runtime)
-                .for_each(|(_, count)| *count -= 1);
+                .for_each(|(_, count)| *count = count.saturating_sub(1));
             self.runtimes.retain(|(_, count)| *count > 0);
         }
         if let Some((os_id, os_version)) = &node.os {
             let release = (os_id.clone(), os_version.clone(), node.kernel.clone());
             if let Some(count) = self.releases.get_mut(&release) {
-                *count -= 1;
+                *count = count.saturating_sub(1);
                 if *count == 0 {
                     self.releases.remove(&release);
                 }
@@ -193,6 +194,10 @@ impl FactSums {
     }
 
     /// The cluster facts and the census of the nodes counted in.
+    ///
+    /// The runtime follows NVIDIA's rule: containerd if any GPU node runs it, else CRI-O, else Docker;
+    /// unknown means containerd. OS pools are the distinct OS releases of the GPU nodes, with the kernel
+    /// when drivers are precompiled. Names are listed in name order.
     pub fn derive(&self, input: FactsInput<'_>) -> (ClusterFacts, Census) {
         let census = Census {
             gpu_nodes: self.gpu_nodes,
