@@ -443,7 +443,7 @@ mod tests {
             .map(|node| {
                 let record = NodeRecord::project(node, &NodeKeys::default(), &mut interner);
                 let facts = judge_node(&record, &LabelPolicy::default(), &GpuDetection::Nfd);
-                (record.name.clone(), facts)
+                (record.name, facts)
             })
             .collect();
         let input = FactsInput {
