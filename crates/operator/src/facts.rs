@@ -281,16 +281,21 @@ mod tests {
             precompiled,
             service_monitor_crd,
         };
+        let judged = judged(nodes);
+        cluster_facts(judged.iter().map(|(name, facts)| (&**name, facts)), input)
+    }
+
+    /// Each node's name and facts, judged with the default labeller inputs and NFD detection.
+    fn judged(nodes: &[Node]) -> Vec<(Text, NodeFacts)> {
         let mut interner = Interner::default();
-        let judged: Vec<(String, NodeFacts)> = nodes
+        nodes
             .iter()
             .map(|node| {
                 let record = NodeRecord::project(node, &NodeKeys::default(), &mut interner);
                 let facts = judge_node(&record, &LabelPolicy::default(), &GpuDetection::Nfd);
-                (record.name.to_string(), facts)
+                (record.name, facts)
             })
-            .collect();
-        cluster_facts(judged.iter().map(|(name, facts)| (name.as_str(), facts)), input)
+            .collect()
     }
 
     fn gpu(name: &str, os: &str, version: &str, kernel: &str, runtime: &str) -> Node {
@@ -437,15 +442,7 @@ mod tests {
             gpu("c", "rhel", "9.4", "5.14.0-427", "cri-o://1.30.1"),
             node("cpu", &[(NFD_OS_ID, "debian")], "containerd://2.0.0"),
         ];
-        let mut interner = Interner::default();
-        let judged: Vec<(Text, NodeFacts)> = nodes
-            .iter()
-            .map(|node| {
-                let record = NodeRecord::project(node, &NodeKeys::default(), &mut interner);
-                let facts = judge_node(&record, &LabelPolicy::default(), &GpuDetection::Nfd);
-                (record.name, facts)
-            })
-            .collect();
+        let judged = judged(&nodes);
         let input = FactsInput {
             namespace: "ns",
             precompiled: true,

@@ -6,8 +6,8 @@
 //! stream has nothing more it waits [`GATHER`] before it looks again, so that what arrives meanwhile waits
 //! in the socket and is read in one go. An event that comes after a quiet spell is read at once; one in a
 //! busy stream waits at most [`GATHER`]. A stream is busy when its last two events came within
-//! [`GATHER`] of each other: events further apart (a quiet cluster's changes, up to tens a second) are
-//! read as they come, without the pause's timer.
+//! [`GATHER`] of each other: events further apart (a quiet cluster's changes, fewer than ten a second)
+//! are read as they come, without the pause's timer.
 //!
 //! "Nothing more" is not the first time the stream says it has nothing: the connection's task hands the
 //! body over frame by frame, so a stream with a socket full of events still says so between two frames.

@@ -304,6 +304,7 @@ impl Judgements {
     }
 
     /// Every node's facts, as last refreshed.
+    #[cfg(test)]
     pub fn facts(&self) -> impl Iterator<Item = (&str, &NodeFacts)> {
         self.facts.values().map(|(record, facts)| (&*record.name, facts))
     }
