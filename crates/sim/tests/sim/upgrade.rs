@@ -568,6 +568,16 @@ async fn a_disruption_budget_blocks_the_evictions_until_the_timeout_and_the_node
         )
         .await;
     assert!(why.contains("still on the node after 3s"), "{why}");
+    // The list above may be ahead of the test's own watch of the states: wait for the watch to see it.
+    upgrade
+        .until("the state watch sees the failure", || async {
+            let seen = lock(&upgrade.seen);
+            match seen.states.get(&node) {
+                Some(states) if states.iter().any(|s| s == "upgrade-failed") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
     {
         let seen = lock(&upgrade.seen);
         assert_eq!(
