@@ -10,7 +10,9 @@
 //! [`NodeSet`] and [`PodSet`] are the records of the node and pod caches with their logs; readers see them
 //! through [`NodeSource`] and [`PodSource`], which the caches implement too (taking their lock per call).
 
-use std::collections::{BTreeMap, HashMap};
+use std::borrow::Borrow;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use crate::projection::{NodeRecord, PodRecord, Text};
@@ -37,7 +39,7 @@ pub trait PodSource {
 /// Nodes by name, with the log of their changes.
 #[derive(Debug, Default)]
 pub struct NodeSet {
-    records: HashMap<Text, Arc<NodeRecord>>,
+    records: HashSet<ByName<Arc<NodeRecord>>>,
     log: ChangeLog,
 }
 
@@ -45,19 +47,19 @@ impl NodeSet {
     /// Takes in a node's record; an equal one already there is kept (and nothing is logged). Says whether
     /// the record changed.
     pub fn put(&mut self, record: NodeRecord) -> bool {
-        if self.records.get(&record.name).is_some_and(|old| **old == record) {
+        if self.get(&record.name).is_some_and(|old| **old == record) {
             return false;
         }
         self.log.changed(&record.name);
-        self.records.insert(record.name.clone(), Arc::new(record));
+        self.records.replace(ByName(Arc::new(record)));
         true
     }
 
     /// Removes a node; says whether it was there.
     pub fn remove(&mut self, name: &str) -> bool {
-        match self.records.remove_entry(name) {
-            Some((name, _)) => {
-                self.log.changed(&name);
+        match self.records.take(name) {
+            Some(ByName(record)) => {
+                self.log.changed(&record.name);
                 true
             }
             None => false,
@@ -66,18 +68,18 @@ impl NodeSet {
 
     /// Replaces every record (a relist).
     pub fn replace_all(&mut self, records: HashMap<Text, Arc<NodeRecord>>) {
-        self.records = records;
+        self.records = records.into_values().map(ByName).collect();
         self.log.replaced();
     }
 
     /// A node by name.
     pub fn get(&self, name: &str) -> Option<&Arc<NodeRecord>> {
-        self.records.get(name)
+        self.records.get(name).map(|record| &record.0)
     }
 
     /// Every node.
     pub fn values(&self) -> impl Iterator<Item = &Arc<NodeRecord>> {
-        self.records.values()
+        self.records.iter().map(|record| &record.0)
     }
 
     /// How many nodes there are.
@@ -105,18 +107,18 @@ impl NodeSource for NodeSet {
     }
 
     fn node(&self, name: &str) -> Option<Arc<NodeRecord>> {
-        self.records.get(name).cloned()
+        self.get(name).cloned()
     }
 
     fn nodes(&self) -> Vec<Arc<NodeRecord>> {
-        self.records.values().cloned().collect()
+        self.values().cloned().collect()
     }
 }
 
 /// Pods by name and by node, with the log of the nodes whose pods changed.
 #[derive(Debug, Default)]
 pub struct PodSet {
-    records: HashMap<Text, Arc<PodRecord>>,
+    records: HashSet<ByName<Arc<PodRecord>>>,
     by_node: HashMap<Text, Vec<Arc<PodRecord>>>,
     log: ChangeLog,
 }
@@ -125,7 +127,7 @@ impl PodSet {
     /// Takes in a pod's record; an equal one already there is kept (and nothing is logged). Returns the
     /// record now kept when it changed.
     pub fn put(&mut self, record: PodRecord) -> Option<Arc<PodRecord>> {
-        if self.records.get(&record.name).is_some_and(|old| **old == record) {
+        if self.get(&record.name).is_some_and(|old| **old == record) {
             return None;
         }
         let record = Arc::new(record);
@@ -134,7 +136,7 @@ impl PodSet {
             self.by_node.entry(node.clone()).or_default().push(record.clone());
             self.log.changed(node);
         }
-        self.records.insert(record.name.clone(), record.clone());
+        self.records.replace(ByName(record.clone()));
         Some(record)
     }
 
@@ -147,7 +149,7 @@ impl PodSet {
 
     /// Takes a pod's record out of its node's list (logging the node); returns it.
     fn unlink(&mut self, name: &str) -> Option<Arc<PodRecord>> {
-        let old = self.records.get(name)?.clone();
+        let old = self.get(name)?.clone();
         if let Some(node) = &old.node {
             if let Some(pods) = self.by_node.get_mut(node) {
                 pods.retain(|pod| *pod.name != *name);
@@ -168,18 +170,18 @@ impl PodSet {
                 self.by_node.entry(node.clone()).or_default().push(record.clone());
             }
         }
-        self.records = records;
+        self.records = records.into_values().map(ByName).collect();
         self.log.replaced();
     }
 
     /// A pod by name.
     pub fn get(&self, name: &str) -> Option<&Arc<PodRecord>> {
-        self.records.get(name)
+        self.records.get(name).map(|record| &record.0)
     }
 
     /// Every pod.
     pub fn values(&self) -> impl Iterator<Item = &Arc<PodRecord>> {
-        self.records.values()
+        self.records.iter().map(|record| &record.0)
     }
 }
 
@@ -190,6 +192,56 @@ impl PodSource for PodSet {
 
     fn on_node(&self, node: &str) -> Vec<Arc<PodRecord>> {
         self.by_node.get(node).cloned().unwrap_or_default()
+    }
+}
+
+/// A value in a set by its name, found by a `&str`: the name is not kept a second time as a key (16 bytes
+/// a record, and a table's worth of slack, at 70,000 pods).
+#[derive(Debug)]
+pub struct ByName<T>(pub T);
+
+/// What a value is found by in a set of [`ByName`].
+pub trait Named {
+    /// The name.
+    fn name(&self) -> &str;
+}
+
+impl Named for NodeRecord {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Named for PodRecord {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl<T: Named> Named for Arc<T> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+}
+
+impl<T: Named> Borrow<str> for ByName<T> {
+    fn borrow(&self) -> &str {
+        self.0.name()
+    }
+}
+
+impl<T: Named> PartialEq for ByName<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.name() == other.0.name()
+    }
+}
+
+impl<T: Named> Eq for ByName<T> {}
+
+impl<T: Named> Hash for ByName<T> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // As the `str` hashes, so that a `&str` finds it.
+        self.0.name().hash(state);
     }
 }
 

@@ -16,7 +16,7 @@ use gpuop_api::read::NodeRead;
 use gpuop_api::upgrade::UpgradeState;
 use gpuop_render::{ClusterFacts, ContainerRuntime, OsPool};
 
-use crate::labeler::{LabelPolicy, desired_labels};
+use crate::labeler::{DesiredPatches, LabelPolicy};
 use crate::projection::{NodeRecord, Text};
 
 /// What one node contributes to the facts and the census: judged once per node ([`judge_node`]) and reused
@@ -52,7 +52,12 @@ pub fn runtime_of(runtime_version: &str) -> Option<ContainerRuntime> {
 
 /// Judges one node: whether it has a GPU and carries NFD labels, and of a GPU node, whether its labels are
 /// what the labeller wants, its upgrade failure, runtime, OS and kernel.
-pub fn judge_node(node: &NodeRecord, labelling: &LabelPolicy, detection: &GpuDetection) -> NodeFacts {
+pub fn judge_node(
+    node: &NodeRecord,
+    labelling: &LabelPolicy,
+    detection: &GpuDetection,
+    desired: &mut DesiredPatches,
+) -> NodeFacts {
     let mut facts = NodeFacts {
         nfd_labels: node.nfd_labels,
         gpu: detection.has_gpu(&node.labels),
@@ -72,9 +77,7 @@ pub fn judge_node(node: &NodeRecord, labelling: &LabelPolicy, detection: &GpuDet
                 .to_owned(),
         );
     }
-    facts.unlabelled = !desired_labels(&node.labels, &node.annotations, Some(labelling), detection)
-        .labels
-        .is_empty();
+    facts.unlabelled = !desired.of(node, Some(labelling), detection).labels.is_empty();
     facts.runtime = node.runtime_version.as_deref().and_then(runtime_of);
     let label = |key: &str| node.labels.shared(key).filter(|v| !v.is_empty());
     facts.os = label(NFD_OS_ID).zip(label(NFD_OS_VERSION));
@@ -245,6 +248,7 @@ impl FactSums {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::labeler::desired_labels;
     use crate::projection::{Interner, NodeKeys};
     use gpuop_api::labels::GPU_PRESENT;
     use k8s_openapi::api::core::v1::{Node, NodeStatus, NodeSystemInfo};
@@ -292,7 +296,12 @@ mod tests {
             .iter()
             .map(|node| {
                 let record = NodeRecord::project(node, &NodeKeys::default(), &mut interner);
-                let facts = judge_node(&record, &LabelPolicy::default(), &GpuDetection::Nfd);
+                let facts = judge_node(
+                    &record,
+                    &LabelPolicy::default(),
+                    &GpuDetection::Nfd,
+                    &mut DesiredPatches::default(),
+                );
                 (record.name, facts)
             })
             .collect()

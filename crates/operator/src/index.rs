@@ -21,16 +21,16 @@ use gpuop_api::status::MAX_LISTED_NODES;
 use gpuop_render::ClusterFacts;
 use k8s_openapi::api::core::v1::PodSpec;
 
-use crate::changes::{Changed, NodeSource, PodSource};
+use crate::changes::{ByName, Changed, Named, NodeSource, PodSource};
 use crate::facts::{Census, FactSums, FactsInput, NodeFacts, judge_node};
-use crate::labeler::LabelPolicy;
+use crate::labeler::{DesiredPatches, LabelPolicy};
 use crate::projection::{NodeRecord, PodRecord, Text};
 
 /// Where an operand's pods go on one node, against its rendered templates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
     /// The pods of this template (by index) belong there.
-    Expected(usize),
+    Expected(u16),
     /// Wanted there (a GPU node with the deploy switch on) but no template's pods can come (an untolerated
     /// taint, a required affinity).
     Excluded,
@@ -78,6 +78,8 @@ pub struct Tally {
 pub struct Judgements {
     facts_inputs: Option<(LabelPolicy, GpuDetection)>,
     facts: HashMap<Text, (Arc<NodeRecord>, NodeFacts)>,
+    /// The labeller's patch of each kind of node, for the facts' `unlabelled`.
+    desired: DesiredPatches,
     /// The facts summed for the cluster facts and the census, kept with `facts`.
     sums: FactSums,
     /// The node log's mark the facts were brought up to.
@@ -108,7 +110,8 @@ struct Scope {
     owners: Vec<Option<Owner>>,
     node_mark: u64,
     pod_mark: u64,
-    entries: HashMap<Text, Entry>,
+    /// By node name (an entry is found by its record's name: the name is not kept twice).
+    entries: HashSet<ByName<Entry>>,
     expected: usize,
     ready: usize,
     not_ready: BTreeSet<Text>,
@@ -116,12 +119,20 @@ struct Scope {
     used_in: u64,
 }
 
-/// One node's place in a scope.
+/// One node's place in a scope: 16 bytes, one per node and operand.
 #[derive(Debug)]
 struct Entry {
     record: Arc<NodeRecord>,
     placement: Placement,
     ready: bool,
+}
+
+const _: () = assert!(std::mem::size_of::<Entry>() == 16);
+
+impl Named for Entry {
+    fn name(&self) -> &str {
+        &self.record.name
+    }
 }
 
 impl Scope {
@@ -134,7 +145,7 @@ impl Scope {
         pods: &(impl PodSource + ?Sized),
         judge: &impl Fn(&NodeRecord) -> Placement,
     ) -> bool {
-        let old = self.entries.remove(name);
+        let old = self.entries.take(&**name).map(|entry| entry.0);
         if let Some(old) = &old {
             self.count(name, old, false);
         }
@@ -146,7 +157,7 @@ impl Scope {
         let ready = match placement {
             Placement::Expected(template) => self
                 .owners
-                .get(template)
+                .get(usize::from(template))
                 .and_then(Option::as_ref)
                 .is_some_and(|owner| owner.ready_among(&pods.on_node(name))),
             Placement::Excluded | Placement::Elsewhere => false,
@@ -157,7 +168,7 @@ impl Scope {
             ready,
         };
         self.count(name, &entry, true);
-        self.entries.insert(name.clone(), entry);
+        self.entries.insert(ByName(entry));
         judged
     }
 
@@ -244,7 +255,7 @@ impl Judgements {
                 Some((record, _)) if Arc::ptr_eq(record, &node) => false,
                 Some(kept) => {
                     judged += 1;
-                    let new = judge_node(&node, labelling, detection);
+                    let new = judge_node(&node, labelling, detection, &mut self.desired);
                     let changed = kept.1 != new;
                     if changed {
                         sums.remove(&name, &kept.1);
@@ -255,7 +266,7 @@ impl Judgements {
                 }
                 None => {
                     judged += 1;
-                    let new = judge_node(&node, labelling, detection);
+                    let new = judge_node(&node, labelling, detection, &mut self.desired);
                     sums.add(&name, &new);
                     facts.insert(name, (node, new));
                     true
@@ -374,7 +385,8 @@ impl Judgements {
                 let names: HashSet<Text> = all.iter().map(|node| node.name.clone()).collect();
                 let gone: Vec<Text> = scope
                     .entries
-                    .keys()
+                    .iter()
+                    .map(|entry| &entry.0.record.name)
                     .filter(|name| !names.contains(*name))
                     .cloned()
                     .collect();
@@ -389,9 +401,8 @@ impl Judgements {
             Changed::Names(changed_nodes) => {
                 let mut again: HashSet<Text> = changed_nodes.into_iter().collect();
                 match pod_changes {
-                    _ if every_pod => again.extend(scope.entries.keys().cloned()),
-                    Changed::All => again.extend(scope.entries.keys().cloned()),
-                    Changed::Names(names) => again.extend(names),
+                    Changed::Names(names) if !every_pod => again.extend(names),
+                    _ => again.extend(scope.entries.iter().map(|entry| entry.0.record.name.clone())),
                 }
                 for name in again {
                     let record = nodes.node(&name);

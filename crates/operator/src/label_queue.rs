@@ -21,12 +21,11 @@
 //! a GET returns it, the patch recomputed.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use gpuop_api::labels::GpuDetection;
 use gpuop_api::read::Labels;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
@@ -35,8 +34,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::caches::lock;
 use crate::controller::{Context, IN_FLIGHT};
-use crate::labeler::{LabelPolicy, NodePatch, desired_labels};
+use crate::labeler::{DesiredPatches, LabelPolicy, NodePatch};
 use crate::projection::{NodeRecord, WatchedNode};
 
 /// Nodes labelled at once. A label patch is one small write; a handful in flight keep a node watch's
@@ -315,15 +315,9 @@ pub enum Decision {
     Write(NodePatch),
 }
 
-/// Decides what to write to `node` at `now`, given the patch sent last and not yet shown by the cache.
-pub fn decide(
-    node: &NodeRecord,
-    policy: Option<&LabelPolicy>,
-    detection: &GpuDetection,
-    sent: Option<&Sent>,
-    now: Instant,
-) -> Decision {
-    let patch = desired_labels(&node.labels, &node.annotations, policy, detection);
+/// Decides what to write to `node` at `now`, given the patch that gets it to the labels wanted
+/// ([`crate::labeler::desired_labels`]) and the patch sent last and not yet shown by the cache.
+pub fn decide(node: &NodeRecord, patch: NodePatch, sent: Option<&Sent>, now: Instant) -> Decision {
     if patch.is_empty() {
         return Decision::Nothing;
     }
@@ -358,6 +352,7 @@ pub async fn run_labeller(
     // Per node, the patch last sent that the cache did not show when the node was last processed.
     let mut unconfirmed: HashMap<String, Sent> = HashMap::new();
     let mut patches = Patches::default();
+    let desired = Arc::new(Mutex::new(DesiredPatches::default()));
     let mut working = FuturesUnordered::new();
     let all_nodes = |context: &Context| -> Vec<String> {
         context
@@ -377,7 +372,13 @@ pub async fn run_labeller(
         if leading && let Some(policy) = &policy {
             while let Some(name) = queue.next(now()) {
                 let sent = unconfirmed.remove(&name);
-                working.push(label(context.clone(), name, policy.clone(), sent));
+                working.push(label(
+                    context.clone(),
+                    desired.clone(),
+                    name,
+                    policy.clone(),
+                    sent,
+                ));
             }
         }
         let wake = queue
@@ -432,6 +433,7 @@ fn now() -> Instant {
 /// Labels one node; returns its name, how it went, and the patch sent that the cache does not show yet.
 async fn label(
     context: Arc<Context>,
+    desired: Arc<Mutex<DesiredPatches>>,
     name: String,
     policy: Option<LabelPolicy>,
     sent: Option<Sent>,
@@ -442,7 +444,8 @@ async fn label(
     let mut version = context.caches.nodes.resource_version(&name);
     let mut sent = sent;
     for attempt in 1..=CONFLICT_ATTEMPTS {
-        let patch = match decide(&node, policy.as_ref(), &context.detection, sent.as_ref(), now()) {
+        let wanted = lock(&desired).of(&node, policy.as_ref(), &context.detection);
+        let patch = match decide(&node, wanted, sent.as_ref(), now()) {
             Decision::Nothing => return (name, Outcome::Done { recheck_at: None }, None),
             Decision::Wait { until } => {
                 return (
@@ -541,7 +544,8 @@ fn log_write(name: &str, patch: &NodePatch) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuop_api::labels::GPU_PRESENT;
+    use crate::labeler::desired_labels;
+    use gpuop_api::labels::{GPU_PRESENT, GpuDetection};
 
     const MS: Duration = Duration::from_millis(1);
 
@@ -760,6 +764,11 @@ mod tests {
         LabelPolicy::default()
     }
 
+    /// The patch the labeller wants on `node` under [`policy`].
+    fn wanted(node: &NodeRecord, detection: &GpuDetection) -> NodePatch {
+        desired_labels(&node.labels, &node.annotations, Some(&policy()), detection)
+    }
+
     /// The nodes of one kind get the same patch; the labeller keeps one copy of it while the cache does
     /// not show it, and drops the copies no node keeps any more.
     #[test]
@@ -769,9 +778,8 @@ mod tests {
         let mut patches = Patches::default();
         let sent: Vec<Arc<NodePatch>> = (0..1000)
             .map(|_| {
-                let Decision::Write(patch) =
-                    decide(&record(&gpu_node(&[])), Some(&policy()), &detection, None, t0)
-                else {
+                let node = record(&gpu_node(&[]));
+                let Decision::Write(patch) = decide(&node, wanted(&node, &detection), None, t0) else {
                     panic!("a new GPU node is labelled");
                 };
                 patches.share(Arc::new(patch))
@@ -792,7 +800,8 @@ mod tests {
         let t0 = Instant::now();
         let detection = GpuDetection::Nfd;
         let node = gpu_node(&[]);
-        let Decision::Write(patch) = decide(&record(&node), Some(&policy()), &detection, None, t0) else {
+        let Decision::Write(patch) = decide(&record(&node), wanted(&record(&node), &detection), None, t0)
+        else {
             panic!("a new GPU node is labelled");
         };
         assert_eq!(patch.labels.get(GPU_PRESENT), Some(&Some("true".into())));
@@ -802,7 +811,12 @@ mod tests {
         };
         // The node changes (its status, say) before the cache shows the patch: it is not sent again...
         let later = t0 + Duration::from_secs(1);
-        let decision = decide(&record(&node), Some(&policy()), &detection, Some(&sent), later);
+        let decision = decide(
+            &record(&node),
+            wanted(&record(&node), &detection),
+            Some(&sent),
+            later,
+        );
         assert_eq!(
             decision,
             Decision::Wait {
@@ -827,8 +841,7 @@ mod tests {
         assert_eq!(
             decide(
                 &record(&node),
-                Some(&policy()),
-                &detection,
+                wanted(&record(&node), &detection),
                 Some(&sent),
                 t0 + IN_FLIGHT
             ),
@@ -853,7 +866,12 @@ mod tests {
             }
         }
         assert_eq!(
-            decide(&record(&shown), Some(&policy()), &detection, Some(&sent), later),
+            decide(
+                &record(&shown),
+                wanted(&record(&shown), &detection),
+                Some(&sent),
+                later
+            ),
             Decision::Nothing
         );
     }

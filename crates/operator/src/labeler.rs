@@ -13,7 +13,7 @@
 //! Labels the operator would write that a node already carries with the same value (for example from
 //! NVIDIA's operator, before a migration) are adopted: they become owned without a write.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use gpuop_api::catalogue::deploy_labels_for;
 use gpuop_api::choice::WorkloadConfig;
@@ -22,6 +22,8 @@ use gpuop_api::labels::{
     MIG_CONFIG, PAUSED_FOR_DRIVER_UPGRADE, PAUSED_FOR_MIG_CHANGE, is_mig_capable,
 };
 use gpuop_api::read::Labels;
+
+use crate::projection::{LabelTable, NodeRecord};
 use gpuop_api::validate::{Sandbox, ValidatedPolicy};
 use gpuop_api::{NVIDIADriver, route_nodes};
 
@@ -86,6 +88,51 @@ impl NodePatch {
             );
         }
         serde_json::json!({ "metadata": metadata })
+    }
+}
+
+/// The desired patch ([`desired_labels`]) of each pair of label and annotation tables seen under one
+/// labelling policy. The nodes of one kind share their tables ([`LabelTable`] is interned), so a
+/// rollout's tens of thousands of node events work out each kind's patch once, not once per event. The
+/// tables are kept with their patch: an address is not reused while its entry holds the table.
+#[derive(Debug, Default)]
+pub struct DesiredPatches {
+    inputs: Option<(Option<LabelPolicy>, GpuDetection)>,
+    patches: HashMap<(usize, usize), (LabelTable, LabelTable, NodePatch)>,
+}
+
+/// Pairs of tables remembered at most (then forgotten all at once): far more kinds than a fleet has.
+const DESIRED_KEPT: usize = 4096;
+
+impl DesiredPatches {
+    /// The patch that [`desired_labels`] makes of `node` under `policy` and `detection`.
+    pub fn of(
+        &mut self,
+        node: &NodeRecord,
+        policy: Option<&LabelPolicy>,
+        detection: &GpuDetection,
+    ) -> NodePatch {
+        let same_inputs = self
+            .inputs
+            .as_ref()
+            .is_some_and(|(p, d)| p.as_ref() == policy && d == detection);
+        if !same_inputs {
+            self.patches.clear();
+            self.inputs = Some((policy.cloned(), detection.clone()));
+        }
+        let key = (node.labels.address(), node.annotations.address());
+        if let Some((_, _, patch)) = self.patches.get(&key) {
+            return patch.clone();
+        }
+        let patch = desired_labels(&node.labels, &node.annotations, policy, detection);
+        if self.patches.len() >= DESIRED_KEPT {
+            self.patches.clear();
+        }
+        self.patches.insert(
+            key,
+            (node.labels.clone(), node.annotations.clone(), patch.clone()),
+        );
+        patch
     }
 }
 
@@ -609,5 +656,64 @@ mod tests {
         assert_eq!(labels[GPU_PRESENT], "false");
         assert_eq!(labels["nvidia.com/gpu.deploy.driver"], serde_json::Value::Null);
         assert_eq!(labels.len(), 1 + CONTAINER_IDS.len());
+    }
+}
+
+#[cfg(test)]
+mod desired_patches_tests {
+    use super::*;
+    use crate::projection::{Interner, NodeKeys};
+    use gpuop_api::labels::MIG_CAPABLE;
+    use k8s_openapi::api::core::v1::Node;
+
+    fn record(name: &str, labels: &[(&str, &str)], interner: &mut Interner) -> NodeRecord {
+        let mut node = Node::default();
+        node.metadata.name = Some(name.into());
+        node.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+        NodeRecord::project(&node, &NodeKeys::default(), interner)
+    }
+
+    /// Nodes of one kind share one entry; every answer is what `desired_labels` says for the node and the
+    /// policy of the call, even after the policy changed.
+    #[test]
+    fn each_kind_of_node_is_worked_out_once_per_policy() {
+        let gpu = ("feature.node.kubernetes.io/pci-10de.present", "true");
+        let mut interner = Interner::default();
+        let plain: Vec<NodeRecord> = (0..100)
+            .map(|i| record(&format!("gpu-{i}"), &[gpu], &mut interner))
+            .collect();
+        let mig = record("gpu-mig", &[gpu, (MIG_CAPABLE, "true")], &mut interner);
+        let detection = GpuDetection::Nfd;
+        let fresh = |node: &NodeRecord, policy: &LabelPolicy| {
+            desired_labels(&node.labels, &node.annotations, Some(policy), &detection)
+        };
+        let mut desired = DesiredPatches::default();
+        for policy in [LabelPolicy::default(), layout()] {
+            for node in plain.iter().chain([&mig]) {
+                assert_eq!(desired.of(node, Some(&policy), &detection), fresh(node, &policy));
+            }
+            assert_eq!(desired.patches.len(), 2, "one entry per kind of node");
+        }
+        // The default MIG layout follows the policy of the call, not the one remembered.
+        let without = desired.of(&mig, Some(&LabelPolicy::default()), &detection);
+        assert!(!without.labels.contains_key(MIG_CONFIG));
+        let with = desired.of(&mig, Some(&layout()), &detection);
+        assert_eq!(
+            with.labels.get(MIG_CONFIG),
+            Some(&Some("all-disabled".to_owned()))
+        );
+    }
+
+    fn layout() -> LabelPolicy {
+        LabelPolicy {
+            mig_manager: true,
+            mig_default_layout: Some("all-disabled".into()),
+            ..LabelPolicy::default()
+        }
     }
 }

@@ -228,6 +228,12 @@ impl LabelTable {
         self.0.len()
     }
 
+    /// Where the shared table lies: equal tables are one (interned), so while a copy is held, equal
+    /// addresses mean equal tables.
+    pub fn address(&self) -> usize {
+        Arc::as_ptr(&self.0).cast::<()>().addr()
+    }
+
     /// Whether it holds none.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()

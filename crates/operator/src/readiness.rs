@@ -148,7 +148,12 @@ pub fn judge_placement(
         .iter()
         .map(|(_, spec)| daemon_pod_fits(node, spec))
         .collect();
-    if let Some(template) = fits.iter().position(Result::is_ok) {
+    // An operand has a template per DaemonSet: never near 65,536.
+    if let Some(template) = fits
+        .iter()
+        .position(Result::is_ok)
+        .and_then(|template| u16::try_from(template).ok())
+    {
         return Placement::Expected(template);
     }
     let switched_on = node.label(info.deploy_label) == Some("true");

@@ -138,6 +138,11 @@ impl DriverPods {
                 },
             });
         }
+        // A node has one driver pod, two while one replaces another: a list grown by push holds room for
+        // four (a quarter of a kilobyte per node, kept as long as the index is).
+        for pods in by_node.values_mut() {
+            pods.shrink_to_fit();
+        }
         Self { by_node }
     }
 
