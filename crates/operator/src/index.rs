@@ -417,13 +417,14 @@ impl Judgements {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::changes::NodeSet;
     use crate::projection::{Interner, NodeKeys};
     use k8s_openapi::api::core::v1::Node;
 
-    fn node(name: &str, labels: &[(&str, &str)]) -> Node {
+    /// A node with these labels.
+    pub(crate) fn node(name: &str, labels: &[(&str, &str)]) -> Node {
         let mut node = Node::default();
         node.metadata.name = Some(name.into());
         node.metadata.labels = Some(

@@ -101,8 +101,9 @@ pub struct DesiredPatches {
     patches: HashMap<(usize, usize), (LabelTable, LabelTable, NodePatch)>,
 }
 
-/// Pairs of tables remembered at most (then forgotten all at once): far more kinds than a fleet has.
-const DESIRED_KEPT: usize = 4096;
+/// Pairs of tables remembered at most, then forgotten all at once: far more kinds than a fleet has, and a
+/// bound on the tables kept alive after their nodes moved on (each at most a few kilobytes).
+const DESIRED_KEPT: usize = 1024;
 
 impl DesiredPatches {
     /// The patch that [`desired_labels`] makes of `node` under `policy` and `detection`.
@@ -662,20 +663,12 @@ mod tests {
 #[cfg(test)]
 mod desired_patches_tests {
     use super::*;
+    use crate::index::tests::node;
     use crate::projection::{Interner, NodeKeys};
     use gpuop_api::labels::MIG_CAPABLE;
-    use k8s_openapi::api::core::v1::Node;
 
     fn record(name: &str, labels: &[(&str, &str)], interner: &mut Interner) -> NodeRecord {
-        let mut node = Node::default();
-        node.metadata.name = Some(name.into());
-        node.metadata.labels = Some(
-            labels
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-        );
-        NodeRecord::project(&node, &NodeKeys::default(), interner)
+        NodeRecord::project(&node(name, labels), &NodeKeys::default(), interner)
     }
 
     /// Nodes of one kind share one entry; every answer is what `desired_labels` says for the node and the
