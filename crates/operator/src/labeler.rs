@@ -22,10 +22,10 @@ use gpuop_api::labels::{
     MIG_CONFIG, PAUSED_FOR_DRIVER_UPGRADE, PAUSED_FOR_MIG_CHANGE, is_mig_capable,
 };
 use gpuop_api::read::Labels;
-
-use crate::projection::{LabelTable, NodeRecord};
 use gpuop_api::validate::{Sandbox, ValidatedPolicy};
 use gpuop_api::{NVIDIADriver, route_nodes};
+
+use crate::projection::{LabelTable, NodeRecord};
 
 /// Node annotation recording the labels the operator wrote on this node and their values, as
 /// `key=value` pairs separated by commas (label values never contain commas).
