@@ -8,8 +8,9 @@
 //! DaemonSets go into their projections without a [`Value`] (fields not kept are skipped unread); the other
 //! kinds the doctor reads are few and go through a [`Value`]. When that pass fails, the text is read again
 //! item by item, each item's text found first, so that the error names the item and its field. A snapshot of
-//! a large cluster costs what the doctor keeps of it plus the file, which is freed once read. YAML is parsed
-//! whole into values first (slower, and all of it at once).
+//! a large cluster costs what the doctor keeps of it plus the file, which is freed once read; its one list is
+//! read on two threads, half each ([`halves`]). YAML is parsed whole into values first (slower, and all of it
+//! at once).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -24,6 +25,8 @@ use serde::de::value::{BorrowedStrDeserializer, MapAccessDeserializer, StringDes
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
+
+mod halves;
 
 use crate::analysis::operand_of;
 use crate::snapshot::{
@@ -265,6 +268,13 @@ impl Loader {
     /// read again item by item ([`Pass::Explain`]), which names the item and the field, or reads what the
     /// first pass could not.
     fn add_json(&mut self, text: &[u8], origin: &str) -> Result<(), LoadError> {
+        if text.len() >= halves::TWO_THREADS_FROM
+            && let Ok(text) = std::str::from_utf8(text)
+            && let Some(read) = halves::read_list(text, origin)
+        {
+            self.absorb(read);
+            return Ok(());
+        }
         let mark = self.mark();
         match self.add_json_pass(text, origin, Pass::OneGo) {
             Ok(()) => Ok(()),
@@ -509,6 +519,39 @@ impl Loader {
         snapshot.listed = mark.listed;
         self.read = mark.read;
         self.ignored = mark.ignored;
+    }
+
+    /// Adds what another loader read, after what this one holds.
+    fn absorb(&mut self, other: Loader) {
+        let Snapshot {
+            mut nodes,
+            mut daemon_sets,
+            mut pods,
+            mut runtime_classes,
+            mut cluster_policies,
+            mut nvidia_drivers,
+            mut controller_revisions,
+            mut disruption_budgets,
+            listed,
+            mut notes,
+        } = other.snapshot;
+        let snapshot = &mut self.snapshot;
+        snapshot.nodes.append(&mut nodes);
+        snapshot.daemon_sets.append(&mut daemon_sets);
+        snapshot.pods.append(&mut pods);
+        snapshot.runtime_classes.append(&mut runtime_classes);
+        snapshot.cluster_policies.append(&mut cluster_policies);
+        snapshot.nvidia_drivers.append(&mut nvidia_drivers);
+        snapshot.controller_revisions.append(&mut controller_revisions);
+        snapshot.disruption_budgets.append(&mut disruption_budgets);
+        snapshot.listed.extend(listed);
+        snapshot.notes.append(&mut notes);
+        for (kind, count) in other.read {
+            *self.read.entry(kind).or_default() += count;
+        }
+        for (kind, count) in other.ignored {
+            *self.ignored.entry(kind).or_default() += count;
+        }
     }
 
     /// Counts an object the doctor does not read.
