@@ -927,12 +927,9 @@ fn upgrade_pools(context: &Context, validated: &ValidatedPolicy, rendered: &Rend
         .filter(|m| m.kind() == "DaemonSet" && m.operand == Some(Operand::Driver))
         .map(|m| m.name().to_owned())
         .collect();
-    let policy = driver
-        .upgrade_policy
-        .as_ref()
-        .filter(|p| p.is_auto_upgrade() && validated.sandbox.is_none())
-        .and_then(|p| {
-            UpgradePolicy::new(&p.effective(), context.upgrade_validation_timeout_seconds)
+    let policy = UpgradePolicy::of_cluster_policy(validated, context.upgrade_validation_timeout_seconds)
+        .and_then(|policy| {
+            policy
                 .map_err(|error| warn!(%error, "spec.driver.upgradePolicy cannot be used; upgrades paused"))
                 .ok()
         });

@@ -171,13 +171,7 @@ fn plan_one(
                 .filter(|m| m.kind() == "DaemonSet")
                 .map(|m| m.name().to_owned())
                 .collect();
-            let policy = driver
-                .spec
-                .is_auto_upgrade()
-                .then(|| {
-                    let section = driver.spec.upgrade_policy.clone().unwrap_or_default();
-                    UpgradePolicy::new(&section.effective(), input.validation_timeout_seconds)
-                })
+            let policy = UpgradePolicy::of_nvidia_driver(driver, input.validation_timeout_seconds)
                 .and_then(Result::ok);
             plan.pool = Some(UpgradePool {
                 owner: format!("NVIDIADriver/{name}"),

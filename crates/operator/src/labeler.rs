@@ -12,6 +12,9 @@
 //!
 //! Labels the operator would write that a node already carries with the same value (for example from
 //! NVIDIA's operator, before a migration) are adopted: they become owned without a write.
+//!
+//! A node whose driver switch the labeller turns on gets, in the same write, the upgrade state the
+//! upgrade controller would give it once its driver pod shows: see [`desired_labels`].
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -19,11 +22,13 @@ use gpuop_api::catalogue::deploy_labels_for;
 use gpuop_api::choice::WorkloadConfig;
 use gpuop_api::labels::{
     DEPLOY_OPERANDS, DEPLOY_PREFIX, DRIVER_OWNER, GPU_PRESENT, GpuDetection, LEGACY_DEPLOY_LABELS,
-    MIG_CONFIG, PAUSED_FOR_DRIVER_UPGRADE, PAUSED_FOR_MIG_CHANGE, is_mig_capable,
+    MIG_CONFIG, PAUSED_FOR_DRIVER_UPGRADE, PAUSED_FOR_MIG_CHANGE, UPGRADE_ENABLED_ANNOTATION, UPGRADE_STATE,
+    is_mig_capable,
 };
 use gpuop_api::read::Labels;
+use gpuop_api::upgrade::{DEFAULT_VALIDATION_TIMEOUT_SECONDS, UpgradePolicy, UpgradeState};
 use gpuop_api::validate::{Sandbox, ValidatedPolicy};
-use gpuop_api::{NVIDIADriver, route_nodes};
+use gpuop_api::{NVIDIADriver, Operand, route_nodes};
 
 use crate::projection::{LabelTable, NodeRecord};
 
@@ -43,6 +48,8 @@ pub struct LabelPolicy {
     /// With NVIDIADriver objects managing the driver, the live ones: each GPU node's
     /// `nvidia.com/gpu-operator.driver.owner` names the one that serves it.
     pub nvidia_drivers: Option<Vec<NVIDIADriver>>,
+    /// Whether the ClusterPolicy deploys the driver and upgrades it automatically (without NVIDIADrivers).
+    pub driver_upgrades: bool,
 }
 
 impl LabelPolicy {
@@ -53,6 +60,25 @@ impl LabelPolicy {
             mig_manager: policy.spec.mig_manager_enabled(),
             mig_default_layout: policy.mig_default_layout.clone(),
             nvidia_drivers: None,
+            // The timeout does not make a policy usable or not.
+            driver_upgrades: policy.spec.driver.is_enabled()
+                && !policy.spec.driver.use_nvidia_driver_crd()
+                && UpgradePolicy::of_cluster_policy(policy, DEFAULT_VALIDATION_TIMEOUT_SECONDS)
+                    .is_some_and(|usable| usable.is_ok()),
+        }
+    }
+
+    /// Whether the pool of the NVIDIADriver `owner` (`None`: the ClusterPolicy's) upgrades automatically.
+    fn upgrades_automatically(&self, owner: Option<&str>) -> bool {
+        match (&self.nvidia_drivers, owner) {
+            (None, _) => self.driver_upgrades,
+            (Some(drivers), Some(owner)) => drivers.iter().any(|driver| {
+                driver.metadata.name.as_deref() == Some(owner)
+                    && UpgradePolicy::of_nvidia_driver(driver, DEFAULT_VALIDATION_TIMEOUT_SECONDS)
+                        .is_some_and(|usable| usable.is_ok())
+            }),
+            // With NVIDIADrivers, a node none serves runs no driver.
+            (Some(_), None) => false,
         }
     }
 }
@@ -193,6 +219,28 @@ pub fn desired_labels(
         // NVIDIADriver serves has none, whoever wrote it.
         if ours_unchanged(key, value) || stray_switch || paused_switch || key == DRIVER_OWNER {
             patch.labels.insert(key.to_owned(), None);
+        }
+    }
+
+    // The node's driver switch turns on now, so its driver pod will come from the DaemonSet's latest
+    // revision: in a pool that upgrades automatically, the node starts `upgrade-done` (with the annotation
+    // that says the operator upgrades it), which the upgrade controller would write once that pod shows
+    // (NVIDIA's does), here in the same write as the switch. These are the upgrade controller's keys: not
+    // recorded as the labeller's, never removed by it, and left alone on a node that has a state already.
+    let driver_switch = Operand::Driver.info().deploy_label;
+    if let Some(policy) = policy
+        && patch.labels.get(driver_switch) == Some(&Some("true".to_owned()))
+        && labels.get_label(UPGRADE_STATE).is_none()
+        && policy.upgrades_automatically(wanted.get(DRIVER_OWNER).map(String::as_str))
+    {
+        patch.labels.insert(
+            UPGRADE_STATE.to_owned(),
+            Some(UpgradeState::Done.label().to_owned()),
+        );
+        if annotations.get_label(UPGRADE_ENABLED_ANNOTATION) != Some("true") {
+            patch
+                .annotations
+                .insert(UPGRADE_ENABLED_ANNOTATION.to_owned(), Some("true".to_owned()));
         }
     }
 
@@ -351,6 +399,7 @@ mod tests {
             mig_manager: true,
             mig_default_layout: Some("all-disabled".into()),
             nvidia_drivers: None,
+            driver_upgrades: false,
         }
     }
 
@@ -365,6 +414,74 @@ mod tests {
             .get(OWNED_LABELS)
             .map(|v| v.split(',').map(|pair| pair.split_once('=').unwrap().0).collect())
             .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_node_whose_driver_switch_turns_on_starts_upgrade_done_in_the_same_write() {
+        let upgrading = LabelPolicy {
+            driver_upgrades: true,
+            ..policy()
+        };
+        let patch = Node::gpu().patch(Some(&upgrading));
+        assert_eq!(patch.labels[UPGRADE_STATE].as_deref(), Some("upgrade-done"));
+        assert_eq!(
+            patch.annotations[UPGRADE_ENABLED_ANNOTATION].as_deref(),
+            Some("true")
+        );
+        let node = Node::gpu().reconciled(Some(&upgrading));
+        assert!(!owned(&node).contains(&UPGRADE_STATE), "{:?}", owned(&node));
+        // The upgrade controller's keys stay its own: the labeller neither removes nor rewrites them.
+        let moved = node.clone().with(UPGRADE_STATE, "upgrade-required");
+        assert_eq!(moved.patch(Some(&upgrading)), NodePatch::default());
+        assert_eq!(
+            node.clone().without(UPGRADE_STATE).patch(Some(&upgrading)),
+            NodePatch::default()
+        );
+        let off = node.patch(Some(&policy()));
+        assert!(!off.labels.contains_key(UPGRADE_STATE) && off.annotations.is_empty());
+        // A node that has its driver switch (adopted, or from before) is the upgrade controller's to mark;
+        // so is one with a state, whose switch comes back.
+        let switched = Node::gpu().with(&format!("{DEPLOY_PREFIX}driver"), "true");
+        assert!(
+            !switched
+                .patch(Some(&upgrading))
+                .labels
+                .contains_key(UPGRADE_STATE)
+        );
+        let stated = Node::gpu().with(UPGRADE_STATE, "upgrade-failed");
+        assert!(!stated.patch(Some(&upgrading)).labels.contains_key(UPGRADE_STATE));
+        // No marks without automatic upgrades, or on a node that gets no driver.
+        assert!(
+            !Node::gpu()
+                .patch(Some(&policy()))
+                .labels
+                .contains_key(UPGRADE_STATE)
+        );
+        let no_driver = Node::gpu().with(DEPLOY_OPERANDS, "false");
+        assert!(
+            !no_driver
+                .patch(Some(&upgrading))
+                .labels
+                .contains_key(UPGRADE_STATE)
+        );
+    }
+
+    #[test]
+    fn the_cluster_policy_upgrades_automatically_only_when_it_can() {
+        let sample: serde_json::Value =
+            serde_saphyr::from_str(include_str!("../../../deploy/samples/clusterpolicy.yaml")).unwrap();
+        let upgrades = |pointer: &str, value: serde_json::Value| {
+            let mut policy = sample.clone();
+            *policy.pointer_mut(pointer).unwrap() = value;
+            let policy: gpuop_api::ClusterPolicy = serde_json::from_value(policy).unwrap();
+            LabelPolicy::from_policy(&gpuop_api::validate::validate(&policy).unwrap()).driver_upgrades
+        };
+        let auto = "/spec/driver/upgradePolicy/autoUpgrade";
+        assert!(upgrades(auto, true.into()), "the sample turns them on");
+        assert!(!upgrades(auto, false.into()));
+        assert!(!upgrades("/spec/driver/enabled", false.into()));
+        assert!(!upgrades("/spec/driver/useNvidiaDriverCRD", true.into()));
+        assert!(!upgrades("/spec/sandboxWorkloads/enabled", true.into()));
     }
 
     #[test]
@@ -395,6 +512,26 @@ mod tests {
         );
         let h100 = node.with("pool", "h100").reconciled(Some(&routed));
         assert_eq!(h100.label(DRIVER_OWNER), Some("h100"));
+        // Each NVIDIADriver's pool upgrades automatically unless its policy says not: the node that one
+        // serves starts `upgrade-done`, one that one with upgrades off serves does not.
+        let fresh = |pool: &str| Node::gpu().with("pool", pool).patch(Some(&routed));
+        let manual = LabelPolicy {
+            nvidia_drivers: Some(vec![driver(
+                "default",
+                "{default: true, driverType: gpu, image: driver, upgradePolicy: {autoUpgrade: false}}",
+            )]),
+            ..policy()
+        };
+        assert_eq!(
+            fresh("h100").labels[UPGRADE_STATE].as_deref(),
+            Some("upgrade-done")
+        );
+        assert!(
+            !Node::gpu()
+                .patch(Some(&manual))
+                .labels
+                .contains_key(UPGRADE_STATE)
+        );
 
         // Two drivers claim the node: it keeps its owner (fail closed) and nothing else moves.
         let overlapping = LabelPolicy {

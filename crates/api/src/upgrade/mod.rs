@@ -25,6 +25,7 @@ use std::fmt;
 
 pub mod observe;
 
+use crate::NVIDIADriver;
 use crate::driver::EffectiveUpgradePolicy;
 use crate::labels::{
     UPGRADE_ENABLED_ANNOTATION, UPGRADE_FAILURE, UPGRADE_INITIAL_UNSCHEDULABLE, UPGRADE_REQUESTED,
@@ -32,7 +33,7 @@ use crate::labels::{
     UPGRADE_WAIT_FOR_SAFE_LOAD,
 };
 use crate::selector::{LabelSelector, SelectorError};
-use crate::validate::IntOrPercent;
+use crate::validate::{IntOrPercent, ValidatedPolicy};
 
 /// A driver pod restarting more often than this without getting ready fails the upgrade (as NVIDIA's).
 pub const DRIVER_RESTART_LIMIT: i32 = 10;
@@ -169,6 +170,34 @@ pub enum PolicyError {
 }
 
 impl UpgradePolicy {
+    /// The upgrade policy of a ClusterPolicy's driver pool; `None` when its upgrades are not automatic
+    /// (`autoUpgrade` off or absent, or sandbox workloads, whose state labels NVIDIA's operator removes), an
+    /// error when the section cannot be used (upgrades are then paused).
+    pub fn of_cluster_policy(
+        policy: &ValidatedPolicy,
+        validation_timeout_seconds: u64,
+    ) -> Option<Result<Self, PolicyError>> {
+        policy
+            .spec
+            .driver
+            .upgrade_policy
+            .as_ref()
+            .filter(|section| section.is_auto_upgrade() && policy.sandbox.is_none())
+            .map(|section| Self::new(&section.effective(), validation_timeout_seconds))
+    }
+
+    /// The upgrade policy of an NVIDIADriver's pool; `None` when its upgrades are not automatic (they are
+    /// unless its `upgradePolicy` turns them off), an error when the section cannot be used.
+    pub fn of_nvidia_driver(
+        driver: &NVIDIADriver,
+        validation_timeout_seconds: u64,
+    ) -> Option<Result<Self, PolicyError>> {
+        driver.spec.is_auto_upgrade().then(|| {
+            let section = driver.spec.upgrade_policy.clone().unwrap_or_default();
+            Self::new(&section.effective(), validation_timeout_seconds)
+        })
+    }
+
     /// The policy of a ClusterPolicy or NVIDIADriver section, with defaults applied.
     pub fn new(
         effective: &EffectiveUpgradePolicy,
