@@ -514,7 +514,6 @@ mod tests {
         assert_eq!(h100.label(DRIVER_OWNER), Some("h100"));
         // Each NVIDIADriver's pool upgrades automatically unless its policy says not: the node that one
         // serves starts `upgrade-done`, one that one with upgrades off serves does not.
-        let fresh = |pool: &str| Node::gpu().with("pool", pool).patch(Some(&routed));
         let manual = LabelPolicy {
             nvidia_drivers: Some(vec![driver(
                 "default",
@@ -522,10 +521,8 @@ mod tests {
             )]),
             ..policy()
         };
-        assert_eq!(
-            fresh("h100").labels[UPGRADE_STATE].as_deref(),
-            Some("upgrade-done")
-        );
+        let fresh = Node::gpu().with("pool", "h100").patch(Some(&routed));
+        assert_eq!(fresh.labels[UPGRADE_STATE].as_deref(), Some("upgrade-done"));
         assert!(
             !Node::gpu()
                 .patch(Some(&manual))
