@@ -273,6 +273,11 @@ mod tests {
             r#"{"kind":"NodeList","items":[{"kind":"Node","metadata":{"name":"inner"}}]}"#.to_owned(),
         );
         let text = list(&items);
+        // The items are cut in two near the middle: both threads have work.
+        let first = text.find("\n{").unwrap() + 1;
+        let middle = first + (text.len() - first) / 2;
+        let split = boundary_near(text.as_bytes(), first, middle).unwrap().unwrap();
+        assert!(split > first && text[..split].ends_with(",\n") && text[split..].starts_with('{'));
         let one = one_pass(&text).unwrap();
         assert!(one.contains("inner") && one.contains("gpu-39") && one.contains("driver-39"));
         assert_eq!(two_threads(&text), Some(one));
