@@ -148,7 +148,9 @@ fn collect(value: &Value, shape: Shape<'_>, path: &mut Path, out: &mut BTreeSet<
                 for item in items {
                     path.push(key_element(item, &keys));
                     out.insert(path.clone());
-                    if let Value::Object(fields) = item {
+                    if let Value::Object(fields) = item
+                        && !shape.items().atomic_map()
+                    {
                         for (key, child) in fields {
                             path.push(format!("f:{key}"));
                             collect(child, shape.items().field(key), path, out);
@@ -502,7 +504,11 @@ mod tests {
 
     fn deployment() -> Value {
         json!({
-            "metadata": {"labels": {"app": "a"}, "finalizers": ["x"]},
+            "metadata": {
+                "labels": {"app": "a"},
+                "finalizers": ["x"],
+                "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": "u"}]
+            },
             "spec": {
                 "replicas": 2,
                 "template": {"spec": {"containers": [{"name": "c", "image": "i", "args": ["a"]}]}}
@@ -517,7 +523,12 @@ mod tests {
         assert_eq!(
             fields,
             json!({
-                "f:metadata": {"f:labels": {"f:app": {}}, "f:finalizers": {".": {}, "v:\"x\"": {}}},
+                "f:metadata": {
+                    "f:labels": {"f:app": {}},
+                    "f:finalizers": {".": {}, "v:\"x\"": {}},
+                    // An owner reference is atomic: its item owns it whole, as kube-apiserver records it.
+                    "f:ownerReferences": {"k:{\"uid\":\"u\"}": {}}
+                },
                 "f:spec": {
                     "f:replicas": {},
                     "f:template": {"f:spec": {"f:containers": {"k:{\"name\":\"c\"}": {

@@ -149,8 +149,11 @@ impl<'a> Shape<'a> {
     /// Whether the map at this position is replaced whole rather than merged key by key.
     pub(crate) fn atomic_map(self) -> bool {
         match self {
-            // `LabelSelector` is a `structType=atomic`, and so is a Service's selector map.
-            Shape::Builtin { field, .. } => field == "selector",
+            // `LabelSelector` is a `structType=atomic`, and so is a Service's selector map; so is each
+            // `OwnerReference` (items keep their list's field name).
+            Shape::Builtin { field, parent, .. } => {
+                field == "selector" || (field == "ownerReferences" && parent == "metadata")
+            }
             Shape::Schema { schema, .. } => {
                 matches!(
                     schema.get("x-kubernetes-map-type").and_then(Value::as_str),
