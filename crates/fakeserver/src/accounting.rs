@@ -107,6 +107,18 @@ pub struct RequestCounts {
     entries: BTreeMap<RequestKey, u64>,
 }
 
+/// Counts requests one by one: how another backend's requests (a real API server's audit log) are compared
+/// with the fake server's.
+impl FromIterator<RequestKey> for RequestCounts {
+    fn from_iter<I: IntoIterator<Item = RequestKey>>(keys: I) -> Self {
+        let mut entries = BTreeMap::new();
+        for key in keys {
+            *entries.entry(key).or_insert(0) += 1;
+        }
+        Self { entries }
+    }
+}
+
 impl RequestCounts {
     /// All requests.
     pub fn total(&self) -> u64 {

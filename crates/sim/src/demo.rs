@@ -9,12 +9,11 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use gpuop_api::ClusterPolicy;
-use gpuop_api::labels::FIELD_MANAGER;
 use gpuop_fakeserver::FakeServer;
+use gpuop_operator::crd_install;
 use gpuop_operator::run::{self, Config};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -24,6 +23,9 @@ use crate::cluster_spec::ClusterSpec;
 use crate::kubelet::Timing;
 use crate::progress::{Row, rows};
 use crate::simulation::Simulation;
+
+/// How long the CRDs may take to be served.
+const CRD_PATIENCE: Duration = Duration::from_secs(120);
 
 /// The namespace the operator deploys operands into.
 pub const NAMESPACE: &str = "gpu-operator";
@@ -40,22 +42,12 @@ pub struct DemoSettings {
     pub timing: Timing,
 }
 
-/// Installs the CRDs and the operator namespace, as `helm install` would before the operator starts.
+/// Installs the CRDs and the operator namespace, as `helm install` would before the operator starts: the
+/// CRDs applied and waited for until they are established and served (a real API server serves a new
+/// CRD a moment after it accepts it), as `gpu-operator crd --apply` does.
 pub async fn install(client: &Client) -> anyhow::Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in [
-        gpuop_api::crd::cluster_policy_crd(),
-        gpuop_api::crd::nvidia_driver_crd(),
-    ] {
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        crds.patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .with_context(|| format!("installing CRD {name}"))?;
-    }
+    let (_, applied) = crd_install::apply_all(client, CRD_PATIENCE).await;
+    applied.context("installing the CRDs")?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let namespace = Namespace {
         metadata: ObjectMeta {

@@ -28,7 +28,7 @@ fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
 
 /// Requests of the operator's client with this verb on nodes and this code.
 fn operator_requests(cluster: &Cluster, verb: Verb, code: u16) -> u64 {
-    cluster.server.requests().matching(|key| {
+    cluster.server().requests().matching(|key| {
         key.verb == verb
             && key.resource == "nodes"
             && key.subresource.is_empty()
@@ -74,7 +74,7 @@ async fn a_label_a_person_sets_between_the_operators_read_and_write_is_kept() {
         .await
         .expect("node creates");
     cluster
-        .server
+        .server()
         .set_faults(Faults::new(13).delay_watch_events("nodes", LAG));
     cluster.start_operator().await;
     cluster.apply(DEFAULT_POLICY).await;
@@ -126,7 +126,7 @@ async fn a_label_a_person_sets_between_the_operators_read_and_write_is_kept() {
 #[tokio::test]
 async fn conflicts_are_retried_on_the_node_as_the_api_server_has_it() {
     let mut cluster = Cluster::without_operator(vec![pool("gpu", 2, Some(GpuModel::T4))]).await;
-    cluster.server.set_faults(Faults::new(1).error(
+    cluster.server().set_faults(Faults::new(1).error(
         Some(Verb::Patch),
         Some("nodes"),
         0.5,
@@ -135,9 +135,9 @@ async fn conflicts_are_retried_on_the_node_as_the_api_server_has_it() {
     cluster.start_operator().await;
     cluster.apply(DEFAULT_POLICY).await;
     labelled(&cluster, &["gpu-0", "gpu-1"]).await;
-    cluster.server.set_faults(Faults::new(1));
+    cluster.server().set_faults(Faults::new(1));
     let requests: Vec<String> = cluster
-        .server
+        .server()
         .requests()
         .iter()
         .filter(|(key, _)| key.resource == "nodes")

@@ -135,7 +135,7 @@ async fn nvidia_converged(tweak: impl Fn(&mut Value)) -> Cluster {
     ])
     .await;
     // NVIDIA's operator writes as `gpu-operator` with Create and Update calls.
-    let nvidia = cluster.server.client_as("gpu-operator");
+    let nvidia = cluster.server().client_as("gpu-operator");
     cluster.apply(DEFAULT_POLICY).await;
     let policy_uid = Api::<ClusterPolicy>::all(cluster.client.clone())
         .get("cluster-policy")

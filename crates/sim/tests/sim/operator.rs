@@ -5,11 +5,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use gpuop_api::ClusterPolicy;
 use gpuop_api::labels::{
-    DEPLOY_OPERANDS, DRIVER_OWNER, GPU_PRESENT, MANAGED_BY, UPGRADE_ENABLED_ANNOTATION, UPGRADE_STATE,
+    COMPONENT, DEPLOY_OPERANDS, DRIVER_OWNER, GPU_PRESENT, MANAGED_BY, UPGRADE_ENABLED_ANNOTATION,
+    UPGRADE_STATE,
 };
 use gpuop_api::status::State;
+use gpuop_api::{ClusterPolicy, Operand};
 use gpuop_fakeserver::{FakeServer, Faults, InjectedError, Verb};
 use gpuop_operator::apply::MANAGED_KINDS;
 use gpuop_operator::crd_install::{self, CrdOutcome};
@@ -20,10 +21,12 @@ use gpuop_operator::uninstall::{self, Report};
 use gpuop_sim::cluster_spec::{ClusterSpec, GpuSpec, NodePool, TaintSpec};
 use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install, snapshot};
 use gpuop_sim::hardware::GpuModel;
+use gpuop_sim::heartbeat::Heartbeats;
 use gpuop_sim::kubelet::Timing;
 use gpuop_sim::progress::Row;
 use gpuop_sim::scenario::Action;
-use gpuop_sim::simulation::Simulation;
+use gpuop_sim::simulation::{Plays, Simulation};
+use gpuop_testkit::Backend;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
@@ -71,9 +74,9 @@ pub(crate) fn pool(name: &str, count: u32, model: Option<GpuModel>) -> NodePool 
     pool
 }
 
-/// A fake API server, a simulated cluster on it, and the operator.
+/// An API server (the fake one, or a real control plane), a simulated cluster on it, and the operator.
 pub(crate) struct Cluster {
-    pub(crate) server: FakeServer,
+    pub(crate) backend: Backend,
     pub(crate) client: Client,
     pub(crate) simulation: Simulation,
     operator: Option<Running>,
@@ -87,25 +90,48 @@ impl Cluster {
     }
 
     pub(crate) async fn without_operator(pools: Vec<NodePool>) -> Self {
-        Self::without_operator_on(FakeServer::new(), pools).await
+        Self::on(Backend::fake(), pools).await
     }
 
     async fn without_operator_on(server: FakeServer, pools: Vec<NodePool>) -> Self {
-        let client = server.client_as(gpuop_sim::USER_AGENT);
+        Self::on(Backend::Fake(server), pools).await
+    }
+
+    /// The simulated cluster on `backend`, without the operator. On the fake server the simulator plays the
+    /// whole cluster; on a real control plane only the nodes (its controllers and scheduler do the rest),
+    /// renewing their Leases as kubelets do so that its node lifecycle controller keeps them Ready.
+    pub(crate) async fn on(backend: Backend, pools: Vec<NodePool>) -> Self {
+        let client = backend.client_as(gpuop_sim::USER_AGENT).await;
         install(&client).await.expect("CRDs and namespace install");
         let spec = ClusterSpec {
             nfd: true,
             node_pools: pools,
             workloads: Vec::new(),
         };
-        let simulation = Simulation::start(client.clone(), spec, Timing::instant())
+        let (timing, plays) = if backend.is_real() {
+            (
+                Timing::instant().with_heartbeats(Heartbeats::kubelet()),
+                Plays::NodesOnly,
+            )
+        } else {
+            (Timing::instant(), Plays::Cluster)
+        };
+        let simulation = Simulation::start_playing(client.clone(), spec, timing, plays)
             .await
             .expect("simulation starts");
         Self {
-            server,
+            backend,
             client,
             simulation,
             operator: None,
+        }
+    }
+
+    /// The fake server, for a step only it can take (injected faults, its request journal).
+    pub(crate) fn server(&self) -> &FakeServer {
+        match &self.backend {
+            Backend::Fake(server) => server,
+            Backend::Real(_) => panic!("a fake-server-only step in a test on a real control plane"),
         }
     }
 
@@ -123,7 +149,7 @@ impl Cluster {
             }),
             ..Config::in_process(NAMESPACE)
         };
-        run::start(self.server.client_as(identity), config)
+        run::start(self.backend.client_as(identity).await, config)
             .await
             .expect("replica starts")
     }
@@ -137,7 +163,7 @@ impl Cluster {
     pub(crate) async fn start_operator(&mut self) {
         let config = Config::in_process(NAMESPACE);
         self.operator = Some(
-            run::start(self.server.client_as(gpuop_operator::USER_AGENT), config)
+            run::start(self.backend.client_as(gpuop_operator::USER_AGENT).await, config)
                 .await
                 .expect("operator starts"),
         );
@@ -484,7 +510,7 @@ async fn a_joining_node_is_labelled_and_its_operands_come_up_in_chain_order() {
     // One patch per node, however many times the node changed meanwhile: its deploy switches and, since
     // the sample policy turns automatic driver upgrades on, its `upgrade-done` with them (a MIG-capable GPU
     // would add one patch, once feature discovery reports it).
-    let node_patches = cluster.server.requests().matching(|key| {
+    let node_patches = cluster.server().requests().matching(|key| {
         key.verb == Verb::Patch
             && key.resource == "nodes"
             && gpuop_sim::product_token(&key.client) == gpuop_sim::product_token(gpuop_operator::USER_AGENT)
@@ -770,9 +796,9 @@ async fn a_restarted_operator_converges_without_duplicates_and_then_writes_nothi
         .await;
     // Steady state: nothing changes, so the operator writes nothing, not even a write it trusted and would
     // repeat when the window it trusts an unconfirmed write for ends.
-    let before = cluster.server.requests();
+    let before = cluster.server().requests();
     tokio::time::sleep(gpuop_operator::STEADY_STATE_WINDOW).await;
-    let window = cluster.server.requests().since(&before);
+    let window = cluster.server().requests().since(&before);
     assert_eq!(
         window.writes_by(gpuop_sim::product_token(gpuop_operator::USER_AGENT)),
         0,
@@ -782,19 +808,19 @@ async fn a_restarted_operator_converges_without_duplicates_and_then_writes_nothi
     cluster.stop().await;
 }
 
-/// The operator's requests in a window of [`gpuop_operator::STEADY_STATE_WINDOW`] that begins with `during`: how many, and which.
+/// The operator's requests in a window of `window` that begins with `during`: how many, and which.
 /// The window starts once the operator has sent nothing for 3 s (what converging left to do, such as a node
 /// label that follows an operand's own, is done).
-async fn operator_requests_while<Fut>(cluster: &Cluster, during: Fut) -> (u64, String)
+async fn operator_requests_while<Fut>(cluster: &Cluster, during: Fut, window: Duration) -> (u64, String)
 where
     Fut: std::future::Future<Output = ()>,
 {
     let operator = gpuop_sim::product_token(gpuop_operator::USER_AGENT);
     cluster
         .until("the operator is quiet for 3 s", || async {
-            let before = cluster.server.requests().by_client(operator);
+            let before = cluster.backend.requests().await.by_client(operator);
             tokio::time::sleep(Duration::from_secs(3)).await;
-            let sent = cluster.server.requests().by_client(operator) - before;
+            let sent = cluster.backend.requests().await.by_client(operator) - before;
             if sent == 0 {
                 Ok(())
             } else {
@@ -802,15 +828,15 @@ where
             }
         })
         .await;
-    let before = cluster.server.requests();
+    let before = cluster.backend.requests().await;
     during.await;
-    tokio::time::sleep(gpuop_operator::STEADY_STATE_WINDOW).await;
-    let window = cluster.server.requests().since(&before);
-    let which: Vec<_> = window
+    tokio::time::sleep(window).await;
+    let requests = cluster.backend.requests().await.since(&before);
+    let which: Vec<_> = requests
         .iter()
         .filter(|(key, _)| key.client.split('/').next() == Some(operator))
         .collect();
-    (window.by_client(operator), format!("{which:?}"))
+    (requests.by_client(operator), format!("{which:?}"))
 }
 
 #[tokio::test]
@@ -830,23 +856,27 @@ async fn a_persons_edit_of_a_managed_daemonset_is_reverted_with_an_event_and_the
     let (container, rendered_image) = image(&daemonsets.get(name).await.expect("the DaemonSet exists"));
 
     // A person's own label and annotation on a managed object are theirs: the operator sends nothing.
-    let person: Api<DaemonSet> = Api::namespaced(cluster.server.client_as("kubectl/v1.33.0"), NAMESPACE);
+    let person: Api<DaemonSet> = Api::namespaced(cluster.server().client_as("kubectl/v1.33.0"), NAMESPACE);
     let as_kubectl = |manager: &str| PatchParams {
         field_manager: Some(manager.into()),
         ..PatchParams::default()
     };
-    let labelled = operator_requests_while(&cluster, async {
-        person
-            .patch(
-                name,
-                &as_kubectl("kubectl-label"),
-                &Patch::Merge(
-                    json!({"metadata": {"labels": {"team": "ml"}, "annotations": {"team/owner": "ana"}}}),
-                ),
-            )
-            .await
-            .expect("the person labels the DaemonSet");
-    })
+    let labelled = operator_requests_while(
+        &cluster,
+        async {
+            person
+                .patch(
+                    name,
+                    &as_kubectl("kubectl-label"),
+                    &Patch::Merge(
+                        json!({"metadata": {"labels": {"team": "ml"}, "annotations": {"team/owner": "ana"}}}),
+                    ),
+                )
+                .await
+                .expect("the person labels the DaemonSet");
+        },
+        gpuop_operator::STEADY_STATE_WINDOW,
+    )
     .await;
     assert_eq!(
         labelled.0, 0,
@@ -970,7 +1000,7 @@ async fn a_persons_edit_of_a_managed_daemonset_is_reverted_with_an_event_and_the
 
     // Converged again, the operator sends no request at all.
     cluster.converged("cluster-policy").await;
-    let steady = operator_requests_while(&cluster, async {}).await;
+    let steady = operator_requests_while(&cluster, async {}, gpuop_operator::STEADY_STATE_WINDOW).await;
     assert_eq!(
         steady.0, 0,
         "requests in a steady window after the repair: {}",
@@ -987,13 +1017,13 @@ async fn it_converges_with_ten_percent_of_requests_failing() {
         .try_init();
     let cluster = Cluster::start(vec![pool("gpu", 2, Some(GpuModel::T4))]).await;
     cluster
-        .server
+        .server()
         .set_faults(Faults::new(7).error(None, None, 0.1, InjectedError::Internal));
     cluster.apply(DEFAULT_POLICY).await;
     cluster.converged("cluster-policy").await;
-    cluster.server.set_faults(Faults::new(7));
+    cluster.server().set_faults(Faults::new(7));
     let failed: u64 = cluster
-        .server
+        .server()
         .requests()
         .iter()
         .filter(|(key, _)| key.code >= 500)
@@ -1018,7 +1048,7 @@ async fn only_the_leader_writes_and_a_second_replica_takes_over_when_it_stops() 
     let second = cluster.replica("replica-b").await;
     cluster.apply(DEFAULT_POLICY).await;
     cluster.converged("cluster-policy").await;
-    let requests = cluster.server.requests();
+    let requests = cluster.server().requests();
     assert!(
         requests.writes_by("replica-a") > 0,
         "the leader applied the operands"
@@ -1033,7 +1063,7 @@ async fn only_the_leader_writes_and_a_second_replica_takes_over_when_it_stops() 
     first.stop().await;
     cluster.feature_discovery_pruned("replica-b").await;
     assert_eq!(cluster.lease_holder().await.as_deref(), Some("replica-b"));
-    assert!(cluster.server.requests().writes_by("replica-b") > 0);
+    assert!(cluster.server().requests().writes_by("replica-b") > 0);
     second.stop().await;
     cluster.stop().await;
 }
@@ -1061,7 +1091,7 @@ async fn a_leader_whose_renewals_hang_writes_nothing_once_another_takes_over() {
     cluster.converged("cluster-policy").await;
 
     cluster
-        .server
+        .server()
         .set_faults(Faults::new(0).hang(None, Some("leases"), Some("replica-a")));
     cluster
         .until("replica-b takes the lease over", || async {
@@ -1077,7 +1107,7 @@ async fn a_leader_whose_renewals_hang_writes_nothing_once_another_takes_over() {
 
     // The journal holds the requests in the order they were answered: a write after the takeover in it
     // changed the cluster after replica-b led.
-    let (journal, dropped) = cluster.server.take_journal();
+    let (journal, dropped) = cluster.server().take_journal();
     assert_eq!(dropped, 0, "the journal holds every request");
     let writes: Vec<(usize, &gpuop_fakeserver::JournalEntry)> = journal
         .iter()
@@ -1108,7 +1138,7 @@ async fn a_leader_whose_renewals_hang_writes_nothing_once_another_takes_over() {
             .any(|(at, w)| w.by("replica-b") && w.key.resource != "leases" && *at > takeover),
         "replica-b acted on the change"
     );
-    cluster.server.set_faults(Faults::new(0));
+    cluster.server().set_faults(Faults::new(0));
     first.stop().await;
     second.stop().await;
     cluster.stop().await;
@@ -1121,6 +1151,99 @@ fn first_container(ds: &DaemonSet) -> &k8s_openapi::api::core::v1::Container {
         .and_then(|spec| spec.template.spec.as_ref())
         .and_then(|pod| pod.containers.first())
         .expect("a DaemonSet with a container")
+}
+
+/// What the observer saw of one status write: its state and Ready reason, whether the driver DaemonSet
+/// existed, and whether every operand pod on the nodes watched was Ready when it was written.
+type StatusSeen = ((State, Option<String>), bool, Result<(), String>);
+
+/// Every status the operator writes, in order, judged against the cluster at the moment it shows up.
+struct StatusObserver {
+    task: tokio::task::JoinHandle<()>,
+    writes: tokio::sync::mpsc::UnboundedReceiver<StatusSeen>,
+}
+
+impl StatusObserver {
+    fn start(client: &Client, nodes: &[&str]) -> Self {
+        let client = client.clone();
+        let nodes: Vec<String> = nodes.iter().map(|n| (*n).to_owned()).collect();
+        let (written, writes) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            use kube::runtime::WatchStreamExt;
+            let policies: Api<ClusterPolicy> = Api::all(client.clone());
+            // A watch error (a real API server may refuse the first list for a moment) is retried, not
+            // the end of the observation.
+            let mut events = std::pin::pin!(
+                kube::runtime::watcher(policies, Default::default())
+                    .default_backoff()
+                    .applied_objects()
+            );
+            let mut last = None;
+            loop {
+                let policy = match events.try_next().await {
+                    Ok(Some(policy)) => policy,
+                    Ok(None) => return,
+                    Err(_) => continue,
+                };
+                let Some(status) = policy.status else { continue };
+                let ready = status.conditions.iter().flatten().find(|c| c.type_ == "Ready");
+                let seen = (status.state, ready.map(|c| c.reason.clone()));
+                if last.as_ref() == Some(&seen) {
+                    continue;
+                }
+                last = Some(seen.clone());
+                let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
+                let driver = daemonsets
+                    .list(
+                        &ListParams::default()
+                            .labels(&format!("{COMPONENT}={}", Operand::Driver.info().component)),
+                    )
+                    .await
+                    .is_ok_and(|list| !list.items.is_empty());
+                let written_at = version(policy.metadata.resource_version.as_deref());
+                let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+                let operands = stack_ready_on(&client, &nodes, written_at).await;
+                if written.send((seen, driver, operands)).is_err() {
+                    return;
+                }
+            }
+        });
+        Self { task, writes }
+    }
+
+    /// The writes seen until the first `ready` one has been judged (the observer judges each write after it
+    /// shows up).
+    async fn until_ready(mut self) -> Vec<StatusSeen> {
+        let mut seen = Vec::new();
+        while !seen
+            .iter()
+            .any(|((state, _), _, _): &StatusSeen| *state == State::Ready)
+        {
+            match tokio::time::timeout(PATIENCE, self.writes.recv()).await {
+                Ok(Some(write)) => seen.push(write),
+                _ => panic!("the observer never saw the ready status: {seen:#?}"),
+            }
+        }
+        self.task.abort();
+        seen
+    }
+}
+
+/// No status written said the cluster GPU-less, or `ready` before every operand ran.
+fn assert_honest(seen: &[StatusSeen]) {
+    for ((state, reason), _, operands) in seen {
+        assert_ne!(
+            reason.as_deref(),
+            Some("NoGPUNodes"),
+            "a GPU cluster reported GPU-less: {seen:#?}"
+        );
+        if *state == State::Ready {
+            assert!(
+                operands.is_ok(),
+                "ready written before the operands run ({operands:?}): {seen:#?}"
+            );
+        }
+    }
 }
 
 /// Every operand of [`CONTAINER_STACK`] runs Ready on each of `nodes`, in pods last changed no later than
@@ -1177,74 +1300,22 @@ async fn no_ready_is_ever_written_before_the_operands_run_even_when_node_events_
     let mut cluster =
         Cluster::without_operator(vec![pool("l4", 2, Some(GpuModel::L4)), pool("cpu", 1, None)]).await;
     cluster
-        .server
+        .server()
         .set_faults(Faults::new(9).delay_watch_events("nodes", Duration::from_secs(2)));
 
-    // Every status the operator writes, in order, judged against the cluster at the moment it shows up.
-    let client = cluster.client.clone();
-    let (written, mut writes) = tokio::sync::mpsc::unbounded_channel();
-    let observer = tokio::spawn(async move {
-        use futures::TryStreamExt;
-        use kube::runtime::WatchStreamExt;
-        let policies: Api<ClusterPolicy> = Api::all(client.clone());
-        let mut events =
-            std::pin::pin!(kube::runtime::watcher(policies, Default::default()).applied_objects());
-        let mut last = None;
-        while let Ok(Some(policy)) = events.try_next().await {
-            let Some(status) = policy.status else { continue };
-            let ready = status.conditions.iter().flatten().find(|c| c.type_ == "Ready");
-            let seen = (status.state, ready.map(|c| c.reason.clone()));
-            if last.as_ref() == Some(&seen) {
-                continue;
-            }
-            last = Some(seen.clone());
-            let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
-            let driver = daemonsets
-                .get_opt("nvidia-driver-daemonset")
-                .await
-                .ok()
-                .flatten()
-                .is_some();
-            let written_at = version(policy.metadata.resource_version.as_deref());
-            let operands = stack_ready_on(&client, &["l4-0", "l4-1"], written_at).await;
-            if written.send((seen, driver, operands)).is_err() {
-                return;
-            }
-        }
-    });
-
+    let observer = StatusObserver::start(&cluster.client, &["l4-0", "l4-1"]);
     let started = tokio::time::Instant::now();
     cluster.start_operator().await;
     cluster.apply(DEFAULT_POLICY).await;
     cluster.converged("cluster-policy").await;
 
-    // The observer judges each write after it shows up; wait for its verdict on the ready one.
-    let mut seen = Vec::new();
-    while !seen.iter().any(|((state, _), _, _)| *state == State::Ready) {
-        match tokio::time::timeout(PATIENCE, writes.recv()).await {
-            Ok(Some(write)) => seen.push(write),
-            _ => panic!("the observer never saw the ready status: {seen:#?}"),
-        }
-    }
-    observer.abort();
+    let seen = observer.until_ready().await;
     let first = seen.first().expect("the operator wrote a status");
     assert!(
         first.1,
         "the driver DaemonSet is applied in the first pass, before the first status: {seen:#?}"
     );
-    for ((state, reason), _, operands) in &seen {
-        assert_ne!(
-            reason.as_deref(),
-            Some("NoGPUNodes"),
-            "a GPU cluster reported GPU-less: {seen:#?}"
-        );
-        if *state == State::Ready {
-            assert!(
-                operands.is_ok(),
-                "ready written before the operands run ({operands:?}): {seen:#?}"
-            );
-        }
-    }
+    assert_honest(&seen);
 
     // The changes of state were published as events the API server accepted (kube-apiserver refuses a note
     // over 1024 bytes, which a long node list used to make).
@@ -1269,7 +1340,7 @@ async fn no_ready_is_ever_written_before_the_operands_run_even_when_node_events_
         .await;
 
     // The status is written at most once a second, changes of state included.
-    let status_writes = cluster.server.requests().matching(|key| {
+    let status_writes = cluster.server().requests().matching(|key| {
         key.resource == "clusterpolicies" && key.subresource == "status" && key.verb.is_write()
     });
     let since_start = started.elapsed();
@@ -1278,6 +1349,73 @@ async fn no_ready_is_ever_written_before_the_operands_run_even_when_node_events_
         "{status_writes} status writes in {since_start:?} ({} changes of state)",
         seen.len()
     );
+    cluster.stop().await;
+}
+
+/// How long the operator must send nothing once a cluster has converged, on either backend: longer than
+/// every window in which it may act by itself ([`gpuop_operator::STEADY_STATE_WINDOW`]).
+const REST: Duration = Duration::from_secs(30);
+
+gpuop_testkit::two_backends!(the_sample_policy_converges_on_fifty_nodes_honestly_and_then_rests);
+
+/// The sample policy on fifty GPU nodes and a CPU node, as a cluster admin sees it: it converges; no status
+/// says `ready` before every operand pod of every GPU node is Ready at that moment; every Event the operator
+/// posts is accepted; and once converged the operator sends no request at all for [`REST`].
+async fn the_sample_policy_converges_on_fifty_nodes_honestly_and_then_rests(backend: Backend) {
+    let mut cluster = Cluster::on(
+        backend,
+        vec![
+            pool("l4", 25, Some(GpuModel::L4)),
+            pool("t4", 25, Some(GpuModel::T4)),
+            pool("cpu", 1, None),
+        ],
+    )
+    .await;
+    let gpu_nodes: Vec<String> = (0..25)
+        .flat_map(|i| [format!("l4-{i}"), format!("t4-{i}")])
+        .collect();
+    let observer = StatusObserver::start(
+        &cluster.client,
+        &gpu_nodes.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    cluster.start_operator().await;
+    cluster.apply(DEFAULT_POLICY).await;
+    cluster.converged("cluster-policy").await;
+    assert_honest(&observer.until_ready().await);
+
+    let operator = gpuop_sim::product_token(gpuop_operator::USER_AGENT);
+    let events =
+        cluster.backend.requests().await.matching(|key| {
+            key.resource == "events" && key.verb.is_write() && key.client.starts_with(operator)
+        });
+    assert!(events > 0, "the operator posted no event");
+    let refused: Vec<_> = cluster
+        .backend
+        .requests()
+        .await
+        .iter()
+        .filter(|(key, _)| key.resource == "events" && key.code >= 400)
+        .map(|(key, n)| format!("{n} x {key:?}"))
+        .collect();
+    assert!(refused.is_empty(), "events refused: {refused:?}");
+    // Nobody but the operator wrote its objects: nothing drifted, so nothing was repaired (kube-apiserver
+    // records its owner references differently from how they were applied, which once read as drift).
+    let repairs: Vec<String> = Api::<k8s_openapi::api::events::v1::Event>::all(cluster.client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("events list")
+        .items
+        .into_iter()
+        .filter(|event| event.reason.as_deref() == Some(gpuop_operator::drift::REASON))
+        .filter_map(|event| event.note)
+        .collect();
+    assert!(
+        repairs.is_empty(),
+        "drift repaired where nobody changed anything: {repairs:#?}"
+    );
+
+    let (sent, which) = operator_requests_while(&cluster, async {}, REST).await;
+    assert_eq!(sent, 0, "requests in a steady window: {which}");
     cluster.stop().await;
 }
 
@@ -1428,11 +1566,11 @@ async fn uninstall_waits_for_the_operator_to_remove_everything_and_keeps_a_perso
         namespace: NAMESPACE.into(),
         timeout: PATIENCE * 2,
     };
-    let hook = cluster.server.client_as("uninstall-hook");
+    let hook = cluster.server().client_as("uninstall-hook");
     let report = uninstall::uninstall(&hook, &options)
         .await
         .expect("uninstall runs");
-    assert_only_requests_granted(&cluster.server, "uninstall-hook", &uninstall::permissions());
+    assert_only_requests_granted(cluster.server(), "uninstall-hook", &uninstall::permissions());
     assert_eq!(report.deleted, ["ClusterPolicy/cluster-policy"]);
     assert!(
         report.operator_finished,
@@ -1467,11 +1605,11 @@ async fn uninstall_removes_what_a_stopped_operator_left_and_lifts_its_upgrade_co
         namespace: NAMESPACE.into(),
         timeout: Duration::from_secs(20),
     };
-    let hook = cluster.server.client_as("uninstall-hook");
+    let hook = cluster.server().client_as("uninstall-hook");
     let report = uninstall::uninstall(&hook, &options)
         .await
         .expect("uninstall runs");
-    assert_only_requests_granted(&cluster.server, "uninstall-hook", &uninstall::permissions());
+    assert_only_requests_granted(cluster.server(), "uninstall-hook", &uninstall::permissions());
     assert!(!report.operator_finished);
     assert!(
         report

@@ -1,0 +1,94 @@
+//! Where a test body runs: the fake API server, or a real control plane. The body takes a [`Backend`] and
+//! asks it for clients and request counts; [`two_backends!`](crate::two_backends) makes a test of each from
+//! it, so a case added later runs on both by default.
+
+use gpuop_fakeserver::{FakeServer, RequestCounts};
+
+use crate::audit;
+use crate::control_plane::ControlPlane;
+
+/// The API server a test runs against.
+#[derive(Debug)]
+pub enum Backend {
+    /// The in-memory fake server: no controllers, no scheduler; the simulator plays them.
+    Fake(FakeServer),
+    /// kube-apiserver with its controller manager and scheduler; the simulator plays only the nodes.
+    Real(ControlPlane),
+}
+
+impl Backend {
+    /// A fresh fake server.
+    pub fn fake() -> Self {
+        Backend::Fake(FakeServer::new())
+    }
+
+    /// A fresh real control plane from the binaries [`crate::BINARIES_VAR`] names. Panics, with the reason,
+    /// when there are none or they do not start: a test that asked for a real control plane and ran
+    /// without one would prove nothing.
+    pub async fn real() -> Self {
+        match ControlPlane::from_env().await {
+            Ok(plane) => Backend::Real(plane),
+            Err(error) => panic!("cannot start a real control plane: {error}"),
+        }
+    }
+
+    /// Whether this is a real control plane.
+    pub fn is_real(&self) -> bool {
+        matches!(self, Backend::Real(_))
+    }
+
+    /// A client acting as the cluster's admin, its requests sent with `User-Agent: <agent>` so that they are
+    /// counted as `agent`'s.
+    pub async fn client_as(&self, agent: &str) -> kube::Client {
+        match self {
+            Backend::Fake(server) => server.client_as(agent),
+            Backend::Real(plane) => plane
+                .client_with(plane.admin_token(), Some(agent))
+                .await
+                .unwrap_or_else(|error| panic!("a client for {agent}: {error}")),
+        }
+    }
+
+    /// Every request answered so far, counted by verb, resource, code and client (user agent).
+    /// Server-side apply counts as `Apply` on the fake server and as `Patch` on a real one (its audit log
+    /// does not tell them apart); compare writes, not those two verbs, across backends.
+    pub async fn requests(&self) -> RequestCounts {
+        match self {
+            Backend::Fake(server) => server.requests(),
+            Backend::Real(plane) => {
+                let admin = plane
+                    .admin()
+                    .await
+                    .unwrap_or_else(|error| panic!("the admin's client: {error}"));
+                let events = plane
+                    .audit()
+                    .settled(&admin)
+                    .await
+                    .unwrap_or_else(|error| panic!("reading the audit log: {error}"));
+                audit::counts(&events)
+            }
+        }
+    }
+}
+
+/// Makes two tests of one async test body `fn NAME(backend: Backend)`: `NAME::fake_server`, and
+/// `NAME::real_control_plane`, which is ignored unless asked for (`cargo test -- --ignored
+/// real_control_plane`, with [`crate::BINARIES_VAR`] set). Both run on a multi-threaded runtime with two
+/// workers, as the operator and the simulator share it.
+#[macro_export]
+macro_rules! two_backends {
+    ($body:ident) => {
+        mod $body {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn fake_server() {
+                super::$body($crate::Backend::fake()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = "on a real control plane: set KUBE_BINARIES and run `cargo test -- --ignored real_control_plane`"]
+            async fn real_control_plane() {
+                super::$body($crate::Backend::real().await).await;
+            }
+        }
+    };
+}

@@ -1,0 +1,28 @@
+//! What the project's tests share, so that one test body runs on the fake API server and on a real
+//! Kubernetes control plane alike:
+//!
+//! - [`control_plane`]: etcd, kube-apiserver, kube-controller-manager and kube-scheduler started from a
+//!   directory of upstream binaries (named by [`control_plane::BINARIES_VAR`]) on free loopback ports, with
+//!   RBAC, token authentication, service-account token signing and an audit log; stopped when dropped, also
+//!   when a test panics;
+//! - [`audit`]: that audit log read back as requests, to count a client's requests the way the API server
+//!   saw them;
+//! - [`backend`]: the fake server or the real control plane behind one type, and [`two_backends!`], which
+//!   makes one test of each from a single body.
+//!
+//! Tests on the real control plane are a named suite: their names end in `real_control_plane`, they are
+//! `#[ignore]`d so that `cargo test` passes on a machine without the binaries, and they run with
+//! `cargo test --workspace -- --ignored real_control_plane` where the binaries are (see the README).
+
+pub mod audit;
+pub mod backend;
+pub mod control_plane;
+mod error;
+
+pub use audit::{AuditEvent, AuditLog};
+pub use backend::Backend;
+pub use control_plane::{Binaries, ControlPlane};
+pub use error::Error;
+
+/// The environment variable naming the directory of a control plane's binaries.
+pub const BINARIES_VAR: &str = "KUBE_BINARIES";
