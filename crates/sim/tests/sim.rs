@@ -17,10 +17,13 @@
 //! - `scale`: in a converged 2,000-node cluster the operator's work follows what changed, not the cluster's
 //!   size, and unrelated node churn wakes nothing;
 //! - `chaos`: `gpu-sim chaos` on a few short seeds, two operator replicas under injected faults;
+//! - `citizen`: the simulator on a real control plane, judged by its controllers (nodes stay Ready);
 //! - `docs`: every console example in `README.md` and `docs/` run as written, its shown output checked.
 
 #[path = "sim/chaos.rs"]
 mod chaos;
+#[path = "sim/citizen.rs"]
+mod citizen;
 #[path = "sim/cluster.rs"]
 mod cluster;
 #[path = "sim/docs.rs"]
