@@ -18,6 +18,7 @@ use std::fmt::Write as _;
 use std::io::Read as _;
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -226,10 +227,14 @@ fn log_tail(log: &Path) -> String {
     }
 }
 
-/// A running control plane. Dropping it kills every process it started and removes its directory.
+/// A running control plane. Dropping it kills every process it started and removes its directory, unless
+/// the thread is panicking (a failed test): then the directory is kept and its path printed.
 #[derive(Debug)]
 pub struct ControlPlane {
     processes: Vec<Process>,
+    /// Leads the process group every component joins, and kills that group once the test process is gone,
+    /// so that a test killed outright (a timeout's SIGKILL, which runs no `Drop`) leaves nothing running.
+    watchdog: Child,
     url: String,
     ca_pem: String,
     admin_token: String,
@@ -265,8 +270,21 @@ impl ControlPlane {
         let files = write_files(&root)?;
         let [etcd_port, peer_port, api_port, kcm_port, scheduler_port] = free_ports()?;
         let url = format!("https://127.0.0.1:{api_port}");
+        let watchdog = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "while kill -0 {} 2>/dev/null; do sleep 1; done; kill -KILL 0",
+                std::process::id()
+            ))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .map_err(io("starting the control plane's watchdog (sh)"))?;
         let mut plane = Self {
             processes: Vec::new(),
+            watchdog,
             url,
             ca_pem: files.ca_pem,
             admin_token: files.admin_token,
@@ -420,6 +438,7 @@ impl ControlPlane {
         let child = Command::new(&binary)
             .args(&full)
             .current_dir(self.dir.path())
+            .process_group(self.watchdog.id().try_into().unwrap_or(0))
             .stdin(Stdio::null())
             .stdout(file)
             .stderr(stderr)
@@ -561,6 +580,16 @@ impl Drop for ControlPlane {
         for process in self.processes.iter_mut().rev() {
             let _ = process.child.kill();
             let _ = process.child.wait();
+        }
+        let _ = self.watchdog.kill();
+        let _ = self.watchdog.wait();
+        // A failed test keeps the logs, the audit log and the certificates for whoever reads why.
+        if std::thread::panicking() {
+            self.dir.disable_cleanup(true);
+            eprintln!(
+                "the control plane's files (logs/, audit.log, pki/) are kept in {}",
+                self.dir.path().display()
+            );
         }
     }
 }
