@@ -1,5 +1,5 @@
 //! How stored objects go on the wire: as stored, converted to the version the client asked for, or
-//! projected to `PartialObjectMetadata` when the client's `Accept` asks for it. List bodies and watch
+//! projected to `PartialObjectMetadata` or printed as a `Table` when the client's `Accept` asks for it. List bodies and watch
 //! events are assembled from the stored bytes, so a LIST of 50,000 pods serialises nothing.
 
 use std::sync::Arc;
@@ -7,32 +7,106 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
+use crate::clock::Clock;
 use crate::error::ApiError;
 use crate::object::Stored;
 use crate::registry::ResourceInfo;
+use crate::table::{self, IncludeObject, TableOptions};
 
 /// What form objects are sent in.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub(crate) enum Projection {
     /// The whole object.
     #[default]
     Full,
     /// `meta.k8s.io/v1` `PartialObjectMetadata`: only `metadata`.
     Metadata,
+    /// `meta.k8s.io` `Table` (of this version): what `kubectl get` prints.
+    Table(&'static str, TableOptions),
 }
 
 impl Projection {
-    /// The projection an `Accept` header asks for.
-    pub(crate) fn from_accept(accept: Option<&str>) -> Self {
-        match accept {
-            Some(accept) if accept.contains("as=PartialObjectMetadata") => Self::Metadata,
-            _ => Self::Full,
+    /// The form the `Accept` header asks for: its media ranges in order, the first this server can give
+    /// (a `Table` or `PartialObjectMetadata` of `meta.k8s.io` `v1` or `v1beta1`, plain JSON or YAML);
+    /// 406 when it can give none. `includeObject` says what a Table's rows carry.
+    pub(crate) fn from_request(
+        accept: Option<&str>,
+        include_object: Option<&str>,
+        clock: &Arc<dyn Clock>,
+    ) -> Result<Self, ApiError> {
+        let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else {
+            return Ok(Self::Full);
+        };
+        for range in accept.split(',') {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or_default();
+            let params: Vec<(&str, &str)> = parts.filter_map(|p| p.split_once('=')).collect();
+            let param = |name: &str| params.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
+            let structured = matches!(
+                media,
+                "application/json" | "application/yaml" | "*/*" | "application/*"
+            );
+            if !structured {
+                continue;
+            }
+            let version = match param("v") {
+                Some("v1") => "v1",
+                Some("v1beta1") => "v1beta1",
+                _ => "",
+            };
+            match param("as") {
+                None => return Ok(Self::Full),
+                Some("Table") if param("g") == Some("meta.k8s.io") && !version.is_empty() => {
+                    let include = IncludeObject::parse(include_object).map_err(|message| {
+                        ApiError::BadRequest(format!("Unable to convert to Table as requested: {message}"))
+                    })?;
+                    return Ok(Self::Table(
+                        version,
+                        TableOptions {
+                            include,
+                            clock: clock.clone(),
+                        },
+                    ));
+                }
+                Some("PartialObjectMetadata" | "PartialObjectMetadataList")
+                    if param("g") == Some("meta.k8s.io") && !version.is_empty() =>
+                {
+                    return Ok(Self::Metadata);
+                }
+                Some(_) => {}
+            }
         }
+        Err(ApiError::NotAcceptable)
+    }
+
+    /// Whether objects go as stored.
+    pub(crate) fn is_full(&self) -> bool {
+        matches!(self, Self::Full)
     }
 }
 
+fn table_bytes(table: &Value) -> Bytes {
+    Bytes::from(serde_json::to_vec(table).unwrap_or_default())
+}
+
+/// A Table's `apiVersion`, of the version asked for.
+fn table_version(table: &mut Value, version: &str) {
+    table["apiVersion"] = Value::from(format!("meta.k8s.io/{version}"));
+}
+
 /// One object as the client wants it.
-pub(crate) fn object(info: &ResourceInfo, stored: &Stored, projection: Projection) -> Bytes {
+pub(crate) fn object(info: &ResourceInfo, stored: &Stored, projection: &Projection) -> Bytes {
+    object_in_stream(info, stored, projection, true)
+}
+
+/// One object as [`object`] gives it; a Table without its column definitions unless `with_columns`
+/// (a watch sends them with its first event only).
+pub(crate) fn object_in_stream(
+    info: &ResourceInfo,
+    stored: &Stored,
+    projection: &Projection,
+    with_columns: bool,
+) -> Bytes {
     match projection {
         Projection::Full if stored.meta.api_version == info.api_version() => stored.json.clone(),
         Projection::Full => {
@@ -50,6 +124,12 @@ pub(crate) fn object(info: &ResourceInfo, stored: &Stored, projection: Projectio
             });
             Bytes::from(serde_json::to_vec(&partial).unwrap_or_default())
         }
+        Projection::Table(version, options) => {
+            let metadata = json!({"resourceVersion": stored.meta.resource_version.to_string()});
+            let mut table = table::table(info, &[stored.value()], metadata, options, with_columns);
+            table_version(&mut table, version);
+            table_bytes(&table)
+        }
     }
 }
 
@@ -60,15 +140,8 @@ pub(crate) fn list(
     resource_version: u64,
     continue_token: Option<&str>,
     remaining: Option<usize>,
-    projection: Projection,
+    projection: &Projection,
 ) -> Bytes {
-    let (api_version, kind) = match projection {
-        Projection::Full => (info.api_version(), info.list_kind.clone()),
-        Projection::Metadata => (
-            "meta.k8s.io/v1".to_owned(),
-            "PartialObjectMetadataList".to_owned(),
-        ),
-    };
     let mut metadata = json!({"resourceVersion": resource_version.to_string()});
     if let Some(token) = continue_token {
         metadata["continue"] = Value::from(token);
@@ -76,6 +149,19 @@ pub(crate) fn list(
     if let Some(remaining) = remaining {
         metadata["remainingItemCount"] = Value::from(remaining);
     }
+    let (api_version, kind) = match projection {
+        Projection::Full => (info.api_version(), info.list_kind.clone()),
+        Projection::Metadata => (
+            "meta.k8s.io/v1".to_owned(),
+            "PartialObjectMetadataList".to_owned(),
+        ),
+        Projection::Table(version, options) => {
+            let objects: Vec<Value> = items.iter().map(|item| item.value()).collect();
+            let mut table = table::table(info, &objects, metadata, options, true);
+            table_version(&mut table, version);
+            return table_bytes(&table);
+        }
+    };
     let head = format!(
         "{{\"apiVersion\":{},\"kind\":{},\"metadata\":{},\"items\":[",
         Value::from(api_version),
@@ -100,16 +186,30 @@ pub(crate) fn bookmark(
     info: &ResourceInfo,
     resource_version: u64,
     initial_end: bool,
-    projection: Projection,
+    projection: &Projection,
+    with_columns: bool,
 ) -> Bytes {
-    let (api_version, kind) = match projection {
-        Projection::Full => (info.api_version(), info.kind.clone()),
-        Projection::Metadata => ("meta.k8s.io/v1".to_owned(), "PartialObjectMetadata".to_owned()),
-    };
     let mut metadata = json!({"resourceVersion": resource_version.to_string(), "creationTimestamp": null});
     if initial_end {
         metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
     }
+    let (api_version, kind) = match projection {
+        Projection::Full => (info.api_version(), info.kind.clone()),
+        Projection::Metadata => ("meta.k8s.io/v1".to_owned(), "PartialObjectMetadata".to_owned()),
+        // As kube-apiserver sends it: a Table of one row printed from the bookmark's empty object.
+        Projection::Table(version, options) => {
+            let object = json!({"metadata": metadata});
+            let mut table = table::table(
+                info,
+                &[object],
+                json!({"resourceVersion": resource_version.to_string()}),
+                options,
+                with_columns,
+            );
+            table_version(&mut table, version);
+            return crate::store::event_line("BOOKMARK", &serde_json::to_vec(&table).unwrap_or_default());
+        }
+    };
     let object = json!({"kind": kind, "apiVersion": api_version, "metadata": metadata});
     crate::store::event_line("BOOKMARK", &serde_json::to_vec(&object).unwrap_or_default())
 }

@@ -448,8 +448,17 @@ impl ResourceRequest<'_> {
         self.target.name.as_deref().unwrap_or_default()
     }
 
+    /// The form the client asked for; [`serve_resource`] has refused what cannot be given.
     fn projection(&self) -> Projection {
-        Projection::from_accept(header(self.headers, ACCEPT))
+        self.asked_projection().unwrap_or_default()
+    }
+
+    fn asked_projection(&self) -> Result<Projection, ApiError> {
+        Projection::from_request(
+            header(self.headers, ACCEPT),
+            self.params.get("includeObject"),
+            self.shared.store.clock(),
+        )
     }
 
     /// The `fieldManager`, else (except for apply, which must name one) the user agent's product.
@@ -697,7 +706,7 @@ impl ResourceRequest<'_> {
         stored: &crate::object::Stored,
         warnings: &[String],
     ) -> Response {
-        let body = encode::object(self.info(), stored, self.projection());
+        let body = encode::object(self.info(), stored, &self.projection());
         bytes_response(code, body, warnings)
     }
 }
@@ -731,27 +740,12 @@ fn check_body_type(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-fn check_accept(headers: &HeaderMap) -> Result<(), ApiError> {
-    match header(headers, ACCEPT) {
-        None => Ok(()),
-        Some(accept)
-            if accept.contains("json")
-                || accept.contains("yaml")
-                || accept.contains("*/*")
-                || accept.is_empty() =>
-        {
-            Ok(())
-        }
-        Some(_) => Err(ApiError::NotAcceptable),
-    }
-}
-
 async fn serve_resource(
     request: ResourceRequest<'_>,
     method: &Method,
     body: Body,
 ) -> Result<Response, ApiError> {
-    check_accept(request.headers)?;
+    request.asked_projection()?;
     let target = &request.target;
     let subresource = target.subresource.as_deref();
     let info = request.info().clone();
@@ -908,7 +902,7 @@ async fn serve_resource(
                     .store
                     .delete_collection(&info, target.namespace.as_deref(), &query, &opts)?;
             let rv = request.shared.store.resource_version();
-            let body = encode::list(&info, &deleted, rv, None, None, request.projection());
+            let body = encode::list(&info, &deleted, rv, None, None, &request.projection());
             Ok(bytes_response(StatusCode::OK, body, &[]))
         }
         (_, _, Some(sub)) if !matches!(sub, "status" | "eviction" | "binding" | "finalize" | "token") => {
@@ -1044,7 +1038,7 @@ fn list(request: &ResourceRequest<'_>) -> Result<Response, ApiError> {
         result.resource_version,
         result.continue_token.as_deref(),
         result.remaining,
-        request.projection(),
+        &request.projection(),
     );
     Ok(bytes_response(StatusCode::OK, body, &[]))
 }

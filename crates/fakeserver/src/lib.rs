@@ -63,6 +63,7 @@ mod shape;
 mod ssa;
 mod store;
 mod strategic;
+mod table;
 mod typed;
 mod validation;
 mod watch;
@@ -399,7 +400,7 @@ impl FakeServer {
             .store
             .get(&info, namespace, name)
             .ok()
-            .map(|stored| encode::object(&info, &stored, encode::Projection::Full))
+            .map(|stored| encode::object(&info, &stored, &encode::Projection::Full))
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
     }
 

@@ -316,9 +316,16 @@ pub(crate) struct State {
 pub(crate) struct Store {
     state: Mutex<State>,
     committed: Arc<AtomicU64>,
+    /// The state's clock, readable without its lock (ages in `Table` output).
+    clock: Arc<dyn Clock>,
 }
 
 impl Store {
+    /// The clock objects are stamped with.
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
     /// A store holding what every cluster has: the system namespaces (with their `default` service
     /// accounts) and the system priority classes.
     pub(crate) fn new(options: StoreOptions, clock: Arc<dyn Clock>) -> Self {
@@ -333,13 +340,14 @@ impl Store {
             snapshots: VecDeque::new(),
             next_snapshot: 0,
             next_ip: 10,
-            clock,
+            clock: clock.clone(),
             options,
             rbac: None,
         };
         let store = Self {
             state: Mutex::new(state),
             committed: Arc::new(AtomicU64::new(0)),
+            clock,
         };
         let opts = WriteOptions {
             manager: "kube-apiserver".into(),

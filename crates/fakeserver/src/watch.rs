@@ -110,7 +110,7 @@ impl Watcher {
     fn object_line(&self, kind: &str, stored: &Stored) -> Bytes {
         crate::store::event_line(
             kind,
-            &encode::object(&self.spec.info, stored, self.spec.projection),
+            &encode::object_in_stream(&self.spec.info, stored, &self.spec.projection, self.sent == 0),
         )
     }
 
@@ -118,8 +118,8 @@ impl Watcher {
     fn change_line(&self, change: &Change) -> Option<Bytes> {
         let now = change.kind != ChangeKind::Deleted && self.passes(&change.object);
         let before = change.previous.as_ref().is_some_and(|p| self.passes(p));
-        let plain = self.spec.projection == Projection::Full
-            && change.object.meta.api_version == self.spec.info.api_version();
+        let plain =
+            self.spec.projection.is_full() && change.object.meta.api_version == self.spec.info.api_version();
         match (now, before) {
             (false, false) => None,
             (true, _) => {
@@ -214,7 +214,13 @@ impl Watcher {
             None => committed,
         };
         self.last = self.last.max(claim);
-        encode::bookmark(&self.spec.info, self.last, false, self.spec.projection)
+        encode::bookmark(
+            &self.spec.info,
+            self.last,
+            false,
+            &self.spec.projection,
+            self.sent == 0,
+        )
     }
 
     async fn next_line(&mut self) -> Option<Bytes> {
@@ -243,7 +249,13 @@ impl Watcher {
                 return self.count(line);
             }
             if let Some(at) = self.start.initial_end.take() {
-                return Some(encode::bookmark(&self.spec.info, at, true, self.spec.projection));
+                return Some(encode::bookmark(
+                    &self.spec.info,
+                    at,
+                    true,
+                    &self.spec.projection,
+                    self.sent == 0,
+                ));
             }
             let waiting = match self.due() {
                 Ok(Some(change)) => {

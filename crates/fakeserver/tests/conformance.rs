@@ -19,5 +19,6 @@ mod conformance {
     mod rbac;
     mod robustness;
     mod status;
+    mod table;
     mod watch;
 }
