@@ -124,6 +124,11 @@ pub const VALIDATIONS_DIR: &str = "/run/nvidia/validations";
 
 /// Whether the node's GPUs support MIG, as NVIDIA's operator decides it: never on vGPU hosts; feature
 /// discovery's `nvidia.com/mig.capable` when present; else the product is an A100, A30 or H100.
+///
+/// While feature discovery's labels are away (it removes them as the driver restarts, in every driver
+/// upgrade) the earlier verdict stands: a node whose MIG manager is switched on keeps it, rather than
+/// having it removed and put back a second later with every MIG manager pod deleted and recreated. Only
+/// feature discovery saying `mig.capable=false` (or a product that is not MIG-capable) takes it away.
 pub fn is_mig_capable(labels: &(impl crate::read::Labels + ?Sized)) -> bool {
     if labels
         .get_label(VGPU_HOST_DRIVER_VERSION)
@@ -134,12 +139,13 @@ pub fn is_mig_capable(labels: &(impl crate::read::Labels + ?Sized)) -> bool {
     if let Some(capable) = labels.get_label(MIG_CAPABLE) {
         return capable == "true";
     }
-    labels.get_label(GPU_PRODUCT).is_some_and(|product| {
+    if let Some(product) = labels.get_label(GPU_PRODUCT) {
         let product = product.to_lowercase();
-        ["h100", "a100", "a30"]
+        return ["h100", "a100", "a30"]
             .iter()
-            .any(|model| product.contains(model))
-    })
+            .any(|model| product.contains(model));
+    }
+    labels.get_label(crate::Operand::MigManager.info().deploy_label) == Some("true")
 }
 
 /// Whether a node's labels show an NVIDIA GPU, as NFD reports it.
@@ -282,6 +288,36 @@ mod tests {
         assert!(!has_nfd_gpu(
             [("feature.node.kubernetes.io/pci-1002.present", "true")].into_iter()
         ));
+    }
+
+    #[test]
+    fn mig_capability_follows_feature_discovery_and_stands_while_its_labels_are_away() {
+        use std::collections::BTreeMap;
+        let node = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let switch = crate::Operand::MigManager.info().deploy_label;
+        assert!(is_mig_capable(&node(&[(MIG_CAPABLE, "true")])));
+        assert!(!is_mig_capable(&node(&[
+            (MIG_CAPABLE, "false"),
+            (switch, "true")
+        ])));
+        assert!(is_mig_capable(&node(&[(GPU_PRODUCT, "NVIDIA-H100-80GB-HBM3")])));
+        assert!(!is_mig_capable(&node(&[
+            (GPU_PRODUCT, "Tesla-T4"),
+            (switch, "true")
+        ])));
+        // The driver restarts and feature discovery's labels go: the switch the operator set stands.
+        assert!(is_mig_capable(&node(&[(switch, "true")])));
+        assert!(!is_mig_capable(&node(&[(switch, "false")])));
+        assert!(!is_mig_capable(&node(&[])));
+        assert!(!is_mig_capable(&node(&[
+            (VGPU_HOST_DRIVER_VERSION, "550.90"),
+            (switch, "true")
+        ])));
     }
 
     #[test]

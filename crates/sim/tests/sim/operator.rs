@@ -74,6 +74,20 @@ pub(crate) fn pool(name: &str, count: u32, model: Option<GpuModel>) -> NodePool 
     pool
 }
 
+/// What the simulator plays on `backend`: the whole cluster on the fake server; only the nodes on a real
+/// control plane (its controllers and scheduler do the rest), renewing their Leases as kubelets do so that
+/// its node lifecycle controller keeps them Ready.
+pub(crate) fn playing(backend: &Backend) -> (Timing, Plays) {
+    if backend.is_real() {
+        (
+            Timing::instant().with_heartbeats(Heartbeats::kubelet()),
+            Plays::NodesOnly,
+        )
+    } else {
+        (Timing::instant(), Plays::Cluster)
+    }
+}
+
 /// An API server (the fake one, or a real control plane), a simulated cluster on it, and the operator.
 pub(crate) struct Cluster {
     pub(crate) backend: Backend,
@@ -97,9 +111,7 @@ impl Cluster {
         Self::on(Backend::Fake(server), pools).await
     }
 
-    /// The simulated cluster on `backend`, without the operator. On the fake server the simulator plays the
-    /// whole cluster; on a real control plane only the nodes (its controllers and scheduler do the rest),
-    /// renewing their Leases as kubelets do so that its node lifecycle controller keeps them Ready.
+    /// The simulated cluster on `backend`, without the operator (see [`playing`]).
     pub(crate) async fn on(backend: Backend, pools: Vec<NodePool>) -> Self {
         let client = backend.client_as(gpuop_sim::USER_AGENT).await;
         install(&client).await.expect("CRDs and namespace install");
@@ -108,14 +120,7 @@ impl Cluster {
             node_pools: pools,
             workloads: Vec::new(),
         };
-        let (timing, plays) = if backend.is_real() {
-            (
-                Timing::instant().with_heartbeats(Heartbeats::kubelet()),
-                Plays::NodesOnly,
-            )
-        } else {
-            (Timing::instant(), Plays::Cluster)
-        };
+        let (timing, plays) = playing(&backend);
         let simulation = Simulation::start_playing(client.clone(), spec, timing, plays)
             .await
             .expect("simulation starts");

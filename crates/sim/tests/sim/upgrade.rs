@@ -10,17 +10,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use gpuop_api::labels::{UPGRADE_FAILURE, UPGRADE_STATE};
+use gpuop_api::labels::{MIG_CONFIG, UPGRADE_FAILURE, UPGRADE_STATE};
 use gpuop_api::upgrade::UpgradeState;
-use gpuop_api::{ClusterPolicy, NVIDIADriver};
-use gpuop_fakeserver::FakeServer;
+use gpuop_api::{ClusterPolicy, NVIDIADriver, Operand};
 use gpuop_operator::run::{self, Config, Running};
 use gpuop_sim::cluster_spec::{ClusterSpec, GpuSpec, NodePool};
 use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install};
 use gpuop_sim::hardware::GpuModel;
-use gpuop_sim::kubelet::Timing;
 use gpuop_sim::scenario::{Action, DriverInstallFault};
 use gpuop_sim::simulation::Simulation;
+use gpuop_testkit::Backend;
+
+use crate::operator::playing;
 use gpuop_sim::workload::{WORKLOAD_LABEL, Workload};
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -56,6 +57,9 @@ struct Seen {
     max_in_progress: BTreeMap<String, usize>,
     /// Per node, every state it entered, in order.
     states: BTreeMap<String, Vec<String>>,
+    /// Per node and MIG label (the MIG manager's switch, `nvidia.com/mig.config`), every value it took
+    /// (`None`: no label), in order.
+    mig_labels: BTreeMap<(String, &'static str), Vec<Option<String>>>,
 }
 
 impl Seen {
@@ -65,6 +69,13 @@ impl Seen {
         let history = self.states.entry(name.clone()).or_default();
         if history.last() != Some(&state) {
             history.push(state);
+        }
+        for key in [Operand::MigManager.info().deploy_label, MIG_CONFIG] {
+            let value = node.labels().get(key).cloned();
+            let values = self.mig_labels.entry((name.clone(), key)).or_default();
+            if values.last() != Some(&value) {
+                values.push(value);
+            }
         }
         self.nodes.insert(name, node);
         let mut unavailable: BTreeMap<String, usize> = BTreeMap::new();
@@ -105,9 +116,9 @@ fn node_ready(node: &Node) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// A fake API server, a simulated cluster with workloads, the operator, and a watch on every node.
+/// An API server, a simulated cluster with workloads, the operator, and a watch on every node.
 struct Upgrade {
-    server: FakeServer,
+    backend: Backend,
     client: Client,
     simulation: Simulation,
     operator: Option<Running>,
@@ -117,10 +128,14 @@ struct Upgrade {
 
 impl Upgrade {
     async fn start(spec: ClusterSpec) -> Self {
-        let server = FakeServer::new();
-        let client = server.client_as(gpuop_sim::USER_AGENT);
+        Self::on(Backend::fake(), spec).await
+    }
+
+    async fn on(backend: Backend, spec: ClusterSpec) -> Self {
+        let client = backend.client_as(gpuop_sim::USER_AGENT).await;
         install(&client).await.expect("CRDs and namespace install");
-        let simulation = Simulation::start(client.clone(), spec, Timing::instant())
+        let (timing, plays) = playing(&backend);
+        let simulation = Simulation::start_playing(client.clone(), spec, timing, plays)
             .await
             .expect("simulation starts");
         let seen = Arc::new(Mutex::new(Seen::default()));
@@ -137,7 +152,7 @@ impl Upgrade {
             })
         };
         let mut upgrade = Self {
-            server,
+            backend,
             client,
             simulation,
             operator: None,
@@ -151,7 +166,7 @@ impl Upgrade {
     async fn start_operator(&mut self) {
         self.operator = Some(
             run::start(
-                self.server.client_as(gpuop_operator::USER_AGENT),
+                self.backend.client_as(gpuop_operator::USER_AGENT).await,
                 Config::in_process(NAMESPACE),
             )
             .await
@@ -218,12 +233,19 @@ impl Upgrade {
 
     /// Waits until every named node runs `version`, labelled `upgrade-done`, uncordoned.
     async fn all_on(&self, nodes: &[String], version: &str) {
+        self.all_on_with_cordons(nodes, version, &[]).await;
+    }
+
+    /// As [`Upgrade::all_on`], the nodes of `cordoned` cordoned (a person's cordon, kept).
+    async fn all_on_with_cordons(&self, nodes: &[String], version: &str, cordoned: &[&str]) {
         let nodes = nodes.to_vec();
+        let kept: BTreeSet<String> = cordoned.iter().map(|n| (*n).to_owned()).collect();
         self.until(&format!("every node upgraded to {version}"), || {
             let client = self.client.clone();
             let drivers = self.drivers(&nodes);
             let nodes = nodes.clone();
             let version = version.to_owned();
+            let kept = kept.clone();
             async move {
                 let api: Api<Node> = Api::all(client);
                 let mut lagging = Vec::new();
@@ -232,7 +254,10 @@ impl Upgrade {
                     let state = node.labels().get(UPGRADE_STATE).cloned().unwrap_or_default();
                     let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
                     let driver = drivers.get(name).cloned().flatten();
-                    if state != "upgrade-done" || cordoned || driver.as_deref() != Some(version.as_str()) {
+                    if state != "upgrade-done"
+                        || cordoned != kept.contains(name)
+                        || driver.as_deref() != Some(version.as_str())
+                    {
                         lagging.push(format!("{name}: {state:?} cordoned={cordoned} driver={driver:?}"));
                     }
                 }
@@ -283,6 +308,20 @@ impl Upgrade {
             .items
             .into_iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|p| p.name_any())
+            .collect()
+    }
+
+    /// Names of the running pods of an operand, in the operator's namespace.
+    async fn operand_pods(&self, operand: Operand) -> BTreeSet<String> {
+        Api::<Pod>::namespaced(self.client.clone(), NAMESPACE)
+            .list(&ListParams::default())
+            .await
+            .expect("pods list")
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| gpuop_sim::kubelet::operand_of(p) == Some(operand))
             .map(|p| p.name_any())
             .collect()
     }
@@ -362,6 +401,99 @@ async fn fifty_nodes_upgrade_within_the_budget_and_their_workloads_move() {
         "every GPU pod was evicted from its node and replaced: {:?}",
         before.intersection(&after).collect::<Vec<_>>()
     );
+    upgrade.stop().await;
+}
+
+gpuop_testkit::two_backends!(
+    sixteen_nodes_upgrade_within_the_budget_through_evictions_keeping_a_persons_cordon
+);
+
+/// A driver upgrade of sixteen MIG-capable nodes running GPU workloads behind a PodDisruptionBudget, as a
+/// cluster admin watches it: at no observed moment more nodes unavailable than the budget (a person's cordon
+/// counts) or more upgrading than the parallelism; the workloads' pods leave through evictions the budget
+/// allows; the node a person cordoned is upgraded and stays cordoned; and no node's MIG manager switch or
+/// MIG configuration goes and comes back while its driver restarts (feature discovery's labels vanish
+/// meanwhile; the driver manager restarts the MIG manager pod once, a label that went would delete it again).
+async fn sixteen_nodes_upgrade_within_the_budget_through_evictions_keeping_a_persons_cordon(
+    backend: Backend,
+) {
+    let spec = ClusterSpec {
+        nfd: true,
+        node_pools: vec![pool("gpu", 16, GpuModel::H100_80GB)],
+        workloads: vec![
+            Workload::gpu("train", 12)
+                .in_namespace(ML)
+                .with_max_unavailable(IntOrString::String("25%".into())),
+        ],
+    };
+    let upgrade = Upgrade::on(backend, spec).await;
+    upgrade
+        .apply_policy(json!({ "autoUpgrade": true, "maxParallelUpgrades": 2, "maxUnavailable": "25%" }))
+        .await;
+    let nodes = names("gpu", 16);
+    converged_on(&upgrade, &nodes, OLD).await;
+    // The MIG manager follows feature discovery's `mig.capable`, after the rest of the stack.
+    upgrade
+        .until("a MIG manager on every node", || async {
+            let pods = upgrade.operand_pods(Operand::MigManager).await;
+            if pods.len() == 16 {
+                Ok(())
+            } else {
+                Err(format!("{pods:?}"))
+            }
+        })
+        .await;
+    let person = "gpu-7";
+    Api::<Node>::all(upgrade.client.clone())
+        .patch(
+            person,
+            &PatchParams::apply("kubectl-cordon").force(),
+            &Patch::Apply(&json!({"apiVersion": "v1", "kind": "Node", "spec": {"unschedulable": true}})),
+        )
+        .await
+        .expect("a person cordons a node");
+    let before = upgrade.backend.requests().await;
+
+    upgrade
+        .patch_policy(json!({ "driver": { "version": NEW } }))
+        .await;
+    upgrade.all_on_with_cordons(&nodes, NEW, &[person]).await;
+    upgrade.workloads_ready().await;
+
+    let requests = upgrade.backend.requests().await.since(&before);
+    let operator = gpuop_sim::product_token(gpuop_operator::USER_AGENT);
+    let evictions = requests.matching(|key| {
+        key.resource == "pods" && key.subresource == "eviction" && key.client.starts_with(operator)
+    });
+    assert!(evictions >= 12, "{evictions} evictions for 12 GPU pods");
+    {
+        let seen = lock(&upgrade.seen);
+        let unavailable = seen.max_unavailable.get("gpu").copied().unwrap_or(0);
+        assert!(
+            unavailable <= 4,
+            "25% of 16 is 4; {unavailable} nodes were unavailable at once"
+        );
+        let in_progress = seen.max_in_progress.get("gpu").copied().unwrap_or(0);
+        assert!(
+            in_progress <= 2,
+            "maxParallelUpgrades 2; {in_progress} upgraded at once"
+        );
+        for node in &nodes {
+            assert_eq!(
+                seen.entered(node, UpgradeState::CordonRequired),
+                1,
+                "{node} upgraded once: {:?}",
+                seen.states[node]
+            );
+            for ((_, key), values) in seen.mig_labels.range((node.clone(), "")..).take(2) {
+                let first = values.iter().position(Option::is_some);
+                assert!(
+                    first.is_some_and(|at| values.iter().skip(at).all(|v| *v == values[at])),
+                    "{node}'s {key} went and came back: {values:?}"
+                );
+            }
+        }
+    }
     upgrade.stop().await;
 }
 
