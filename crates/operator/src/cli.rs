@@ -113,6 +113,9 @@ pub struct UninstallArgs {
     /// Seconds everything may take; the operator has the first half to clean up after itself.
     #[arg(long, default_value_t = 300)]
     pub timeout_seconds: u64,
+    /// The operator's leader-election Lease, deleted when nobody renews it.
+    #[arg(long, default_value = DEFAULT_LEASE_NAME)]
+    pub lease_name: String,
 }
 
 /// Arguments of `gpu-operator run`.
@@ -311,6 +314,7 @@ pub async fn apply_crds(client: kube::Client, timeout_seconds: u64) -> ExitCode 
 pub async fn uninstall(client: kube::Client, args: UninstallArgs) -> ExitCode {
     let options = crate::uninstall::Options {
         namespace: args.namespace,
+        lease_name: args.lease_name,
         timeout: std::time::Duration::from_secs(args.timeout_seconds),
     };
     let report = match crate::uninstall::uninstall(&client, &options).await {
@@ -351,7 +355,10 @@ fn run_operator(args: RunArgs) -> ExitCode {
         let identity = std::env::var("POD_NAME")
             .or_else(|_| std::env::var("HOSTNAME"))
             .unwrap_or_else(|_| format!("gpu-operator-{}", std::process::id()));
-        let config = run_config(args, identity, check::image_defaults_from_env());
+        let mut config = run_config(args, identity.clone(), check::image_defaults_from_env());
+        if let (Some(election), Ok(uid)) = (config.leader_election.as_mut(), std::env::var("POD_UID")) {
+            election.owner = Some(pod_owner(&identity, &uid));
+        }
         let running = match run::start(client, config).await {
             Ok(running) => running,
             Err(error) => {
@@ -366,6 +373,18 @@ fn run_operator(args: RunArgs) -> ExitCode {
     })
 }
 
+/// This replica's Pod (`POD_NAME`, `POD_UID` from the downward API) as an owner reference: the Lease it
+/// holds goes with it.
+pub fn pod_owner(name: &str, uid: &str) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        api_version: "v1".to_owned(),
+        kind: "Pod".to_owned(),
+        name: name.to_owned(),
+        uid: uid.to_owned(),
+        ..Default::default()
+    }
+}
+
 /// The operator's configuration from `gpu-operator run`'s arguments; `identity` names this replica in
 /// the leader-election Lease, `image_defaults` are the images its environment names (`VALIDATOR_IMAGE`, ...).
 pub fn run_config(args: RunArgs, identity: String, image_defaults: ImageDefaults) -> run::Config {
@@ -378,6 +397,7 @@ pub fn run_config(args: RunArgs, identity: String, image_defaults: ImageDefaults
         leader_election: args.leader_elect.then(|| LeaderElection {
             lease_name: args.lease_name,
             identity,
+            owner: None,
             timing: Timing::default(),
         }),
         metrics_address: Some(args.metrics_bind_address),

@@ -19,9 +19,9 @@
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{DeleteParams, PostParams, Preconditions};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -323,6 +323,7 @@ pub fn elect(
     api: Api<Lease>,
     name: String,
     identity: String,
+    owner: Option<OwnerReference>,
     timing: Timing,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> (Leadership, tokio::task::JoinHandle<()>) {
@@ -330,7 +331,7 @@ pub fn elect(
     let task = tokio::spawn(async move {
         let mut seen: Option<(Option<String>, Instant)> = None;
         loop {
-            let outcome = attempt(&api, &name, &identity, timing, &mut seen).await;
+            let outcome = attempt(&api, &name, &identity, owner.as_ref(), timing, &mut seen).await;
             let now = Instant::now();
             match outcome {
                 Attempt::Held { sent } => {
@@ -419,6 +420,7 @@ async fn attempt(
     api: &Api<Lease>,
     name: &str,
     identity: &str,
+    owner: Option<&OwnerReference>,
     timing: Timing,
     seen: &mut Option<(Option<String>, Instant)>,
 ) -> Attempt {
@@ -462,6 +464,7 @@ async fn attempt(
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(name.to_owned()),
+                    owner_references: owner.map(|owner| vec![owner.clone()]),
                     ..ObjectMeta::default()
                 },
                 spec: Some(LeaseSpec {
@@ -481,6 +484,8 @@ async fn attempt(
                 spec.holder_identity = Some(identity.to_owned());
                 spec.acquire_time = Some(stamp.clone());
                 spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                // The Lease goes with its holder's Pod: the previous holder's ownership goes.
+                lease.metadata.owner_references = owner.map(|owner| vec![owner.clone()]);
             }
             spec.lease_duration_seconds = Some(duration_seconds);
             spec.renew_time = Some(stamp);
@@ -506,19 +511,27 @@ async fn attempt(
     }
 }
 
-/// Gives the lease up so that another replica takes over at once, as client-go's `ReleaseOnCancel` does.
+/// Gives the lease up so that another replica takes over at once, as client-go's `ReleaseOnCancel` does,
+/// by deleting it: a waiting replica finds no Lease and creates it as soon as it would claim a released
+/// one, and a stopping operator that is being uninstalled leaves no Lease behind. The delete is
+/// conditional on the uid and resourceVersion read, so a Lease another replica took meanwhile stays.
 async fn release(api: &Api<Lease>, name: &str, identity: &str, timeout: Duration) {
-    let Ok(Ok(Some(mut lease))) = tokio::time::timeout(timeout, api.get_opt(name)).await else {
+    let Ok(Ok(Some(lease))) = tokio::time::timeout(timeout, api.get_opt(name)).await else {
         return;
     };
-    let Some(spec) = lease.spec.as_mut() else { return };
-    if spec.holder_identity.as_deref() != Some(identity) {
+    let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref());
+    if holder != Some(identity) {
         return;
     }
-    spec.holder_identity = None;
-    spec.lease_duration_seconds = Some(1);
-    match tokio::time::timeout(timeout, api.replace(name, &PostParams::default(), &lease)).await {
-        Ok(Ok(_)) => info!(lease = %name, %identity, "released the lease"),
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: lease.metadata.uid.clone(),
+            resource_version: lease.metadata.resource_version.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    match tokio::time::timeout(timeout, api.delete(name, &params)).await {
+        Ok(Ok(_)) => info!(lease = %name, %identity, "released the lease (deleted it)"),
         Ok(Err(error)) => warn!(lease = %name, %error, "cannot release the lease"),
         Err(_) => {
             warn!(lease = %name, ?timeout, "cannot release the lease: no answer within the lease request timeout")
@@ -710,7 +723,14 @@ mod tests {
         let shutdown = tokio_util::sync::CancellationToken::new();
         let replica = |identity: &str| {
             let api: Api<Lease> = Api::namespaced(server.client_as(identity), "default");
-            elect(api, "lease".into(), identity.into(), timing, shutdown.clone())
+            elect(
+                api,
+                "lease".into(),
+                identity.into(),
+                None,
+                timing,
+                shutdown.clone(),
+            )
         };
         let (mut a, _a_task) = replica("replica-a");
         a.until_leader().await;

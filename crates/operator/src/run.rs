@@ -11,6 +11,7 @@ use axum::routing::get;
 use gpuop_api::validate::ImageDefaults;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -70,6 +71,10 @@ pub struct LeaderElection {
     pub lease_name: String,
     /// This replica's identity.
     pub identity: String,
+    /// This replica's Pod, made the Lease's owner while it holds it, so that the Lease goes with the Pod
+    /// (an uninstall that deletes the Deployment leaves no Lease, even when the stopping replica can no
+    /// longer delete it itself). `None` outside a Pod.
+    pub owner: Option<OwnerReference>,
     /// Lease timing.
     pub timing: Timing,
 }
@@ -131,6 +136,7 @@ pub async fn start(client: Client, config: Config) -> Result<Running, StartError
                 api,
                 election.lease_name.clone(),
                 election.identity.clone(),
+                election.owner.clone(),
                 timing,
                 shutdown.clone(),
             );

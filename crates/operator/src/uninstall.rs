@@ -25,8 +25,11 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use gpuop_api::labels::{GpuDetection, MANAGED_BY, MANAGED_BY_VALUE};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PropagationPolicy};
+use kube::api::{
+    DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy,
+};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -44,6 +47,8 @@ use crate::labeler::{NodePatch, desired_labels};
 pub struct Options {
     /// The operator namespace (where its namespaced operand objects live).
     pub namespace: String,
+    /// The leader-election Lease in that namespace: removed when nobody renews it.
+    pub lease_name: String,
     /// How long everything may take. The operator has the first half to clean up after itself.
     pub timeout: Duration,
 }
@@ -197,6 +202,9 @@ pub struct Report {
     pub removed: Vec<String>,
     /// What is still there at the end.
     pub left: Vec<Leftover>,
+    /// The holder of the leader-election Lease, left in place because a running operator renews it (it
+    /// deletes the Lease when it stops); `None` when there is no Lease or it was removed.
+    pub lease_held_by: Option<String>,
     /// How long it took.
     pub elapsed: Duration,
 }
@@ -214,6 +222,11 @@ pub fn summary(report: &Report) -> String {
         for removed in &report.removed {
             out.push_str(&format!("  {removed}\n"));
         }
+    }
+    if let Some(holder) = &report.lease_held_by {
+        out.push_str(&format!(
+            "the leader-election Lease stays while the running operator ({holder}) renews it; it deletes it when it stops\n"
+        ));
     }
     if report.left.is_empty() {
         out.push_str(&format!(
@@ -327,6 +340,12 @@ pub fn permissions() -> Vec<Permission> {
         resource: "nodes",
         namespaced: false,
         verbs: &["list", "watch", "patch"],
+    });
+    permissions.push(Permission {
+        group: "coordination.k8s.io",
+        resource: "leases",
+        namespaced: true,
+        verbs: &["get", "delete"],
     });
     permissions
 }
@@ -535,8 +554,71 @@ pub async fn uninstall(client: &Client, options: &Options) -> Result<Report, Uni
         }
     }
     report.left = watches.until_clean(deadline).await;
+    match remove_unrenewed_lease(client, options).await {
+        Ok(LeaseOutcome::Removed) => report
+            .removed
+            .push(format!("Lease {}/{}", options.namespace, options.lease_name)),
+        Ok(LeaseOutcome::Held(holder)) => report.lease_held_by = Some(holder),
+        Ok(LeaseOutcome::Absent) => {}
+        Err(source) => report.left.push(Leftover::Object {
+            kind: "Lease",
+            namespace: options.namespace.clone(),
+            name: format!("{} ({source})", options.lease_name),
+        }),
+    }
     report.elapsed = started.elapsed();
     Ok(report)
+}
+
+/// What became of the leader-election Lease.
+enum LeaseOutcome {
+    /// There is none.
+    Absent,
+    /// Nobody renewed it: deleted.
+    Removed,
+    /// A running operator renews it: left to that operator, which deletes it when it stops.
+    Held(String),
+}
+
+/// Whether a Lease is one nobody renews any more: no holder, or its last renewal is older than its
+/// duration (client-go's expiry).
+pub fn lease_unrenewed(lease: &Lease, now: k8s_openapi::jiff::Timestamp) -> bool {
+    let Some(spec) = &lease.spec else { return true };
+    if spec.holder_identity.as_deref().is_none_or(str::is_empty) {
+        return true;
+    }
+    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+    let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref());
+    renewed.is_none_or(|renewed| renewed.0.as_second() + duration < now.as_second())
+}
+
+/// Deletes the operator's leader-election Lease when nobody renews it (the operator stopped without
+/// releasing it, or never ran), with a precondition on what was read.
+async fn remove_unrenewed_lease(client: &Client, options: &Options) -> Result<LeaseOutcome, kube::Error> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), &options.namespace);
+    let Some(lease) = api.get_opt(&options.lease_name).await? else {
+        return Ok(LeaseOutcome::Absent);
+    };
+    if !lease_unrenewed(&lease, k8s_openapi::jiff::Timestamp::now()) {
+        let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+        info!(lease = %options.lease_name, %holder, "the Lease is renewed by a running operator, which deletes it when it stops");
+        return Ok(LeaseOutcome::Held(holder));
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: lease.metadata.uid.clone(),
+            resource_version: lease.metadata.resource_version.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&options.lease_name, &params).await {
+        Ok(_) => {
+            info!(lease = %options.lease_name, "deleted the operator's Lease, which nobody renewed");
+            Ok(LeaseOutcome::Removed)
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(LeaseOutcome::Absent),
+        Err(error) => Err(error),
+    }
 }
 
 /// Removes one leftover; returns whether the request was accepted (a failure is logged, and what it left
@@ -643,6 +725,30 @@ mod tests {
         // Once patched, nothing is left.
         let after = map(&[("nvidia.com/gpu.deploy.dcgm", "false"), ("team", "ml")]);
         assert!(node_cleanup(&after, &map(&[("note", "a person's")]), false).is_empty());
+    }
+
+    #[test]
+    fn a_lease_nobody_renews_is_left_behind_and_a_renewed_one_is_not() {
+        use k8s_openapi::api::coordination::v1::LeaseSpec;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let now: k8s_openapi::jiff::Timestamp = "2026-12-04T12:00:00Z".parse().expect("a time");
+        let lease = |holder: Option<&str>, renewed_seconds_ago: i64| Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_owned),
+                lease_duration_seconds: Some(15),
+                renew_time: Some(MicroTime(
+                    k8s_openapi::jiff::Timestamp::from_second(now.as_second() - renewed_seconds_ago)
+                        .expect("a time"),
+                )),
+                ..LeaseSpec::default()
+            }),
+            ..Lease::default()
+        };
+        assert!(!lease_unrenewed(&lease(Some("gpu-operator-0"), 5), now));
+        assert!(lease_unrenewed(&lease(Some("gpu-operator-0"), 16), now));
+        assert!(lease_unrenewed(&lease(None, 1), now));
+        assert!(lease_unrenewed(&lease(Some(""), 1), now));
+        assert!(lease_unrenewed(&Lease::default(), now));
     }
 
     #[test]

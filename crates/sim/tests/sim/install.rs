@@ -1,7 +1,8 @@
 //! The repository's chart end to end on an enforcing API server: `helm install` into
 //! `gpu-sim up --authorization rbac`, the operator running as the chart's ServiceAccount until the demo
 //! cluster converges, `helm upgrade` with an outdated CRD (the pre-upgrade hook brings it up to date), and
-//! `helm uninstall` (the pre-delete hook) leaving no operand object and no operator label behind.
+//! `helm uninstall` (the pre-delete hook, run as the operator's ServiceAccount) leaving no operand object,
+//! operator label or Lease behind; and the documented way out when that hook cannot run.
 //!
 //! `gpu-sim` runs no Deployment or Job controller and no container, so [`Kubelet`] stands in for them: it
 //! runs what the chart's pods would run, the `gpu-operator` command line of their containers, in-process,
@@ -22,10 +23,10 @@ use gpuop_operator::run::{self, Running};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Container, ServiceAccount};
-use kube::Client;
+use k8s_openapi::api::core::v1::{Container, Pod, ServiceAccount};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -36,7 +37,6 @@ const NAMESPACE: &str = "gpu-operator";
 const RELEASE: &str = "gpu-operator";
 const OPERATOR: &str = "system:serviceaccount:gpu-operator:gpu-operator";
 const CRD_HOOK: &str = "system:serviceaccount:gpu-operator:gpu-operator-upgrade-crd";
-const UNINSTALL_HOOK: &str = "system:serviceaccount:gpu-operator:gpu-operator-uninstall";
 
 fn chart() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/gpu-operator")
@@ -64,10 +64,11 @@ struct Kubelet {
 }
 
 impl Kubelet {
-    fn start(admin: Client, kubeconfig: PathBuf) -> Self {
+    /// Runs the operator while its Deployment exists, and each hook Job when `runs_jobs`.
+    fn start(admin: Client, kubeconfig: PathBuf, runs_jobs: bool) -> Self {
         let stop = CancellationToken::new();
         let log = Arc::new(Mutex::new(Log::default()));
-        let task = tokio::spawn(kubelet(admin, kubeconfig, log.clone(), stop.clone()));
+        let task = tokio::spawn(kubelet(admin, kubeconfig, runs_jobs, log.clone(), stop.clone()));
         Self { stop, task, log }
     }
 
@@ -81,7 +82,13 @@ impl Kubelet {
     }
 }
 
-async fn kubelet(admin: Client, kubeconfig: PathBuf, log: Arc<Mutex<Log>>, stop: CancellationToken) {
+async fn kubelet(
+    admin: Client,
+    kubeconfig: PathBuf,
+    runs_jobs: bool,
+    log: Arc<Mutex<Log>>,
+    stop: CancellationToken,
+) {
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NAMESPACE);
     let jobs: Api<Job> = Api::namespaced(admin.clone(), NAMESPACE);
     let mut operator: Option<Running> = None;
@@ -102,12 +109,15 @@ async fn kubelet(admin: Client, kubeconfig: PathBuf, log: Arc<Mutex<Log>>, stop:
             }
             _ => {}
         }
-        for job in jobs
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-        {
+        let listed = if runs_jobs {
+            jobs.list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        for job in listed {
             let uid = job.metadata.uid.clone().unwrap_or_default();
             let finished = job
                 .status
@@ -169,6 +179,12 @@ async fn start_operator(admin: &Client, kubeconfig: &Path, deployment: &Deployme
             .filter_map(|var| var.value.clone().map(|value| (var.name.clone(), value))),
     );
     let mut config = cli::run_config(args, "gpu-operator-0".to_owned(), images);
+    // The Deployment's Pod, as its ReplicaSet would make it (gpu-sim runs no Deployment controller): the
+    // Lease the operator holds is owned by it, and goes with it when Helm deletes the Deployment.
+    let pod = operator_pod(admin, deployment).await;
+    if let Some(election) = config.leader_election.as_mut() {
+        election.owner = Some(cli::pod_owner(&pod.name_any(), &pod.uid().unwrap_or_default()));
+    }
     // The pod's own ports; in-process, ports the system picks on loopback stand in for them.
     let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     config.metrics_address = config.metrics_address.map(|_| loopback);
@@ -177,6 +193,38 @@ async fn start_operator(admin: &Client, kubeconfig: &Path, deployment: &Deployme
     run::start(client, config)
         .await
         .expect("the operator starts as its ServiceAccount")
+}
+
+/// A Pod of the operator's Deployment, owned by it.
+async fn operator_pod(admin: &Client, deployment: &Deployment) -> Pod {
+    let template = deployment
+        .spec
+        .as_ref()
+        .map(|s| s.template.clone())
+        .unwrap_or_default();
+    let pod = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some("gpu-operator-0".to_owned()),
+            labels: template.metadata.and_then(|m| m.labels),
+            owner_references: Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    api_version: "apps/v1".to_owned(),
+                    kind: "Deployment".to_owned(),
+                    name: deployment.name_any(),
+                    uid: deployment.uid().unwrap_or_default(),
+                    controller: Some(true),
+                    ..Default::default()
+                },
+            ]),
+            ..Default::default()
+        },
+        spec: template.spec,
+        status: None,
+    };
+    Api::<Pod>::namespaced(admin.clone(), NAMESPACE)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("the operator's Pod")
 }
 
 async fn run_job(admin: &Client, kubeconfig: &Path, job: &Job) -> bool {
@@ -503,7 +551,7 @@ async fn the_chart_installs_converges_upgrades_and_uninstalls_as_its_own_service
     .await;
     cluster.ok(&["label", &gpu_node, "team=ml"]);
 
-    let kubelet = Kubelet::start(admin.clone(), cluster.kubeconfig());
+    let kubelet = Kubelet::start(admin.clone(), cluster.kubeconfig(), true);
     let installed = helm_ok(
         &cluster,
         &[
@@ -532,6 +580,51 @@ async fn the_chart_installs_converges_upgrades_and_uninstalls_as_its_own_service
             .expect("the health endpoint answers");
         assert!(status.contains(" 200"), "{path}: {status}");
     }
+
+    // A person edits an operand's image: the operator puts the rendered one back and says so in an Event
+    // in its own namespace, which the chart must let it write.
+    let daemonset = "daemonset/nvidia-device-plugin-daemonset";
+    let image = |cluster: &Cluster| {
+        cluster.ok(&[
+            "get",
+            daemonset,
+            "-n",
+            NAMESPACE,
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].name}={.spec.template.spec.containers[0].image}",
+        ])
+    };
+    let rendered = image(&cluster);
+    let (container, _) = rendered.split_once('=').expect("a container and its image");
+    cluster.ok(&[
+        "set",
+        "image",
+        daemonset,
+        "-n",
+        NAMESPACE,
+        &format!("{container}=example.com/edited:v1"),
+    ]);
+    until(
+        "the operator repairs the edited image and says so",
+        PATIENCE,
+        || async {
+            let now = image(&cluster);
+            let events = cluster.ok(&[
+                "get",
+                "events.events.k8s.io",
+                "-n",
+                NAMESPACE,
+                "-o",
+                "jsonpath={.items[*].reason}",
+            ]);
+            if now == rendered && events.contains("DriftRepaired") {
+                Ok(())
+            } else {
+                Err(format!("image {now:?}, events {events:?}"))
+            }
+        },
+    )
+    .await;
 
     // An older CRD, as a previous release left it: the pre-upgrade hook must bring it up to date.
     cluster.ok(&[
@@ -618,45 +711,21 @@ async fn the_chart_installs_converges_upgrades_and_uninstalls_as_its_own_service
         assert_eq!(left.trim(), "", "operand objects left after uninstall");
     }
     assert_eq!(cluster.ok(&["get", "clusterpolicies", "-o", "name"]).trim(), "");
-    let demo = gpuop_sim::cluster_spec::ClusterSpec::demo();
-    let nodes: Value =
-        serde_json::from_str(&cluster.ok(&["get", "nodes", "-o", "json"])).expect("nodes as JSON");
-    for node in nodes["items"].as_array().into_iter().flatten() {
-        let name = node["metadata"]["name"].as_str().unwrap_or_default();
-        let labels = node["metadata"]["labels"]
-            .as_object()
-            .cloned()
-            .unwrap_or_default();
-        let annotations = node["metadata"]["annotations"]
-            .as_object()
-            .cloned()
-            .unwrap_or_default();
-        // The operator's switches and upgrade state are gone; what the demo's person set is still there.
-        let operator_kind = |key: &str| {
-            key.starts_with("nvidia.com/gpu.deploy.") || key.starts_with("nvidia.com/gpu-driver-upgrade")
-        };
-        let left: BTreeMap<&String, &Value> = labels.iter().filter(|(key, _)| operator_kind(key)).collect();
-        let persons: BTreeMap<String, Value> = demo
-            .nodes()
-            .find(|(node, _)| node == name)
-            .map(|(_, pool)| {
-                pool.labels
-                    .iter()
-                    .filter(|(k, _)| operator_kind(k))
-                    .map(|(k, v)| (k.clone(), json!(v)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let persons: BTreeMap<&String, &Value> = persons.iter().collect();
-        assert_eq!(
-            left, persons,
-            "{name}: labels of the operator's kind after uninstall"
-        );
-        assert!(
-            !annotations.contains_key("nvidia.com/gpu-operator.owned-labels"),
-            "{name} keeps the operator's annotation"
-        );
-    }
+    // The operator deleted its leader-election Lease when it stopped; the hook left no object of its own.
+    let left = cluster.ok(&[
+        "get",
+        "leases,jobs,serviceaccounts,roles,rolebindings",
+        "-n",
+        NAMESPACE,
+        "-o",
+        "name",
+    ]);
+    assert_eq!(
+        left.trim(),
+        "serviceaccount/default",
+        "left in the operator namespace"
+    );
+    assert_no_operator_marks_on_nodes(&cluster);
     assert_eq!(
         pod_security_levels(&cluster),
         "",
@@ -697,10 +766,160 @@ async fn the_chart_installs_converges_upgrades_and_uninstalls_as_its_own_service
     let rules = chart_rules(&String::from_utf8_lossy(&manifests.stdout), NAMESPACE);
     let mut problems = unjustified(after_upgrade, CRD_HOOK, &rules);
     problems.extend(unjustified(after_uninstall, OPERATOR, &rules));
-    problems.extend(unjustified(after_uninstall, UNINSTALL_HOOK, &rules));
     assert!(
         problems.is_empty(),
         "permissions the chart grants that nothing used, unjustified:\n{}",
         problems.join("\n")
+    );
+}
+
+/// No node carries a label or annotation of the operator's; what the demo's person set is still there.
+fn assert_no_operator_marks_on_nodes(cluster: &Cluster) {
+    let demo = gpuop_sim::cluster_spec::ClusterSpec::demo();
+    let nodes: Value =
+        serde_json::from_str(&cluster.ok(&["get", "nodes", "-o", "json"])).expect("nodes as JSON");
+    for node in nodes["items"].as_array().into_iter().flatten() {
+        let name = node["metadata"]["name"].as_str().unwrap_or_default();
+        let labels = node["metadata"]["labels"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        let annotations = node["metadata"]["annotations"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        // The operator's switches and upgrade state are gone; what the demo's person set is still there.
+        let operator_kind = |key: &str| {
+            key.starts_with("nvidia.com/gpu.deploy.") || key.starts_with("nvidia.com/gpu-driver-upgrade")
+        };
+        let left: BTreeMap<&String, &Value> = labels.iter().filter(|(key, _)| operator_kind(key)).collect();
+        let persons: BTreeMap<String, Value> = demo
+            .nodes()
+            .find(|(node, _)| node == name)
+            .map(|(_, pool)| {
+                pool.labels
+                    .iter()
+                    .filter(|(k, _)| operator_kind(k))
+                    .map(|(k, v)| (k.clone(), json!(v)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let persons: BTreeMap<&String, &Value> = persons.iter().collect();
+        assert_eq!(
+            left, persons,
+            "{name}: labels of the operator's kind after uninstall"
+        );
+        assert!(
+            !annotations.contains_key("nvidia.com/gpu-operator.owned-labels"),
+            "{name} keeps the operator's annotation"
+        );
+    }
+}
+
+/// The documented way out when the uninstall hook's Job cannot run (docs/install.md, "If the uninstall hook
+/// cannot run"): `helm uninstall` times out and fails, keeping the Job; `helm uninstall --no-hooks`, deleting
+/// the Job and `gpu-operator uninstall` run as the admin leave nothing behind: no operand object, no node
+/// label of the operator's, no Lease, no object of the release or of its hooks.
+#[tokio::test]
+async fn an_uninstall_whose_hook_cannot_run_ends_with_nothing_left_by_the_documented_steps() {
+    crate::tools::helm();
+    let cluster = Cluster::up_rbac(&[]);
+    let admin = client(&cluster).await;
+    let chart = chart();
+    let chart = chart.to_str().expect("utf-8 path");
+    let kubelet = Kubelet::start(admin.clone(), cluster.kubeconfig(), false);
+    helm_ok(
+        &cluster,
+        &[
+            "install",
+            RELEASE,
+            chart,
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+        ],
+    )
+    .await;
+    until("the chart's ClusterPolicy is ready", PATIENCE * 3, || async {
+        policy_state(&admin)
+            .await
+            .and_then(|state| (state == "ready").then_some(()).ok_or(state))
+    })
+    .await;
+
+    let failed = run_helm(
+        &cluster,
+        &["uninstall", RELEASE, "--namespace", NAMESPACE, "--timeout", "5s"],
+    )
+    .await;
+    assert!(
+        !failed.status.success(),
+        "the hook cannot run, so helm uninstall fails"
+    );
+    assert!(
+        cluster
+            .ok(&["get", "jobs", "-n", NAMESPACE, "-o", "name"])
+            .contains("gpu-operator-uninstall")
+    );
+
+    helm_ok(
+        &cluster,
+        &["uninstall", RELEASE, "--namespace", NAMESPACE, "--no-hooks"],
+    )
+    .await;
+    cluster.ok(&["delete", "job", "gpu-operator-uninstall", "-n", NAMESPACE]);
+    until("the operator stops with its Deployment", PATIENCE, || async {
+        kubelet
+            .log(|log| log.health)
+            .map_or(Ok(()), |h| Err(h.to_string()))
+    })
+    .await;
+    kubelet.stop().await;
+    let args = gpuop_operator::cli::UninstallArgs {
+        namespace: NAMESPACE.to_owned(),
+        timeout_seconds: 60,
+        lease_name: gpuop_operator::run::DEFAULT_LEASE_NAME.to_owned(),
+    };
+    assert_eq!(
+        cli::uninstall(admin.clone(), args).await,
+        ExitCode::SUCCESS,
+        "gpu-operator uninstall"
+    );
+
+    let managed = "app.kubernetes.io/managed-by=gpu-operator";
+    let left = cluster.ok(&[
+        "get",
+        "daemonsets,serviceaccounts,configmaps,services,roles,rolebindings,clusterroles,clusterrolebindings,runtimeclasses",
+        "-A", "-l", managed, "-o", "name",
+    ]);
+    assert_eq!(left.trim(), "", "operand objects left");
+    let left = cluster.ok(&[
+        "get",
+        "leases,jobs,deployments,serviceaccounts,roles,rolebindings,configmaps",
+        "-n",
+        NAMESPACE,
+        "-o",
+        "name",
+    ]);
+    assert_eq!(
+        left.trim(),
+        "serviceaccount/default",
+        "left in the operator namespace"
+    );
+    let release = cluster.ok(&["get", "clusterroles,clusterrolebindings", "-o", "name"]);
+    assert!(
+        !release.contains("gpu-operator"),
+        "the release's cluster RBAC is left: {release}"
+    );
+    assert_no_operator_marks_on_nodes(&cluster);
+    let releases = run_helm(
+        &cluster,
+        &["list", "--namespace", NAMESPACE, "--uninstalling", "-q"],
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&releases.stdout).trim(),
+        "",
+        "the release is gone"
     );
 }

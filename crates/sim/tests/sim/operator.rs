@@ -146,6 +146,7 @@ impl Cluster {
             leader_election: Some(LeaderElection {
                 lease_name: DEFAULT_LEASE_NAME.into(),
                 identity: identity.into(),
+                owner: None,
                 timing: lease::Timing {
                     lease_duration: Duration::from_secs(2),
                     renew_deadline: Duration::from_millis(1500),
@@ -1569,6 +1570,7 @@ async fn uninstall_waits_for_the_operator_to_remove_everything_and_keeps_a_perso
     assert!(!managed_everywhere(&cluster.client).await.is_empty());
     let options = uninstall::Options {
         namespace: NAMESPACE.into(),
+        lease_name: DEFAULT_LEASE_NAME.into(),
         timeout: PATIENCE * 2,
     };
     let hook = cluster.server().client_as("uninstall-hook");
@@ -1608,6 +1610,7 @@ async fn uninstall_removes_what_a_stopped_operator_left_and_lifts_its_upgrade_co
         .unwrap();
     let options = uninstall::Options {
         namespace: NAMESPACE.into(),
+        lease_name: DEFAULT_LEASE_NAME.into(),
         timeout: Duration::from_secs(20),
     };
     let hook = cluster.server().client_as("uninstall-hook");
