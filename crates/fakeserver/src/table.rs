@@ -323,13 +323,15 @@ pub(crate) fn table(
             json!({"cells": cells(info, &columns, object, now), "object": embedded})
         })
         .collect();
-    json!({
+    let mut table = json!({
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
-        "metadata": metadata,
+        "metadata": {},
         "columnDefinitions": if with_columns { Value::Array(definitions) } else { Value::Null },
         "rows": rows,
-    })
+    });
+    table["metadata"] = metadata;
+    table
 }
 
 fn text<'v>(value: &'v Value, pointer: &str) -> &'v str {
