@@ -308,7 +308,7 @@ impl Journal {
 pub(crate) struct ListenerName(pub(crate) Arc<str>);
 
 /// The client label for a `User-Agent`: its first word, e.g. `kubectl/v1.32.4`.
-pub(crate) fn client_label(user_agent: Option<&str>) -> String {
+pub fn client_label(user_agent: Option<&str>) -> String {
     user_agent
         .and_then(|agent| agent.split_whitespace().next())
         .filter(|agent| !agent.is_empty())

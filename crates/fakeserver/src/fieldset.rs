@@ -124,7 +124,7 @@ impl FieldSet {
 
 fn collect(value: &Value, shape: Shape<'_>, path: &mut Path, out: &mut BTreeSet<Path>) {
     match value {
-        Value::Object(map) if !map.is_empty() && !shape.atomic_map() => {
+        Value::Object(map) if !map.is_empty() && !shape.applied_whole() => {
             for (key, child) in map {
                 path.push(format!("f:{key}"));
                 collect(child, shape.field(key), path, out);
@@ -149,7 +149,7 @@ fn collect(value: &Value, shape: Shape<'_>, path: &mut Path, out: &mut BTreeSet<
                     path.push(key_element(item, &keys));
                     out.insert(path.clone());
                     if let Value::Object(fields) = item
-                        && !shape.items().atomic_map()
+                        && !shape.items().applied_whole()
                     {
                         for (key, child) in fields {
                             path.push(format!("f:{key}"));
@@ -199,7 +199,7 @@ fn diff<'a>(
     match (new, old) {
         (Some(new), Some(old)) if new == old => {}
         (Some(Value::Object(new)), Some(Value::Object(old)))
-            if !new.is_empty() && !old.is_empty() && !shape.atomic_map() =>
+            if !new.is_empty() && !old.is_empty() && !shape.applied_whole() =>
         {
             for (key, child) in new {
                 path.push(format!("f:{key}"));

@@ -77,7 +77,7 @@ use std::time::Duration;
 use ::http::HeaderValue;
 use serde_json::Value;
 
-pub use accounting::{JournalEntry, RequestCounts, RequestKey, Verb};
+pub use accounting::{JournalEntry, RequestCounts, RequestKey, Verb, client_label};
 pub use authz::Authorization;
 pub use authz::report::{AuthorizationReport, Denial, GrantedRule, UserReport};
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -146,14 +146,26 @@ impl<'a> Shape<'a> {
         }
     }
 
+    /// Whether server-side apply owns the map at this position whole: an atomic map, or an
+    /// `OwnerReference` (a `structType=atomic`, which strategic merge still merges field by field by its
+    /// `uid`, as kube-apiserver does; items keep their list's field name).
+    pub(crate) fn applied_whole(self) -> bool {
+        self.atomic_map()
+            || matches!(
+                self,
+                Shape::Builtin {
+                    field: "ownerReferences",
+                    parent: "metadata",
+                    ..
+                }
+            )
+    }
+
     /// Whether the map at this position is replaced whole rather than merged key by key.
     pub(crate) fn atomic_map(self) -> bool {
         match self {
-            // `LabelSelector` is a `structType=atomic`, and so is a Service's selector map; so is each
-            // `OwnerReference` (items keep their list's field name).
-            Shape::Builtin { field, parent, .. } => {
-                field == "selector" || (field == "ownerReferences" && parent == "metadata")
-            }
+            // `LabelSelector` is a `structType=atomic`, and so is a Service's selector map.
+            Shape::Builtin { field, .. } => field == "selector",
             Shape::Schema { schema, .. } => {
                 matches!(
                     schema.get("x-kubernetes-map-type").and_then(Value::as_str),

@@ -284,7 +284,7 @@ fn prune_empty_parents(object: &mut Value, removed: &[Element], applied: &FieldS
 /// Merges an applied configuration into an object, list by list as the shape says.
 fn merge(target: &mut Value, config: &Value, shape: Shape<'_>) {
     match (target, config) {
-        (Value::Object(target), Value::Object(config)) if !shape.atomic_map() => {
+        (Value::Object(target), Value::Object(config)) if !shape.applied_whole() => {
             for (key, value) in config {
                 if value.is_null() {
                     target.remove(key);

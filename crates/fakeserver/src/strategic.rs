@@ -251,6 +251,23 @@ mod tests {
     }
 
     #[test]
+    fn owner_references_merge_field_by_field_by_uid() {
+        let owned = json!({"metadata": {"ownerReferences": [
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": "u"},
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "p", "uid": "w"}
+        ]}});
+        let patch = json!({"metadata": {"ownerReferences": [{"uid": "u", "blockOwnerDeletion": true}]}});
+        let result = patched(owned, &patch, "ConfigMap");
+        assert_eq!(
+            result["metadata"]["ownerReferences"],
+            json!([
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": "u", "blockOwnerDeletion": true},
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "p", "uid": "w"}
+            ])
+        );
+    }
+
+    #[test]
     fn directives_delete_replace_and_order() {
         let pod = json!({"metadata": {"finalizers": ["a", "b"]},
             "spec": {"containers": [{"name": "a"}, {"name": "b"}, {"name": "c"}],

@@ -125,7 +125,7 @@ fn columns(info: &ResourceInfo) -> Vec<Column> {
             wide("Selector", "The label selector of the pods."),
         ]
     };
-    let mut columns = match (info.group.as_str(), info.plural.as_str()) {
+    match (info.group.as_str(), info.plural.as_str()) {
         ("", "nodes") => vec![
             name(),
             s("Status", "Whether the node is Ready, and schedulable."),
@@ -281,10 +281,7 @@ fn columns(info: &ResourceInfo) -> Vec<Column> {
             name(),
             column("Created At", "date", 0, "When the object was created."),
         ],
-    };
-    // Every column of a built-in resource's printer is named as kube-apiserver names it.
-    columns.iter_mut().for_each(|column| column.path = None);
-    columns
+    }
 }
 
 /// A `meta.k8s.io/v1` `Table` of `objects`, with `metadata` (resourceVersion, continue...) as a list's.
@@ -830,7 +827,9 @@ fn pod_cells(pod: &Value, name: Value, created: Value, now: Timestamp) -> Vec<Va
         .iter()
         .filter(|s| s.get("ready").and_then(Value::as_bool) == Some(true))
         .count();
-    let restarts: i64 = statuses.iter().map(|s| int(s, "/restartCount")).sum();
+    let restarts = statuses
+        .iter()
+        .fold(0_i64, |sum, s| sum.saturating_add(int(s, "/restartCount")));
     let last_restart = statuses
         .iter()
         .filter_map(|s| {

@@ -356,7 +356,8 @@ fn run_operator(args: RunArgs) -> ExitCode {
             .or_else(|_| std::env::var("HOSTNAME"))
             .unwrap_or_else(|_| format!("gpu-operator-{}", std::process::id()));
         let mut config = run_config(args, identity.clone(), check::image_defaults_from_env());
-        if let (Some(election), Ok(uid)) = (config.leader_election.as_mut(), std::env::var("POD_UID")) {
+        let uid = std::env::var("POD_UID").ok().filter(|uid| !uid.is_empty());
+        if let (Some(election), Some(uid)) = (config.leader_election.as_mut(), uid) {
             election.owner = Some(pod_owner(&identity, &uid));
         }
         let running = match run::start(client, config).await {

@@ -580,29 +580,44 @@ enum LeaseOutcome {
     Held(String),
 }
 
-/// Whether a Lease is one nobody renews any more: no holder, or its last renewal is older than its
-/// duration (client-go's expiry).
-pub fn lease_unrenewed(lease: &Lease, now: k8s_openapi::jiff::Timestamp) -> bool {
-    let Some(spec) = &lease.spec else { return true };
-    if spec.holder_identity.as_deref().is_none_or(str::is_empty) {
-        return true;
-    }
-    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
-    let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref());
-    renewed.is_none_or(|renewed| renewed.0.as_second() + duration < now.as_second())
+/// The holder a Lease names, if any.
+pub fn lease_holder(lease: &Lease) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .filter(|holder| !holder.is_empty())
 }
 
 /// Deletes the operator's leader-election Lease when nobody renews it (the operator stopped without
-/// releasing it, or never ran), with a precondition on what was read.
+/// releasing it, or never ran), with a precondition on what was read. Whether somebody renews it is judged
+/// by this command's own clock, as a candidate for the lease judges it (lease.rs), never by the holder's
+/// timestamps: a Lease with a holder is watched for its whole duration, and one that changes in that time
+/// is renewed.
 async fn remove_unrenewed_lease(client: &Client, options: &Options) -> Result<LeaseOutcome, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client.clone(), &options.namespace);
-    let Some(lease) = api.get_opt(&options.lease_name).await? else {
+    let Some(mut lease) = api.get_opt(&options.lease_name).await? else {
         return Ok(LeaseOutcome::Absent);
     };
-    if !lease_unrenewed(&lease, k8s_openapi::jiff::Timestamp::now()) {
-        let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
-        info!(lease = %options.lease_name, %holder, "the Lease is renewed by a running operator, which deletes it when it stops");
-        return Ok(LeaseOutcome::Held(holder));
+    if let Some(holder) = lease_holder(&lease).map(str::to_owned) {
+        let seconds = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.lease_duration_seconds)
+            .unwrap_or(0);
+        let duration = Duration::from_secs(u64::try_from(seconds).unwrap_or(0).max(1));
+        let started = Instant::now();
+        while started.elapsed() <= duration {
+            tokio::time::sleep(duration.min(Duration::from_secs(1))).await;
+            let Some(now) = api.get_opt(&options.lease_name).await? else {
+                return Ok(LeaseOutcome::Absent);
+            };
+            if now.metadata.resource_version != lease.metadata.resource_version {
+                info!(lease = %options.lease_name, %holder, "the Lease is renewed by a running operator, which deletes it when it stops");
+                return Ok(LeaseOutcome::Held(holder));
+            }
+            lease = now;
+        }
     }
     let params = DeleteParams {
         preconditions: Some(Preconditions {
@@ -728,27 +743,22 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_nobody_renews_is_left_behind_and_a_renewed_one_is_not() {
+    fn a_lease_without_a_holder_names_none() {
         use k8s_openapi::api::coordination::v1::LeaseSpec;
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-        let now: k8s_openapi::jiff::Timestamp = "2026-12-04T12:00:00Z".parse().expect("a time");
-        let lease = |holder: Option<&str>, renewed_seconds_ago: i64| Lease {
+        let lease = |holder: Option<&str>| Lease {
             spec: Some(LeaseSpec {
                 holder_identity: holder.map(str::to_owned),
-                lease_duration_seconds: Some(15),
-                renew_time: Some(MicroTime(
-                    k8s_openapi::jiff::Timestamp::from_second(now.as_second() - renewed_seconds_ago)
-                        .expect("a time"),
-                )),
                 ..LeaseSpec::default()
             }),
             ..Lease::default()
         };
-        assert!(!lease_unrenewed(&lease(Some("gpu-operator-0"), 5), now));
-        assert!(lease_unrenewed(&lease(Some("gpu-operator-0"), 16), now));
-        assert!(lease_unrenewed(&lease(None, 1), now));
-        assert!(lease_unrenewed(&lease(Some(""), 1), now));
-        assert!(lease_unrenewed(&Lease::default(), now));
+        assert_eq!(
+            lease_holder(&lease(Some("gpu-operator-0"))),
+            Some("gpu-operator-0")
+        );
+        assert_eq!(lease_holder(&lease(Some(""))), None);
+        assert_eq!(lease_holder(&lease(None)), None);
+        assert_eq!(lease_holder(&Lease::default()), None);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use gpuop_fakeserver::{RequestCounts, RequestKey, Verb};
+use gpuop_fakeserver::{RequestCounts, RequestKey, Verb, client_label};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
 use serde::Deserialize;
@@ -43,7 +43,7 @@ pub struct AuditEvent {
     pub namespace: String,
     /// Its name or `""`.
     pub name: String,
-    /// The answer's code (0 for a watch still open).
+    /// The answer's code (a watch's as it started).
     pub code: u16,
     /// The answer's `Status` reason, where it failed.
     pub reason: String,
@@ -69,8 +69,9 @@ impl AuditEvent {
             .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
     }
 
-    /// The request as the fake server's request accounting keys it, so that counts compare across backends.
-    /// Server-side apply is a `patch` to the audit log; it counts as one here.
+    /// The request as the fake server's request accounting keys it, so that counts compare across backends:
+    /// the same verb, resource, scope and code, the user agent as the client. Server-side apply is a
+    /// `patch` to the audit log (the fake server counts it as `APPLY`).
     pub fn key(&self) -> Option<RequestKey> {
         Some(RequestKey {
             verb: Verb::parse(&self.verb)?,
@@ -78,13 +79,16 @@ impl AuditEvent {
             version: self.api_version.clone(),
             resource: self.resource.clone(),
             subresource: self.subresource.clone(),
-            scope: if self.namespace.is_empty() {
+            // As kube-apiserver's request metrics (and the fake server) scope a request.
+            scope: if !self.name.is_empty() {
+                "resource".to_owned()
+            } else if self.namespace.is_empty() {
                 "cluster".to_owned()
             } else {
                 "namespace".to_owned()
             },
             code: self.code,
-            client: self.user_agent.clone(),
+            client: client_label(Some(&self.user_agent)),
         })
     }
 }
@@ -100,7 +104,6 @@ pub fn counts<'e>(events: impl IntoIterator<Item = &'e AuditEvent>) -> RequestCo
 struct Wire {
     #[serde(rename = "auditID")]
     audit_id: String,
-    stage: String,
     #[serde(default, rename = "requestURI")]
     request_uri: String,
     verb: String,
@@ -185,9 +188,9 @@ impl AuditLog {
         })
     }
 
-    /// Every request answered before this call, once the log has caught up with it (a request of
-    /// `admin`'s own, a GET of a namespace named `gpuop-testkit-mark-N` that does not exist, is the
-    /// mark: it is left out of what is returned).
+    /// The log once it has caught up with this call: every request answered before it is in what is
+    /// returned (so may be some answered since). The marks, GETs by `admin` of namespaces named
+    /// `gpuop-testkit-mark-N` that do not exist, are left out.
     pub async fn settled(&self, admin: &kube::Client) -> Result<Vec<AuditEvent>, Error> {
         let mark = format!(
             "gpuop-testkit-mark-{}",
@@ -202,8 +205,8 @@ impl AuditLog {
         loop {
             let mut events = self.read()?;
             let is_mark = |e: &AuditEvent| e.resource == "namespaces" && e.name == mark;
-            if let Some(at) = events.iter().position(is_mark) {
-                events.remove(at);
+            if events.iter().any(is_mark) {
+                events.retain(|e| !(e.resource == "namespaces" && e.name.starts_with("gpuop-testkit-mark-")));
                 return Ok(events);
             }
             if started.elapsed() > SETTLE_PATIENCE {
@@ -245,23 +248,16 @@ fn parse(text: &str) -> Result<Vec<AuditEvent>, (usize, serde_json::Error)> {
             subresource: object.subresource,
             namespace: object.namespace,
             name: object.name,
-            code: if wire.stage == "ResponseStarted" {
-                0
-            } else {
-                status.code
-            },
+            code: status.code,
             reason: status.reason,
             uri: wire.request_uri,
             received: wire.request_received_timestamp,
         };
         // A long-running request (a watch) has a `ResponseStarted` and, once it ends, a
-        // `ResponseComplete` event: the later one says more.
+        // `ResponseComplete` event with the same code: the first stands for the request, so that counting
+        // before and after the watch ends sees one request.
         match at.get(&wire.audit_id) {
-            Some(&index) => {
-                if let Some(slot) = events.get_mut(index) {
-                    slot.1 = event;
-                }
-            }
+            Some(_) => {}
             None => {
                 at.insert(wire.audit_id.clone(), events.len());
                 events.push((wire.audit_id, event));
@@ -313,10 +309,14 @@ mod tests {
     }
 
     #[test]
-    fn a_watch_still_open_has_no_code_yet() {
+    fn a_watch_counts_the_same_open_and_ended() {
         let first = LOG.lines().next().expect("a line");
-        let events = parse(&format!("{first}\n")).expect("the log reads");
-        assert_eq!(events[0].code, 0);
+        let open = counts(&parse(&format!("{first}\n")).expect("the log reads"));
+        let ended = counts(&parse(LOG).expect("the log reads"));
+        let watches =
+            |counts: &RequestCounts| counts.matching(|key| key.verb == Verb::Watch && key.code == 200);
+        assert_eq!((watches(&open), watches(&ended)), (1, 1));
+        assert_eq!(ended.since(&open).matching(|key| key.verb == Verb::Watch), 0);
     }
 
     #[test]

@@ -13,7 +13,7 @@ pub enum Backend {
     /// The in-memory fake server: no controllers, no scheduler; the simulator plays them.
     Fake(FakeServer),
     /// kube-apiserver with its controller manager and scheduler; the simulator plays only the nodes.
-    Real(ControlPlane),
+    Real(Box<ControlPlane>),
 }
 
 impl Backend {
@@ -27,7 +27,7 @@ impl Backend {
     /// without one would prove nothing.
     pub async fn real() -> Self {
         match ControlPlane::from_env().await {
-            Ok(plane) => Backend::Real(plane),
+            Ok(plane) => Backend::Real(Box::new(plane)),
             Err(error) => panic!("cannot start a real control plane: {error}"),
         }
     }

@@ -229,7 +229,6 @@ fn log_tail(log: &Path) -> String {
 
 /// A running control plane. Dropping it kills every process it started and removes its directory, unless
 /// the thread is panicking (a failed test): then the directory is kept and its path printed.
-#[derive(Debug)]
 pub struct ControlPlane {
     processes: Vec<Process>,
     /// Leads the process group every component joins, and kills that group once the test process is gone,
@@ -238,6 +237,7 @@ pub struct ControlPlane {
     url: String,
     ca_pem: String,
     admin_token: String,
+    admin: std::sync::OnceLock<kube::Client>,
     audit: AuditLog,
     /// Declared last: removed after the processes that write into it are gone.
     dir: tempfile::TempDir,
@@ -288,6 +288,7 @@ impl ControlPlane {
             url,
             ca_pem: files.ca_pem,
             admin_token: files.admin_token,
+            admin: std::sync::OnceLock::new(),
             audit: AuditLog::new(root.join("audit.log")),
             dir,
         };
@@ -325,8 +326,8 @@ impl ControlPlane {
         plane.spawn(binaries, Component::Etcd, etcd_args)?;
         plane
             .wait_for(Component::Etcd, || {
-                let answered = TcpStream::connect((Ipv4Addr::LOCALHOST, etcd_port)).is_ok();
-                async move { answered }
+                let healthy = etcd_healthy(etcd_port);
+                async move { healthy }
             })
             .await?;
 
@@ -538,9 +539,13 @@ current-context: control-plane
         kube::Client::try_from(config).map_err(|e| client_error("building a client")(e.into()))
     }
 
-    /// The admin's client.
+    /// The admin's client (one, shared: its connections are reused).
     pub async fn admin(&self) -> Result<kube::Client, Error> {
-        self.client_with(&self.admin_token, None).await
+        if let Some(admin) = self.admin.get() {
+            return Ok(admin.clone());
+        }
+        let admin = self.client_with(&self.admin_token, None).await?;
+        Ok(self.admin.get_or_init(|| admin).clone())
     }
 
     /// A token for the ServiceAccount `namespace/name`, valid for an hour, from the TokenRequest API, as a
@@ -559,7 +564,14 @@ current-context: control-plane
             .create_token_request(name, &PostParams::default(), &request)
             .await
             .map_err(|e| client_error(format!("requesting a token for {namespace}/{name}"))(e.into()))?;
-        Ok(granted.status.map(|s| s.token).unwrap_or_default())
+        granted
+            .status
+            .map(|s| s.token)
+            .filter(|token| !token.is_empty())
+            .ok_or_else(|| Error::Client {
+                what: format!("the TokenRequest for {namespace}/{name}"),
+                source: "answered without a token".into(),
+            })
     }
 
     /// A client acting as the ServiceAccount `namespace/name`, with `User-Agent: <agent>` where one is given.
@@ -571,6 +583,16 @@ current-context: control-plane
     ) -> Result<kube::Client, Error> {
         let token = self.token_for(namespace, name).await?;
         self.client_with(&token, agent).await
+    }
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("url", &self.url)
+            .field("dir", &self.dir.path())
+            .field("processes", &self.processes)
+            .finish_non_exhaustive()
     }
 }
 
@@ -686,6 +708,25 @@ fn random_token(root: &Path) -> Result<String, Error> {
     }))
 }
 
+/// Whether the etcd on `port` says it is healthy (`GET /health`): a bare connect could reach another
+/// process that took a port between [`free_ports`] and etcd's start.
+fn etcd_healthy(port: u16) -> bool {
+    use std::io::Write as _;
+    let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if stream
+        .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer.contains("\"health\":\"true\"")
+}
+
 /// Free loopback ports, held together while they are picked so that no two are the same.
 fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
     let listeners = (0..N)
@@ -788,9 +829,9 @@ mod tests {
     }
 
     /// The control plane the other tests stand on: a ServiceAccount's token works and has exactly its
-    /// bindings' rights, the controllers act with theirs (the node lifecycle controller taints a node that
-    /// never reports, which the controller manager's own user may not), and the audit log counts every
-    /// request by user and agent.
+    /// bindings' rights, the controllers act as their own ServiceAccounts (the TTL controller annotates a
+    /// new node, and no controller is refused anything), and the audit log counts every request by user
+    /// and agent.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "on a real control plane: set KUBE_BINARIES and run `cargo test -- --ignored real_control_plane`"]
     async fn serves_tokens_rbac_controllers_and_audit_real_control_plane() {

@@ -1253,7 +1253,8 @@ fn assert_honest(seen: &[StatusSeen]) {
 }
 
 /// Every operand of [`CONTAINER_STACK`] runs Ready on each of `nodes`, in pods last changed no later than
-/// resourceVersion `by` (the fake server's versions are one ordered sequence), so that they were Ready
+/// resourceVersion `by` (the fake server's versions are one ordered sequence, and kube-apiserver's are etcd's
+/// revisions, ordered too), so that they were Ready
 /// when the change `by` was made, not only by the time this LIST ran; the error names what is missing.
 async fn stack_ready_on(client: &Client, nodes: &[&str], by: u64) -> Result<(), String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
@@ -1608,6 +1609,18 @@ async fn uninstall_removes_what_a_stopped_operator_left_and_lifts_its_upgrade_co
         )
         .await
         .unwrap();
+    // And its leader-election Lease, held by a replica that is gone.
+    let lease: Lease = serde_json::from_value(json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": DEFAULT_LEASE_NAME, "namespace": NAMESPACE},
+        "spec": {"holderIdentity": "gpu-operator-gone", "leaseDurationSeconds": 1},
+    }))
+    .expect("a Lease");
+    let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), NAMESPACE);
+    leases
+        .create(&Default::default(), &lease)
+        .await
+        .expect("the Lease is created");
     let options = uninstall::Options {
         namespace: NAMESPACE.into(),
         lease_name: DEFAULT_LEASE_NAME.into(),
@@ -1626,6 +1639,18 @@ async fn uninstall_removes_what_a_stopped_operator_left_and_lifts_its_upgrade_co
             .any(|r| r.starts_with("Node gpu-1:") && r.contains("cordoned by a driver upgrade")),
         "{}",
         uninstall::summary(&report)
+    );
+    assert!(
+        report.removed.iter().any(|r| r.starts_with("Lease ")),
+        "{}",
+        uninstall::summary(&report)
+    );
+    assert!(
+        leases
+            .get_opt(DEFAULT_LEASE_NAME)
+            .await
+            .expect("leases read")
+            .is_none()
     );
     assert_uninstalled(&cluster, &report).await;
     cluster.stop().await;
