@@ -845,9 +845,15 @@ where
     (requests.by_client(operator), format!("{which:?}"))
 }
 
-#[tokio::test]
-async fn a_persons_edit_of_a_managed_daemonset_is_reverted_with_an_event_and_their_own_labels_stay() {
-    let cluster = Cluster::start(vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+gpuop_testkit::two_backends!(
+    a_persons_edit_of_a_managed_daemonset_is_reverted_with_an_event_and_their_own_labels_stay
+);
+
+async fn a_persons_edit_of_a_managed_daemonset_is_reverted_with_an_event_and_their_own_labels_stay(
+    backend: Backend,
+) {
+    let mut cluster = Cluster::on(backend, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+    cluster.start_operator().await;
     cluster.apply(DEFAULT_POLICY).await;
     cluster.converged("cluster-policy").await;
     let name = "nvidia-device-plugin-daemonset";
@@ -862,7 +868,8 @@ async fn a_persons_edit_of_a_managed_daemonset_is_reverted_with_an_event_and_the
     let (container, rendered_image) = image(&daemonsets.get(name).await.expect("the DaemonSet exists"));
 
     // A person's own label and annotation on a managed object are theirs: the operator sends nothing.
-    let person: Api<DaemonSet> = Api::namespaced(cluster.server().client_as("kubectl/v1.33.0"), NAMESPACE);
+    let person: Api<DaemonSet> =
+        Api::namespaced(cluster.backend.client_as("kubectl/v1.33.0").await, NAMESPACE);
     let as_kubectl = |manager: &str| PatchParams {
         field_manager: Some(manager.into()),
         ..PatchParams::default()
@@ -1039,9 +1046,10 @@ async fn it_converges_with_ten_percent_of_requests_failing() {
     cluster.stop().await;
 }
 
-#[tokio::test]
-async fn only_the_leader_writes_and_a_second_replica_takes_over_when_it_stops() {
-    let cluster = Cluster::without_operator(vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+gpuop_testkit::two_backends!(only_the_leader_writes_and_a_second_replica_takes_over_when_it_stops);
+
+async fn only_the_leader_writes_and_a_second_replica_takes_over_when_it_stops(backend: Backend) {
+    let cluster = Cluster::on(backend, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
     let first = cluster.replica("replica-a").await;
     cluster
         .until("replica-a holds the lease", || async {
@@ -1054,7 +1062,7 @@ async fn only_the_leader_writes_and_a_second_replica_takes_over_when_it_stops() 
     let second = cluster.replica("replica-b").await;
     cluster.apply(DEFAULT_POLICY).await;
     cluster.converged("cluster-policy").await;
-    let requests = cluster.server().requests();
+    let requests = cluster.backend.requests().await;
     assert!(
         requests.writes_by("replica-a") > 0,
         "the leader applied the operands"
@@ -1069,7 +1077,7 @@ async fn only_the_leader_writes_and_a_second_replica_takes_over_when_it_stops() 
     first.stop().await;
     cluster.feature_discovery_pruned("replica-b").await;
     assert_eq!(cluster.lease_holder().await.as_deref(), Some("replica-b"));
-    assert!(cluster.server().requests().writes_by("replica-b") > 0);
+    assert!(cluster.backend.requests().await.writes_by("replica-b") > 0);
     second.stop().await;
     cluster.stop().await;
 }

@@ -773,8 +773,11 @@ async fn driver_status(client: &Client, name: &str) -> (String, String, String) 
     (format!("{:?}", status.state), reason, message)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_nvidia_driver_pools_upgrade_independently_and_overlapping_ones_touch_nothing() {
+gpuop_testkit::two_backends!(
+    two_nvidia_driver_pools_upgrade_independently_and_overlapping_ones_touch_nothing
+);
+
+async fn two_nvidia_driver_pools_upgrade_independently_and_overlapping_ones_touch_nothing(backend: Backend) {
     let spec = ClusterSpec {
         nfd: true,
         node_pools: vec![
@@ -783,7 +786,7 @@ async fn two_nvidia_driver_pools_upgrade_independently_and_overlapping_ones_touc
         ],
         workloads: vec![],
     };
-    let upgrade = Upgrade::start(spec).await;
+    let upgrade = Upgrade::on(backend, spec).await;
     let handed_over = DEFAULT_POLICY.replace("useNvidiaDriverCRD: false", "useNvidiaDriverCRD: true");
     assert_ne!(handed_over, DEFAULT_POLICY);
     apply_policy(&upgrade.client, &handed_over)
