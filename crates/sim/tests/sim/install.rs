@@ -711,20 +711,7 @@ async fn the_chart_installs_converges_upgrades_and_uninstalls_as_its_own_service
         assert_eq!(left.trim(), "", "operand objects left after uninstall");
     }
     assert_eq!(cluster.ok(&["get", "clusterpolicies", "-o", "name"]).trim(), "");
-    // The operator deleted its leader-election Lease when it stopped; the hook left no object of its own.
-    let left = cluster.ok(&[
-        "get",
-        "leases,jobs,serviceaccounts,roles,rolebindings",
-        "-n",
-        NAMESPACE,
-        "-o",
-        "name",
-    ]);
-    assert_eq!(
-        left.trim(),
-        "serviceaccount/default",
-        "left in the operator namespace"
-    );
+    assert_operator_namespace_left_empty(&cluster);
     assert_no_operator_marks_on_nodes(&cluster);
     assert_eq!(
         pod_security_levels(&cluster),
@@ -770,6 +757,24 @@ async fn the_chart_installs_converges_upgrades_and_uninstalls_as_its_own_service
         problems.is_empty(),
         "permissions the chart grants that nothing used, unjustified:\n{}",
         problems.join("\n")
+    );
+}
+
+/// Nothing is left in the operator namespace but its `default` ServiceAccount: the leader-election Lease
+/// went with the operator (deleted when it stopped, or with its Pod), and the hooks left no object.
+fn assert_operator_namespace_left_empty(cluster: &Cluster) {
+    let left = cluster.ok(&[
+        "get",
+        "leases,jobs,deployments,serviceaccounts,roles,rolebindings,configmaps",
+        "-n",
+        NAMESPACE,
+        "-o",
+        "name",
+    ]);
+    assert_eq!(
+        left.trim(),
+        "serviceaccount/default",
+        "left in the operator namespace"
     );
 }
 
@@ -893,19 +898,7 @@ async fn an_uninstall_whose_hook_cannot_run_ends_with_nothing_left_by_the_docume
         "-A", "-l", managed, "-o", "name",
     ]);
     assert_eq!(left.trim(), "", "operand objects left");
-    let left = cluster.ok(&[
-        "get",
-        "leases,jobs,deployments,serviceaccounts,roles,rolebindings,configmaps",
-        "-n",
-        NAMESPACE,
-        "-o",
-        "name",
-    ]);
-    assert_eq!(
-        left.trim(),
-        "serviceaccount/default",
-        "left in the operator namespace"
-    );
+    assert_operator_namespace_left_empty(&cluster);
     let release = cluster.ok(&["get", "clusterroles,clusterrolebindings", "-o", "name"]);
     assert!(
         !release.contains("gpu-operator"),
