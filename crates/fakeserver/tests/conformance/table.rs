@@ -49,6 +49,11 @@ fn names(table: &Value) -> Vec<(String, String, u64)> {
         .collect()
 }
 
+/// The columns as `Name:type`.
+fn typed(table: &Value) -> Vec<String> {
+    names(table).iter().map(|(n, t, _)| format!("{n}:{t}")).collect()
+}
+
 fn node() -> Value {
     json!({
         "apiVersion": "v1", "kind": "Node",
@@ -220,11 +225,7 @@ async fn pods_daemonsets_and_a_crds_printer_columns() {
     .await;
     let table = json_of(&body);
     assert_eq!(
-        names(&table)
-            .iter()
-            .map(|(n, t, _)| format!("{n}:{t}"))
-            .take(8)
-            .collect::<Vec<_>>(),
+        typed(&table).into_iter().take(8).collect::<Vec<_>>(),
         [
             "Name:string",
             "Desired:integer",
@@ -260,26 +261,14 @@ async fn pods_daemonsets_and_a_crds_printer_columns() {
     )
     .await;
     let table = json_of(&body);
-    assert_eq!(
-        names(&table)
-            .iter()
-            .map(|(n, t, _)| format!("{n}:{t}"))
-            .collect::<Vec<_>>(),
-        ["Name:string", "Created At:date"]
-    );
+    assert_eq!(typed(&table), ["Name:string", "Created At:date"]);
     assert_eq!(table["rows"][0]["cells"][0], "clusterpolicies.nvidia.com");
     let policy = json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "p"},
                         "spec": {"driver": {"enabled": true}}});
     server.insert(policy).expect("policy stored");
     let (_, _, body) = call(&server, get("/apis/nvidia.com/v1/clusterpolicies", TABLE)).await;
     let table = json_of(&body);
-    assert_eq!(
-        names(&table)
-            .iter()
-            .map(|(n, t, _)| format!("{n}:{t}"))
-            .collect::<Vec<_>>(),
-        ["Name:string", "Age:date"]
-    );
+    assert_eq!(typed(&table), ["Name:string", "Age:date"]);
     assert_eq!(table["rows"][0]["cells"], json!(["p", "0s"]));
 }
 
