@@ -79,7 +79,7 @@ use serde_json::Value;
 
 pub use accounting::{JournalEntry, RequestCounts, RequestKey, Verb, client_label};
 pub use authz::Authorization;
-pub use authz::report::{AuthorizationReport, Denial, GrantedRule, UserReport};
+pub use authz::report::{AuthorizationReport, Decided, Denial, GrantedRule, UserReport};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{ApiError, Cause, GroupKind, GroupResource};
 pub use faults::{Faults, InjectedError};

@@ -2,9 +2,9 @@
 //! - `cluster`: `gpu-sim serve` as a child process, shared by the tests that drive it with real tools;
 //! - `kubectl`: `gpu-sim serve` driven by the real kubectl;
 //! - `helm`: a chart installed, upgraded and uninstalled with the real Helm, and the repository's chart installed;
-//! - `install`: the repository's chart installed, upgraded and uninstalled on an enforcing (RBAC) server, the
-//!   operator and the hooks running as the chart's ServiceAccounts, and the way out when the uninstall hook
-//!   cannot run;
+//! - `install`: the repository's chart installed, upgraded and uninstalled with Helm on the RBAC-enforcing
+//!   fake server and on a real control plane, the operator and the hooks running as the chart's
+//!   ServiceAccounts, and the way out when the uninstall hook cannot run;
 //! - `tools`: the pinned Helm from `target/tools/` (`scripts/tools.rs`, shared with the operator's tests);
 //! - `rbac`: `gpu-sim serve --authorization rbac` driven by kubectl with admin and service-account tokens;
 //! - `scenarios`: the simulator's actors on the fake API server, driven by hand-written objects and faults;

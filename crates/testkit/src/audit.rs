@@ -47,6 +47,11 @@ pub struct AuditEvent {
     pub code: u16,
     /// The answer's `Status` reason, where it failed.
     pub reason: String,
+    /// The answer's `Status` message, where it failed.
+    pub message: String,
+    /// What the authorizer decided (`allow`, `forbid`), or `""` where it was not asked (an unauthenticated
+    /// request).
+    pub decision: String,
     /// The request path and query.
     pub uri: String,
     /// When the API server received it.
@@ -60,6 +65,13 @@ impl AuditEvent {
             self.verb.as_str(),
             "create" | "update" | "patch" | "delete" | "deletecollection"
         )
+    }
+
+    /// The request path, without its query.
+    pub fn path(&self) -> &str {
+        self.uri
+            .split_once('?')
+            .map_or(self.uri.as_str(), |(path, _)| path)
     }
 
     /// Whether the client is `agent`: its user agent is `agent` or starts with `agent/`.
@@ -114,6 +126,8 @@ struct Wire {
     object_ref: Option<WireObject>,
     #[serde(default)]
     response_status: Option<WireStatus>,
+    #[serde(default)]
+    annotations: std::collections::BTreeMap<String, String>,
     request_received_timestamp: jiff::Timestamp,
 }
 
@@ -148,6 +162,8 @@ struct WireStatus {
     code: u16,
     #[serde(default)]
     reason: String,
+    #[serde(default)]
+    message: String,
 }
 
 /// A control plane's audit log.
@@ -250,6 +266,12 @@ fn parse(text: &str) -> Result<Vec<AuditEvent>, (usize, serde_json::Error)> {
             name: object.name,
             code: status.code,
             reason: status.reason,
+            message: status.message,
+            decision: wire
+                .annotations
+                .get("authorization.k8s.io/decision")
+                .cloned()
+                .unwrap_or_default(),
             uri: wire.request_uri,
             received: wire.request_received_timestamp,
         };
@@ -274,7 +296,7 @@ mod tests {
     use super::*;
 
     const LOG: &str = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"a","stage":"ResponseStarted","requestURI":"/api/v1/nodes?watch=true","verb":"watch","user":{"username":"admin","groups":["system:masters","system:authenticated"]},"sourceIPs":["127.0.0.1"],"userAgent":"gpu-operator/0.1.0","objectRef":{"resource":"nodes","apiVersion":"v1"},"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"2026-12-04T10:00:00.000000Z","stageTimestamp":"2026-12-04T10:00:00.001000Z"}
-{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"b","stage":"ResponseComplete","requestURI":"/apis/apps/v1/namespaces/gpu-operator/daemonsets/x?fieldManager=gpu-operator","verb":"patch","user":{"username":"system:serviceaccount:gpu-operator:gpu-operator"},"sourceIPs":["127.0.0.1"],"userAgent":"gpu-operator","objectRef":{"resource":"daemonsets","namespace":"gpu-operator","name":"x","apiGroup":"apps","apiVersion":"v1"},"responseStatus":{"metadata":{},"status":"Failure","reason":"Forbidden","code":403},"requestReceivedTimestamp":"2026-12-04T10:00:01.000000Z","stageTimestamp":"2026-12-04T10:00:01.001000Z"}
+{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"b","stage":"ResponseComplete","requestURI":"/apis/apps/v1/namespaces/gpu-operator/daemonsets/x?fieldManager=gpu-operator","verb":"patch","user":{"username":"system:serviceaccount:gpu-operator:gpu-operator"},"sourceIPs":["127.0.0.1"],"userAgent":"gpu-operator","objectRef":{"resource":"daemonsets","namespace":"gpu-operator","name":"x","apiGroup":"apps","apiVersion":"v1"},"responseStatus":{"metadata":{},"status":"Failure","message":"daemonsets.apps \"x\" is forbidden: User \"system:serviceaccount:gpu-operator:gpu-operator\" cannot patch resource \"daemonsets\" in API group \"apps\" in the namespace \"gpu-operator\"","reason":"Forbidden","code":403},"requestReceivedTimestamp":"2026-12-04T10:00:01.000000Z","stageTimestamp":"2026-12-04T10:00:01.001000Z","annotations":{"authorization.k8s.io/decision":"forbid","authorization.k8s.io/reason":""}}
 {"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"a","stage":"ResponseComplete","requestURI":"/api/v1/nodes?watch=true","verb":"watch","user":{"username":"admin","groups":["system:masters","system:authenticated"]},"sourceIPs":["127.0.0.1"],"userAgent":"gpu-operator/0.1.0","objectRef":{"resource":"nodes","apiVersion":"v1"},"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"2026-12-04T10:00:00.000000Z","stageTimestamp":"2026-12-04T10:04:50.000000Z"}
 {"kind":"Event","apiVersion":"audit.k8s.io/v1","auditID":"c","stage":"Resp"#;
 
@@ -292,6 +314,15 @@ mod tests {
         let patch = &events[1];
         assert_eq!(patch.user, "system:serviceaccount:gpu-operator:gpu-operator");
         assert_eq!((patch.code, patch.reason.as_str()), (403, "Forbidden"));
+        assert_eq!(patch.decision, "forbid");
+        assert!(
+            patch.message.ends_with(
+                "cannot patch resource \"daemonsets\" in API group \"apps\" in the namespace \"gpu-operator\""
+            ),
+            "{}",
+            patch.message
+        );
+        assert_eq!(patch.path(), "/apis/apps/v1/namespaces/gpu-operator/daemonsets/x");
         assert_eq!(
             (
                 patch.api_group.as_str(),

@@ -2,7 +2,7 @@
 //! asks it for clients and request counts; [`two_backends!`](crate::two_backends) makes a test of each from
 //! it, so a case added later runs on both by default.
 
-use gpuop_fakeserver::{FakeServer, RequestCounts};
+use gpuop_fakeserver::{Authorization, AuthorizationReport, FakeServer, RequestCounts};
 
 use crate::audit;
 use crate::control_plane::ControlPlane;
@@ -20,6 +20,12 @@ impl Backend {
     /// A fresh fake server.
     pub fn fake() -> Self {
         Backend::Fake(FakeServer::new())
+    }
+
+    /// A fresh fake server that authorizes with RBAC, as a real control plane does; its in-process
+    /// clients ([`Backend::client_as`]) are the admin's.
+    pub fn fake_rbac() -> Self {
+        Backend::Fake(FakeServer::builder().authorization(Authorization::Rbac).build())
     }
 
     /// A fresh real control plane from the binaries [`crate::BINARIES_VAR`] names. Panics, with the reason,
@@ -69,19 +75,35 @@ impl Backend {
             }
         }
     }
+
+    /// What RBAC granted and refused so far, per user (see [`AuthorizationReport`]): the fake server's own
+    /// record, or a real control plane's audit log judged against its roles and bindings as they stand now.
+    pub async fn authorization_report(&self) -> AuthorizationReport {
+        match self {
+            Backend::Fake(server) => server.authorization_report(),
+            Backend::Real(plane) => plane
+                .authorization_report()
+                .await
+                .unwrap_or_else(|error| panic!("the authorization report: {error}")),
+        }
+    }
 }
 
 /// Makes two tests of one async test body `fn NAME(backend: Backend)`: `NAME::fake_server`, and
 /// `NAME::real_control_plane`, which is ignored unless asked for (`cargo test -- --ignored
 /// real_control_plane`, with [`crate::BINARIES_VAR`] set). Both run on a multi-threaded runtime with two
-/// workers, as the operator and the simulator share it.
+/// workers, as the operator and the simulator share it. `two_backends!(NAME, fake_rbac)` gives the fake server
+/// RBAC authorization ([`Backend::fake_rbac`]), which a real control plane always has.
 #[macro_export]
 macro_rules! two_backends {
     ($body:ident) => {
+        $crate::two_backends!($body, fake);
+    };
+    ($body:ident, $fake:ident) => {
         mod $body {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn fake_server() {
-                super::$body($crate::Backend::fake()).await;
+                super::$body($crate::Backend::$fake()).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,8 @@
 //!   when a test panics;
 //! - [`audit`]: that audit log read back as requests, to count a client's requests the way the API server
 //!   saw them;
+//! - [`ControlPlane::authorization_report`]: what its RBAC granted and refused, judged as the fake server
+//!   reports it;
 //! - [`backend`]: the fake server or the real control plane behind one type, and [`two_backends!`], which
 //!   makes one test of each from a single body.
 //!
@@ -15,6 +17,7 @@
 //! `cargo test --workspace -- --ignored real_control_plane` where the binaries are (see the README).
 
 pub mod audit;
+mod authorization;
 pub mod backend;
 pub mod control_plane;
 mod error;

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::authz::rbac::{Attributes, PolicyRule, RbacIndex, RoleId, RuleId, UserInfo};
+use crate::authz::rbac::{self, Attributes, PolicyRule, RbacIndex, RoleId, RuleId, UserInfo};
 
 /// How many refusals are kept; later ones are only counted (`deniedDropped`).
 const DENIALS_KEPT: usize = 10_000;
@@ -32,6 +32,26 @@ impl AuthorizationReport {
         self.denied.iter().filter(move |d| d.user == user)
     }
 
+    /// The report of requests another API server decided (a real kube-apiserver, read from its audit log):
+    /// each allowed one credited to every rule of `index` that allows it, each refused one listed with the
+    /// message it was answered. Members of `system:masters` are left out, as this server leaves them out.
+    pub fn of_decisions(mode: &str, index: &RbacIndex, decisions: impl IntoIterator<Item = Decided>) -> Self {
+        let mut log = ReportLog::default();
+        for decided in decisions {
+            if decided.user.is_master() {
+                continue;
+            }
+            match &decided.refused {
+                Some(message) => log.denied(&decided.user, &decided.attrs, message),
+                None => {
+                    let matched = rbac::authorize(index, &decided.user, &decided.attrs).matched;
+                    log.allowed(&decided.user, &decided.attrs, &matched);
+                }
+            }
+        }
+        log.report(mode, index)
+    }
+
     /// The rules granted to `user` that allowed none of its requests, leaving out the bootstrap policy's
     /// (discovery, self-review) that every authenticated user has.
     pub fn unused_rules(&self, user: &str) -> Vec<&GrantedRule> {
@@ -40,6 +60,17 @@ impl AuthorizationReport {
             .map(|u| u.rules.iter().filter(|r| r.used == 0 && !r.bootstrap).collect())
             .unwrap_or_default()
     }
+}
+
+/// A request and what an authorizer decided about it, for [`AuthorizationReport::of_decisions`].
+#[derive(Clone, Debug)]
+pub struct Decided {
+    /// Who asked.
+    pub user: UserInfo,
+    /// What it asked to do.
+    pub attrs: Attributes,
+    /// The message of the 403 it was answered, or `None` when it was allowed.
+    pub refused: Option<String>,
 }
 
 /// One refused request.

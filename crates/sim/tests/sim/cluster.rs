@@ -42,8 +42,9 @@ pub(crate) fn eventually<T>(what: &str, mut check: impl FnMut() -> Result<T, Str
 }
 
 /// `gpu-sim serve` (or `up`) in a temporary directory, with kubectl pointed at it; stopped when dropped.
+/// Or kubectl pointed at an API server the test runs itself ([`Cluster::attached`]).
 pub(crate) struct Cluster {
-    server: Child,
+    server: Option<Child>,
     dir: TempDir,
 }
 
@@ -68,6 +69,14 @@ impl Cluster {
     /// drives it with kubectl; fails when kubectl is missing.
     pub(crate) fn up(extra: &[&str]) -> Self {
         Self::launch(&["up", "--instant"], extra)
+    }
+
+    /// kubectl (and helm) pointed at an API server the test runs, through `kubeconfig`.
+    pub(crate) fn attached(kubeconfig: &str) -> Self {
+        assert!(Path::new(KUBECTL).exists(), "{KUBECTL} is not installed");
+        let dir = tempfile::tempdir().expect("temporary directory");
+        std::fs::write(dir.path().join("kubeconfig"), kubeconfig).expect("kubeconfig written");
+        Self { server: None, dir }
     }
 
     fn launch(command: &[&str], extra: &[&str]) -> Self {
@@ -129,10 +138,13 @@ impl Cluster {
             kubeconfig.exists(),
             "the kubeconfig is written before the address is printed"
         );
-        Self { server, dir }
+        Self {
+            server: Some(server),
+            dir,
+        }
     }
 
-    /// The kubeconfig `gpu-sim` wrote for itself.
+    /// The kubeconfig kubectl and helm use.
     pub(crate) fn kubeconfig(&self) -> PathBuf {
         self.dir.path().join("kubeconfig")
     }
@@ -190,7 +202,9 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let _ = self.server.kill();
-        let _ = self.server.wait();
+        if let Some(server) = &mut self.server {
+            let _ = server.kill();
+            let _ = server.wait();
+        }
     }
 }
