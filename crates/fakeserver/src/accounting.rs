@@ -295,6 +295,12 @@ impl Journal {
         entries.push_back(entry);
     }
 
+    /// The entries kept, oldest first, leaving them in place.
+    pub(crate) fn entries(&self) -> Vec<JournalEntry> {
+        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries.iter().cloned().collect()
+    }
+
     /// Every entry recorded since the last call, oldest first, and how many were let go unread.
     pub(crate) fn take(&self) -> (Vec<JournalEntry>, u64) {
         let entries = std::mem::take(&mut *self.entries.lock().unwrap_or_else(PoisonError::into_inner));

@@ -421,6 +421,11 @@ impl FakeServer {
         self.shared.requests.reset();
     }
 
+    /// The journal's entries kept so far, oldest first, leaving them for [`FakeServer::take_journal`].
+    pub fn journal(&self) -> Vec<JournalEntry> {
+        self.shared.journal.entries()
+    }
+
     /// The journal's entries recorded since the last call, oldest first, and how many were let go unread
     /// because the journal was full (always none when [`Builder::journal`] was not set).
     pub fn take_journal(&self) -> (Vec<JournalEntry>, u64) {

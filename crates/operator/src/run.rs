@@ -100,6 +100,19 @@ impl Running {
             let _ = task.await;
         }
     }
+
+    /// Ends every task where it is, as a killed process ends: nothing is given up or cleaned, a request
+    /// being sent is dropped, and another replica leads only once the lease expires. (The caches' watches,
+    /// which only read, are then stopped too.)
+    pub async fn kill(self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        self.shutdown.cancel();
+    }
 }
 
 /// Why the operator could not start.

@@ -40,7 +40,7 @@ impl ControlPlane {
             &mut index,
         )
         .await?;
-        let events = self.audit().settled(&admin).await?;
+        let events = self.requests_so_far().await?;
         Ok(AuthorizationReport::of_decisions(
             "rbac",
             &index,

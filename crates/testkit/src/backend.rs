@@ -2,10 +2,25 @@
 //! asks it for clients and request counts; [`two_backends!`](crate::two_backends) makes a test of each from
 //! it, so a case added later runs on both by default.
 
-use gpuop_fakeserver::{Authorization, AuthorizationReport, FakeServer, RequestCounts};
+use gpuop_fakeserver::{Authorization, AuthorizationReport, FakeServer, RequestCounts, RequestKey};
 
 use crate::audit;
 use crate::control_plane::ControlPlane;
+
+/// How many requests a fake server made by [`Backend::fake`] keeps in its journal: more than any
+/// two-backend test sends.
+pub const JOURNAL: usize = 200_000;
+
+/// One request, as [`Backend::requests_in_order`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Received {
+    /// What it was, its answer's code and its client, as request counts key it.
+    pub key: RequestKey,
+    /// The namespace of its object or collection, or "".
+    pub namespace: String,
+    /// Its object's name, or "" for a collection.
+    pub name: String,
+}
 
 /// The API server a test runs against.
 #[derive(Debug)]
@@ -17,15 +32,21 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// A fresh fake server.
+    /// A fresh fake server, keeping a journal of its newest [`JOURNAL`] requests for
+    /// [`Backend::requests_in_order`].
     pub fn fake() -> Self {
-        Backend::Fake(FakeServer::new())
+        Backend::Fake(FakeServer::builder().journal(JOURNAL).build())
     }
 
     /// A fresh fake server that authorizes with RBAC, as a real control plane does; its in-process
     /// clients ([`Backend::client_as`]) are the admin's.
     pub fn fake_rbac() -> Self {
-        Backend::Fake(FakeServer::builder().authorization(Authorization::Rbac).build())
+        Backend::Fake(
+            FakeServer::builder()
+                .journal(JOURNAL)
+                .authorization(Authorization::Rbac)
+                .build(),
+        )
     }
 
     /// A fresh real control plane from the binaries [`crate::BINARIES_VAR`] names. Panics, with the reason,
@@ -61,18 +82,38 @@ impl Backend {
     pub async fn requests(&self) -> RequestCounts {
         match self {
             Backend::Fake(server) => server.requests(),
-            Backend::Real(plane) => {
-                let admin = plane
-                    .admin()
-                    .await
-                    .unwrap_or_else(|error| panic!("the admin's client: {error}"));
-                let events = plane
-                    .audit()
-                    .settled(&admin)
-                    .await
-                    .unwrap_or_else(|error| panic!("reading the audit log: {error}"));
-                audit::counts(&events)
+            Backend::Real(plane) => audit::counts(&audit_events(plane).await),
+        }
+    }
+
+    /// Every request so far, in the order the server received them: the fake server's journal (the newest
+    /// [`JOURNAL`]), or a real control plane's audit log. Whether one client wrote after another's step is
+    /// read from this.
+    pub async fn requests_in_order(&self) -> Vec<Received> {
+        match self {
+            Backend::Fake(server) => {
+                let mut journal = server.journal();
+                journal.sort_by_key(|entry| entry.started);
+                journal
+                    .into_iter()
+                    .map(|entry| Received {
+                        key: entry.key,
+                        namespace: entry.namespace,
+                        name: entry.name,
+                    })
+                    .collect()
             }
+            Backend::Real(plane) => audit_events(plane)
+                .await
+                .into_iter()
+                .filter_map(|event| {
+                    Some(Received {
+                        key: event.key()?,
+                        namespace: event.namespace,
+                        name: event.name,
+                    })
+                })
+                .collect(),
         }
     }
 
@@ -87,6 +128,13 @@ impl Backend {
                 .unwrap_or_else(|error| panic!("the authorization report: {error}")),
         }
     }
+}
+
+async fn audit_events(plane: &ControlPlane) -> Vec<crate::AuditEvent> {
+    plane
+        .requests_so_far()
+        .await
+        .unwrap_or_else(|error| panic!("reading the audit log: {error}"))
 }
 
 /// Makes two tests of one async test body `fn NAME(backend: Backend)`: `NAME::fake_server`, and

@@ -500,6 +500,11 @@ impl ControlPlane {
         &self.audit
     }
 
+    /// Every request answered so far, from the audit log once it has caught up ([`AuditLog::settled`]).
+    pub async fn requests_so_far(&self) -> Result<Vec<crate::AuditEvent>, Error> {
+        self.audit.settled(&self.admin().await?).await
+    }
+
     /// A kubeconfig for this API server whose user presents `token`.
     pub fn kubeconfig(&self, token: &str) -> String {
         let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);

@@ -23,7 +23,7 @@ pub mod control_plane;
 mod error;
 
 pub use audit::{AuditEvent, AuditLog};
-pub use backend::Backend;
+pub use backend::{Backend, Received};
 pub use control_plane::{Binaries, ControlPlane};
 pub use error::Error;
 

@@ -160,6 +160,16 @@ impl Cluster {
             .expect("replica starts")
     }
 
+    async fn lease_held_by(&self, identity: &str) {
+        self.until(&format!("{identity} holds the lease"), || async {
+            match self.lease_holder().await {
+                Some(holder) if holder == identity => Ok(()),
+                other => Err(format!("holder {other:?}")),
+            }
+        })
+        .await;
+    }
+
     async fn lease_holder(&self) -> Option<String> {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), NAMESPACE);
         let lease = leases.get_opt(DEFAULT_LEASE_NAME).await.expect("lease reads")?;
@@ -281,11 +291,17 @@ impl Cluster {
 
     /// Turns feature discovery off in the policy and waits until `who` prunes its DaemonSet.
     async fn feature_discovery_pruned(&self, who: &str) {
-        self.patch_policy("cluster-policy", json!({ "gfd": { "enabled": false } }))
+        self.switched_off(who, "gfd", "DaemonSet/gpu-feature-discovery")
             .await;
-        self.until(&format!("{who} prunes feature discovery"), || async {
+    }
+
+    /// Switches the policy's `section` off and waits until `who` has pruned its `object`.
+    async fn switched_off(&self, who: &str, section: &str, object: &str) {
+        self.patch_policy("cluster-policy", json!({ section: { "enabled": false } }))
+            .await;
+        self.until(&format!("{who} prunes {object}"), || async {
             let managed = self.managed().await;
-            if managed.contains("DaemonSet/gpu-feature-discovery") {
+            if managed.contains(object) {
                 Err(format!("{managed:?}"))
             } else {
                 Ok(())
@@ -1046,19 +1062,17 @@ async fn it_converges_with_ten_percent_of_requests_failing() {
     cluster.stop().await;
 }
 
-gpuop_testkit::two_backends!(only_the_leader_writes_and_a_second_replica_takes_over_when_it_stops);
+gpuop_testkit::two_backends!(
+    only_the_leader_writes_and_another_replica_takes_over_when_it_is_killed_or_stops
+);
 
-async fn only_the_leader_writes_and_a_second_replica_takes_over_when_it_stops(backend: Backend) {
+/// Two replicas: only the leader writes. The leader is killed (its Lease left as it was); the other takes
+/// over once the Lease expires, and the server receives no write from the killed one after the takeover.
+/// The new leader stops gracefully, giving the Lease up; a third replica takes over at once.
+async fn only_the_leader_writes_and_another_replica_takes_over_when_it_is_killed_or_stops(backend: Backend) {
     let cluster = Cluster::on(backend, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
     let first = cluster.replica("replica-a").await;
-    cluster
-        .until("replica-a holds the lease", || async {
-            match cluster.lease_holder().await.as_deref() {
-                Some("replica-a") => Ok(()),
-                other => Err(format!("holder {other:?}")),
-            }
-        })
-        .await;
+    cluster.lease_held_by("replica-a").await;
     let second = cluster.replica("replica-b").await;
     cluster.apply(DEFAULT_POLICY).await;
     cluster.converged("cluster-policy").await;
@@ -1073,12 +1087,40 @@ async fn only_the_leader_writes_and_a_second_replica_takes_over_when_it_stops(ba
         "a follower writes nothing, not even the lease it does not hold"
     );
 
-    // The leader stops (and gives the lease up); the follower takes over and acts on the next change.
-    first.stop().await;
+    // The leader is killed; the follower takes over once the Lease expires and acts on the next change.
+    first.kill().await;
     cluster.feature_discovery_pruned("replica-b").await;
-    assert_eq!(cluster.lease_holder().await.as_deref(), Some("replica-b"));
-    assert!(cluster.backend.requests().await.writes_by("replica-b") > 0);
+    cluster.lease_held_by("replica-b").await;
+    let in_order = cluster.backend.requests_in_order().await;
+    let takeover = in_order
+        .iter()
+        .position(|r| {
+            r.key.client == "replica-b"
+                && r.key.resource == "leases"
+                && r.key.verb.is_write()
+                && r.key.code < 400
+        })
+        .expect("replica-b took the Lease over");
+    let late: Vec<String> = in_order
+        .iter()
+        .skip(takeover)
+        .filter(|r| r.key.client == "replica-a" && r.key.verb.is_write())
+        .map(|r| format!("{:?} {} {}/{}", r.key.verb, r.key.resource, r.namespace, r.name))
+        .collect();
+    assert_eq!(
+        late,
+        Vec::<String>::new(),
+        "writes of the killed leader received after the takeover"
+    );
+
+    // The new leader stops and gives the Lease up: a third replica leads at once.
+    let third = cluster.replica("replica-c").await;
     second.stop().await;
+    cluster
+        .switched_off("replica-c", "dcgmExporter", "DaemonSet/nvidia-dcgm-exporter")
+        .await;
+    cluster.lease_held_by("replica-c").await;
+    third.stop().await;
     cluster.stop().await;
 }
 
