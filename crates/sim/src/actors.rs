@@ -131,6 +131,11 @@ pub fn spawn(
             budgets,
             shutdown.clone(),
         )));
+        tasks.push(tokio::spawn(pod_garbage_collector(
+            client.clone(),
+            caches.clone(),
+            shutdown.clone(),
+        )));
     }
     if let Some(heartbeats) = state.timing.heartbeats {
         tasks.push(tokio::spawn(node_heartbeats(
@@ -766,6 +771,60 @@ async fn disruption_controller(
             {
                 debug!(budget = %budget.name_any(), %error, "cannot report a disruption budget's status");
                 wake = Some(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// The pod garbage collector's part a simulated cluster needs: the pods bound to a node that no longer
+/// exists are deleted at once, without grace (no kubelet is left to stop them). kube-controller-manager's
+/// waits out a quarantine of 40 s first, against a node its cache has not shown yet; this one asks the API
+/// server instead, so a pod whose node just joined is never taken for an orphan.
+async fn pod_garbage_collector(client: Client, caches: Caches, shutdown: CancellationToken) {
+    let changes = lock(&caches.index).subscribe();
+    caches.ready().await;
+    let mut changed = caches.changes();
+    let mut wake = Some(Duration::ZERO);
+    let mut pace = Pace::new();
+    let nodes: Api<Node> = Api::all(client.clone());
+    while next_pass(&mut changed, wake, &mut pace, &shutdown).await {
+        wake = None;
+        let (all, changed_nodes) = lock(&changes).take();
+        let candidates: Vec<String> = if all {
+            lock(&caches.index).nodes_with_pods().collect()
+        } else {
+            changed_nodes.into_iter().collect()
+        };
+        for node in candidates {
+            if caches.nodes.get(&ObjectRef::new(&node)).is_some() {
+                continue;
+            }
+            let orphans = caches.pods_on(&node);
+            if orphans.is_empty() {
+                continue;
+            }
+            match nodes.get_opt(&node).await {
+                Ok(None) => {}
+                Ok(Some(_)) => continue,
+                Err(error) => {
+                    debug!(%node, %error, "cannot tell whether a node exists");
+                    wake = Some(Duration::from_secs(1));
+                    continue;
+                }
+            }
+            for pod in orphans {
+                let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+                match api
+                    .delete(&pod.name_any(), &DeleteParams::default().grace_period(0))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(status)) if status.code == 404 => {}
+                    Err(error) => {
+                        debug!(pod = %pod.name_any(), %error, "cannot delete a pod of a deleted node");
+                        wake = Some(Duration::from_secs(1));
+                    }
+                }
             }
         }
     }
