@@ -18,6 +18,43 @@ fn object_at<'a>(value: &'a mut Value, key: &str) -> Option<&'a mut Map<String, 
     value.get_mut(key).and_then(Value::as_object_mut)
 }
 
+/// What a kind's strategy sets once the writer's managed fields are recorded, so that no manager owns it:
+/// a Namespace's `kubernetes` finalizer.
+pub(crate) fn strategy(info: &ResourceInfo, object: &mut Value) {
+    if info.is("", "Namespace")
+        && let Some(namespace) = object.as_object_mut()
+    {
+        let spec = namespace.entry("spec").or_insert_with(|| json!({}));
+        if let Some(spec) = spec.as_object_mut() {
+            set(spec, "finalizers", json!(["kubernetes"]));
+        }
+    }
+}
+
+/// A device request asks for exactly one device unless it says otherwise (`allocationMode: ExactCount`,
+/// `count: 1`), and so does each of its alternatives.
+fn device_requests(requests: Option<&mut Value>) {
+    let one_device = |request: &mut Map<String, Value>| {
+        set(request, "allocationMode", json!("ExactCount"));
+        if request.get("allocationMode").and_then(Value::as_str) == Some("ExactCount") {
+            set(request, "count", json!(1));
+        }
+    };
+    for request in requests.and_then(Value::as_array_mut).into_iter().flatten() {
+        if let Some(exactly) = request.get_mut("exactly").and_then(Value::as_object_mut) {
+            one_device(exactly);
+        }
+        let alternatives = request.get_mut("firstAvailable").and_then(Value::as_array_mut);
+        for alternative in alternatives
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_object_mut)
+        {
+            one_device(alternative);
+        }
+    }
+}
+
 /// Fills in the defaults of a built-in object.
 pub(crate) fn apply(info: &ResourceInfo, object: &mut Value) {
     if info.custom.is_some() {
@@ -134,12 +171,6 @@ pub(crate) fn apply(info: &ResourceInfo, object: &mut Value) {
                     labels.insert("kubernetes.io/metadata.name".into(), json!(name));
                 }
             }
-            if let Some(namespace) = object.as_object_mut() {
-                let spec = namespace.entry("spec").or_insert_with(|| json!({}));
-                if let Some(spec) = spec.as_object_mut() {
-                    set(spec, "finalizers", json!(["kubernetes"]));
-                }
-            }
         }
         ("rbac.authorization.k8s.io", "RoleBinding" | "ClusterRoleBinding") => {
             for subject in object
@@ -164,6 +195,10 @@ pub(crate) fn apply(info: &ResourceInfo, object: &mut Value) {
             }
         }
         ("apiextensions.k8s.io", "CustomResourceDefinition") => crate::registry::default_crd(object),
+        ("resource.k8s.io", "ResourceClaim") => device_requests(object.pointer_mut("/spec/devices/requests")),
+        ("resource.k8s.io", "ResourceClaimTemplate") => {
+            device_requests(object.pointer_mut("/spec/spec/devices/requests"));
+        }
         _ => {}
     }
 }
@@ -290,6 +325,7 @@ pub(crate) fn initial_status(info: &ResourceInfo, object: &mut Value) {
             json!({"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0}),
         ),
         ("", "Namespace") => Some(json!({"phase": "Active"})),
+        ("resource.k8s.io", "ResourceClaim") => Some(json!({})),
         _ => return,
     };
     if let Some(map) = object.as_object_mut() {

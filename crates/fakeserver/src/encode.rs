@@ -171,14 +171,46 @@ pub(crate) fn list(
     let size: usize = items.iter().map(|i| i.json.len() + 1).sum();
     let mut body = Vec::with_capacity(head.len() + size + 2);
     body.extend_from_slice(head.as_bytes());
+    // kube-apiserver lists built-in objects without their `apiVersion` and `kind` (the list says them once);
+    // custom resources keep theirs.
+    let type_meta = (info.custom.is_none() && matches!(projection, Projection::Full)).then(|| {
+        format!(
+            "{{\"apiVersion\":{},\"kind\":{},",
+            Value::from(info.api_version()),
+            Value::from(info.kind.as_str())
+        )
+    });
     for (index, item) in items.iter().enumerate() {
         if index > 0 {
             body.push(b',');
         }
-        body.extend_from_slice(&object(info, item, projection));
+        let encoded = object(info, item, projection);
+        match &type_meta {
+            Some(prefix) => body.extend_from_slice(&without_type_meta(&encoded, prefix)),
+            None => body.extend_from_slice(&encoded),
+        }
     }
     body.extend_from_slice(b"]}");
     Bytes::from(body)
+}
+
+/// An object's JSON without its leading `apiVersion` and `kind` (`prefix`, as stored objects begin), or
+/// re-encoded without them where they are elsewhere.
+fn without_type_meta(encoded: &[u8], prefix: &str) -> Vec<u8> {
+    if let Some(rest) = encoded.strip_prefix(prefix.as_bytes()) {
+        let mut out = Vec::with_capacity(rest.len() + 1);
+        out.push(b'{');
+        out.extend_from_slice(rest);
+        return out;
+    }
+    match serde_json::from_slice::<Value>(encoded) {
+        Ok(Value::Object(mut map)) => {
+            map.remove("apiVersion");
+            map.remove("kind");
+            serde_json::to_vec(&map).unwrap_or_default()
+        }
+        _ => encoded.to_vec(),
+    }
 }
 
 /// A BOOKMARK event line; `initial_end` marks the end of `sendInitialEvents`.

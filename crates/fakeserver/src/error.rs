@@ -169,7 +169,10 @@ pub enum ApiError {
     #[error("the server does not allow this method on the requested resource")]
     MethodNotAllowed,
     /// 406: the client accepts no media type the server can produce.
-    #[error("only the following media types are accepted: application/json, application/yaml")]
+    #[error(
+        "only the following media types are accepted: application/json, application/yaml, \
+         application/vnd.kubernetes.protobuf"
+    )]
     NotAcceptable,
     /// 413: the body is larger than the limit (in bytes), worded as `NewRequestEntityTooLargeError`.
     #[error("Request entity too large: limit is {0}")]
@@ -322,17 +325,16 @@ impl ApiError {
             | Self::AlreadyExists { resource, name }
             | Self::Conflict { resource, name, .. }
             | Self::Forbidden { resource, name, .. } => Some(resource_details(resource, name, &[])),
-            Self::ApplyConflict {
-                resource,
-                name,
-                causes,
-                ..
-            } => Some(resource_details(resource, name, causes)),
+            // kube-apiserver names neither the object nor its kind in an apply conflict's details.
+            Self::ApplyConflict { causes, .. } => Some(json!({ "causes": causes_json(causes) })),
             Self::Invalid { kind, name, causes } => {
                 let mut details = json!({"name": name, "group": kind.group, "kind": kind.kind});
+                omit_empty(&mut details);
                 details["causes"] = causes_json(causes);
                 Some(details)
             }
+            // A path no resource serves, or a method it does not take: details with nothing in them.
+            Self::NoSuchPath | Self::MethodNotAllowed | Self::Unprocessable(_) => Some(json!({})),
             Self::TooManyRequests {
                 retry_after_seconds,
                 causes,
@@ -358,32 +360,47 @@ impl ApiError {
 
 fn resource_details(resource: &GroupResource, name: &str, causes: &[Cause]) -> Value {
     let mut details = json!({"name": name, "group": resource.group, "kind": resource.resource});
-    // Go's `omitempty`: a Forbidden for a collection has no name, one for a path no kind either.
-    if let Some(fields) = details.as_object_mut() {
-        fields.retain(|_, value| value.as_str().is_none_or(|text| !text.is_empty()));
-    }
+    omit_empty(&mut details);
     if !causes.is_empty() {
         details["causes"] = causes_json(causes);
     }
     details
 }
 
+/// Go's `omitempty` on `StatusDetails`: an empty name, group or kind is left out (a Forbidden for a
+/// collection has no name, one for a path no kind either).
+fn omit_empty(details: &mut Value) {
+    if let Some(fields) = details.as_object_mut() {
+        fields.retain(|_, value| value.as_str().is_none_or(|text| !text.is_empty()));
+    }
+}
+
 fn causes_json(causes: &[Cause]) -> Value {
     Value::Array(
         causes
             .iter()
-            .map(|cause| json!({"reason": cause.reason, "message": cause.message, "field": cause.field}))
+            .map(|cause| {
+                let mut cause =
+                    json!({"reason": cause.reason, "message": cause.message, "field": cause.field});
+                omit_empty(&mut cause);
+                cause
+            })
             .collect(),
     )
 }
 
-/// A successful `Status`, as answered by deletes that do not return the object, evictions and bindings.
+/// A successful `Status`, as answered by deletes that do not return the object.
 pub fn success_status(details: Option<Value>) -> Value {
     let mut status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"});
     if let Some(details) = details {
         status["details"] = details;
     }
     status
+}
+
+/// The `Status` an eviction or a binding is answered with: created, with its code.
+pub fn created_status() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
 }
 
 #[cfg(test)]

@@ -269,6 +269,66 @@ fn own_elements(items: &[Value], keys: &[&str]) -> Option<Vec<Element>> {
     Some(elements)
 }
 
+/// The maps a non-apply write created, owned themselves beside their fields (`.` in `fieldsV1`), as
+/// kube-apiserver records an update: it compares the new object with the old one, or with an empty object
+/// of the kind on create, and owns every node that was absent there. An empty built-in object already
+/// holds its non-pointer structs (`spec`, `template`), so only its free-form maps ([`CREATED_MAPS`]) count;
+/// an empty custom resource holds nothing, so every map of one counts. Lists are not entered.
+pub(crate) fn created_maps(new: &Value, old: Option<&Value>, shape: Shape<'_>) -> FieldSet {
+    let mut out = FieldSet::default();
+    let mut path = Vec::new();
+    walk_created(new, old, shape, &mut path, &mut out.0);
+    out
+}
+
+/// The free-form maps of built-in kinds, absent from an empty object (Go's `omitempty` maps).
+const CREATED_MAPS: [&str; 10] = [
+    "labels",
+    "annotations",
+    "data",
+    "binaryData",
+    "stringData",
+    "nodeSelector",
+    "limits",
+    "requests",
+    "capacity",
+    "allocatable",
+];
+
+fn walk_created(
+    new: &Value,
+    old: Option<&Value>,
+    shape: Shape<'_>,
+    path: &mut Path,
+    out: &mut BTreeSet<Path>,
+) {
+    let Value::Object(fields) = new else { return };
+    if fields.is_empty() || shape.applied_whole() || old == Some(new) {
+        return;
+    }
+    let old_fields = old.and_then(Value::as_object);
+    if !path.is_empty() && old_fields.is_none() {
+        let counts = match shape {
+            Shape::Builtin { field, .. } => CREATED_MAPS.contains(&field),
+            Shape::Schema { .. } | Shape::Free => true,
+        };
+        if counts {
+            out.insert(path.clone());
+        }
+    }
+    for (key, child) in fields {
+        path.push(format!("f:{key}"));
+        walk_created(
+            child,
+            old_fields.and_then(|o| o.get(key)),
+            shape.field(key),
+            path,
+            out,
+        );
+        path.pop();
+    }
+}
+
 /// A keyed item of the new object (at `path`), against the old object's item of the same key, if any.
 fn keyed_item<'a>(
     item: &'a Value,

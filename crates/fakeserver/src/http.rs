@@ -23,7 +23,7 @@ use crate::authz::request_info::request_info;
 use crate::authz::{Authz, CreateOnApply, Escalation, RBAC_GROUP};
 use crate::discovery;
 use crate::encode::{self, Projection};
-use crate::error::{ApiError, success_status};
+use crate::error::{ApiError, created_status, success_status};
 use crate::faults::FaultInjector;
 use crate::patch::{PatchType, parse_body};
 use crate::protobuf;
@@ -505,7 +505,7 @@ impl ResourceRequest<'_> {
             Some(other) => {
                 causes.push(crate::error::Cause {
                     reason: "FieldValueNotSupported".into(),
-                    message: format!("Unsupported value: []string{{{other:?}}}: supported values: \"All\""),
+                    message: format!("Unsupported value: [{other:?}]: supported values: \"All\""),
                     field: "dryRun".into(),
                 });
                 false
@@ -628,9 +628,19 @@ impl ResourceRequest<'_> {
 
     fn check_field_labels(&self, fields: &FieldSelector) -> Result<(), ApiError> {
         match fields.fields().find(|f| self.info().field_label(f).is_none()) {
-            Some(unsupported) => Err(ApiError::BadRequest(format!(
-                "field label not supported: {unsupported}"
-            ))),
+            Some(unsupported) => {
+                let mut known: Vec<String> = self
+                    .info()
+                    .field_labels
+                    .iter()
+                    .map(|f| format!("{:?}", f.label))
+                    .collect();
+                known.sort();
+                Err(ApiError::BadRequest(format!(
+                    "{unsupported:?} is not a known field selector: only {}",
+                    known.join(", ")
+                )))
+            }
             None => Ok(()),
         }
     }
@@ -731,6 +741,22 @@ async fn read_body(body: Body, headers: &HeaderMap) -> Result<Value, ApiError> {
     parse_body(&bytes)
 }
 
+/// A patch's body: an apply configuration in YAML or JSON; any other patch in JSON only, as kube-apiserver
+/// decodes them.
+async fn read_patch(body: Body, kind: PatchType) -> Result<Value, ApiError> {
+    let bytes = axum::body::to_bytes(body, BODY_LIMIT)
+        .await
+        .map_err(|_| ApiError::TooLarge(BODY_LIMIT))?;
+    if bytes.is_empty() {
+        return Ok(Value::Null);
+    }
+    if kind == PatchType::Apply {
+        return parse_body(&bytes);
+    }
+    serde_json::from_slice(&bytes)
+        .map_err(|error| ApiError::BadRequest(format!("error decoding patch: {error}")))
+}
+
 fn check_body_type(headers: &HeaderMap) -> Result<(), ApiError> {
     match media_type(headers) {
         "" | "application/json" | "application/yaml" | "*/*" | protobuf::MEDIA_TYPE => Ok(()),
@@ -801,7 +827,7 @@ async fn serve_resource(
                 .shared
                 .store
                 .evict(request.namespace(), request.name(), &eviction)?;
-            Ok(json_response(StatusCode::CREATED, &success_status(None), &[]))
+            Ok(json_response(StatusCode::CREATED, &created_status(), &[]))
         }
         (Method::POST, true, Some("token")) if info.is("", "ServiceAccount") => {
             let token_request = read_body(body, request.headers).await?;
@@ -821,7 +847,7 @@ async fn serve_resource(
                 &binding,
                 &request.manager(false),
             )?;
-            Ok(json_response(StatusCode::CREATED, &success_status(None), &[]))
+            Ok(json_response(StatusCode::CREATED, &created_status(), &[]))
         }
         (Method::PUT, true, None | Some("status")) => {
             check_body_type(request.headers)?;
@@ -851,7 +877,7 @@ async fn serve_resource(
                 return Err(ApiError::NoSuchPath);
             }
             let kind = PatchType::from_content_type(header(request.headers, CONTENT_TYPE))?;
-            let patch = read_body(body, request.headers).await?;
+            let patch = read_patch(body, kind).await?;
             let opts = request.write_options(subresource == Some("status"), kind == PatchType::Apply)?;
             let written = request.shared.store.patch(
                 &info,
@@ -997,8 +1023,8 @@ fn delete_options(request: &ResourceRequest<'_>, body: &Value) -> Result<DeleteO
         causes.push(crate::error::Cause {
             reason: "FieldValueNotSupported".into(),
             message: format!(
-                "Unsupported value: []string{{{}}}: supported values: \"All\"",
-                values.join(", ")
+                "Unsupported value: [{}]: supported values: \"All\"",
+                values.join(",")
             ),
             field: "dryRun".into(),
         });

@@ -359,6 +359,20 @@ const BUILTINS: &[Builtin] = &[
     )
     .short(&["pc"]),
     builtin("coordination.k8s.io", "v1", "Lease", "leases", true),
+    // Dynamic Resource Allocation (GA in v1.34), stored as sent: no typed decoding (the library takes
+    // k8s-openapi without a version), so unknown fields are kept, not refused.
+    builtin("resource.k8s.io", "v1", "DeviceClass", "deviceclasses", false).generation(),
+    builtin("resource.k8s.io", "v1", "ResourceSlice", "resourceslices", false)
+        .generation()
+        .fields(&[("spec.nodeName", ""), ("spec.driver", "")]),
+    builtin("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims", true).status(),
+    builtin(
+        "resource.k8s.io",
+        "v1",
+        "ResourceClaimTemplate",
+        "resourceclaimtemplates",
+        true,
+    ),
     builtin("node.k8s.io", "v1", "RuntimeClass", "runtimeclasses", false),
     builtin(
         "apiextensions.k8s.io",

@@ -182,8 +182,20 @@ pub(crate) struct Applier<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Conflict {
     pub(crate) manager: String,
+    pub(crate) operation: Operation,
     pub(crate) api_version: String,
     pub(crate) path: Path,
+}
+
+impl Conflict {
+    /// The manager as kube-apiserver names it in a conflict: `"name"` for an applier, `"name" using v1` for
+    /// an updater.
+    pub(crate) fn who(&self) -> String {
+        match self.operation {
+            Operation::Apply => format!("{:?}", self.manager),
+            Operation::Update => format!("{:?} using {}", self.manager, self.api_version),
+        }
+    }
 }
 
 /// Applies `config` onto `live` (the stored object, or a skeleton when creating); returns the new object with
@@ -203,6 +215,7 @@ pub(crate) fn apply(live: &Value, config: &Value, applier: &Applier<'_>) -> Resu
             if leaf && !same_values(fieldset::lookup(live, path), wanted) {
                 conflicts.push(Conflict {
                     manager: entry.manager.clone(),
+                    operation: entry.operation,
                     api_version: entry.api_version.clone(),
                     path: path.clone(),
                 });
@@ -360,6 +373,11 @@ pub(crate) fn record_update(old: Option<&Value>, new: &mut Value, updater: &Upda
         .map(|o| scoped(o, updater.scope))
         .unwrap_or_else(|| Value::Object(Map::new()));
     let fieldset::Changes { changed, removed } = fieldset::changes(&new_scoped, &old_scoped, updater.shape);
+    let changed = changed.union(&fieldset::created_maps(
+        &new_scoped,
+        Some(&old_scoped),
+        updater.shape,
+    ));
     let unchanged = changed.is_empty() && removed.is_empty() && old.is_some();
     if unchanged && sent.is_none() {
         // The stored entries stay as they are: they were written by `write_entries`, so reading and writing
@@ -585,6 +603,7 @@ mod tests {
             conflicts,
             [Conflict {
                 manager: "op".into(),
+                operation: Operation::Apply,
                 api_version: "apps/v1".into(),
                 path: vec!["f:spec".into(), "f:replicas".into()]
             }]

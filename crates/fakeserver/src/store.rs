@@ -777,12 +777,6 @@ impl Store {
                     "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
                 ));
             }
-            if !query.bookmarks {
-                causes.push(validation::required(
-                    "allowWatchBookmarks",
-                    "sendInitialEvents requires allowWatchBookmarks",
-                ));
-            }
             if !causes.is_empty() {
                 let kind = GroupKind {
                     group: "meta.k8s.io".into(),
@@ -817,7 +811,9 @@ impl Store {
                     )));
                 }
                 start.initial = collect(info, table, namespace, &list_query);
-                start.initial_end = Some(current);
+                // kube-apiserver v1.36 takes `sendInitialEvents` without `allowWatchBookmarks`, and then
+                // sends no bookmark at the end of the initial events either.
+                start.initial_end = query.bookmarks.then_some(current);
             }
             (Some(false), None | Some(0)) => {}
             (None, None | Some(0)) => start.initial = collect(info, table, namespace, &list_query),

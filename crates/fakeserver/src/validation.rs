@@ -459,6 +459,60 @@ pub(crate) fn metadata(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
 }
 
 /// Checks a built-in kind's own rules; `old` is the stored object on update.
+/// A ResourceSlice names its driver and pool, and where its devices are: exactly one of a node, a node
+/// selector, all nodes, or per device.
+fn resource_slice(object: &Value, causes: &mut Vec<Cause>) {
+    let spec = object.get("spec").unwrap_or(&Value::Null);
+    let placements = ["nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection"]
+        .iter()
+        .filter(|field| match spec.get(**field) {
+            None | Some(Value::Null) => false,
+            Some(Value::String(text)) => !text.is_empty(),
+            Some(Value::Bool(set)) => *set,
+            Some(_) => true,
+        })
+        .count();
+    if placements != 1 {
+        let detail =
+            "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required";
+        if placements == 0 {
+            causes.push(required("spec", detail));
+        } else {
+            causes.push(invalid("spec", spec, detail));
+        }
+    }
+    for (pointer, field) in [("/driver", "spec.driver"), ("/pool/name", "spec.pool.name")] {
+        if spec
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .is_empty()
+        {
+            causes.push(required(field, ""));
+        }
+    }
+}
+
+/// Each device request asks for a class, directly (`exactly`) or in each of its alternatives.
+fn device_requests(requests: Option<&Value>, field: &str, causes: &mut Vec<Cause>) {
+    for (index, request) in requests
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if let Some(exactly) = request.get("exactly") {
+            let class = exactly
+                .get("deviceClassName")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            if class.is_empty() {
+                causes.push(required(&format!("{field}[{index}].exactly.deviceClassName"), ""));
+            }
+        }
+    }
+}
+
 pub(crate) fn builtin(info: &ResourceInfo, object: &Value, old: Option<&Value>) -> Vec<Cause> {
     let mut causes = Vec::new();
     match (info.group.as_str(), info.kind.as_str()) {
@@ -561,6 +615,28 @@ pub(crate) fn builtin(info: &ResourceInfo, object: &Value, old: Option<&Value>) 
         ("apiextensions.k8s.io", "CustomResourceDefinition") => {
             crate::registry::validate_crd(object, old, &mut causes)
         }
+        ("resource.k8s.io", "ResourceSlice") => resource_slice(object, &mut causes),
+        ("resource.k8s.io", "ResourceClaim") => {
+            device_requests(
+                object.pointer("/spec/devices/requests"),
+                "spec.devices.requests",
+                &mut causes,
+            );
+            if let Some(old) = old
+                && old.get("spec") != object.get("spec")
+            {
+                causes.push(invalid(
+                    "spec",
+                    object.get("spec").unwrap_or(&Value::Null),
+                    "field is immutable",
+                ));
+            }
+        }
+        ("resource.k8s.io", "ResourceClaimTemplate") => device_requests(
+            object.pointer("/spec/spec/devices/requests"),
+            "spec.spec.devices.requests",
+            &mut causes,
+        ),
         ("", "Event") => event(&EventFields::core(object), &mut causes),
         ("events.k8s.io", "Event") => {
             let fields = EventFields::events_v1(object);

@@ -152,38 +152,39 @@ fn releasable(value: &Value) -> bool {
             .is_none_or(|f| f.is_empty())
 }
 
+/// A uid precondition that does not hold, as kube-apiserver's store words it: the object named by its kind.
+fn uid_precondition_failed(info: &ResourceInfo, name: &str, sent: &str, stored: &str) -> ApiError {
+    ApiError::Conflict {
+        resource: GroupResource::new(&info.group, &info.kind),
+        name: name.to_owned(),
+        detail: format!(
+            "the UID in the precondition ({sent}) does not match the UID in record ({stored}). The object might \
+             have been deleted and then recreated"
+        ),
+    }
+}
+
 fn apply_conflict(info: &ResourceInfo, name: &str, conflicts: &[ssa::Conflict]) -> ApiError {
-    let mut by_manager: Vec<(String, String, Vec<String>)> = Vec::new();
+    // Conflicts grouped by manager, in the order met: (how kube-apiserver names the manager, fields).
+    let mut by_manager: Vec<(String, Vec<String>)> = Vec::new();
     for conflict in conflicts {
         let field = crate::fieldset::display(&conflict.path);
-        match by_manager
-            .iter_mut()
-            .find(|(m, v, _)| *m == conflict.manager && *v == conflict.api_version)
-        {
-            Some((_, _, fields)) => fields.push(field),
-            None => by_manager.push((
-                conflict.manager.clone(),
-                conflict.api_version.clone(),
-                vec![field],
-            )),
+        let who = conflict.who();
+        match by_manager.iter_mut().find(|(w, _)| *w == who) {
+            Some((_, fields)) => fields.push(field),
+            None => by_manager.push((who, vec![field])),
         }
     }
     let count = conflicts.len();
     let message = if count == 1 {
-        let (manager, version, fields) = &by_manager[0];
-        format!(
-            "Apply failed with 1 conflict: conflict with \"{manager}\" using {version}: {}",
-            fields[0]
-        )
+        let (who, fields) = &by_manager[0];
+        format!("Apply failed with 1 conflict: conflict with {who}: {}", fields[0])
     } else {
         let groups: Vec<String> = by_manager
             .iter()
-            .map(|(manager, version, fields)| {
+            .map(|(who, fields)| {
                 let lines: Vec<String> = fields.iter().map(|f| format!("- {f}")).collect();
-                format!(
-                    "conflicts with \"{manager}\" using {version}:\n{}",
-                    lines.join("\n")
-                )
+                format!("conflicts with {who}:\n{}", lines.join("\n"))
             })
             .collect();
         format!("Apply failed with {count} conflicts: {}", groups.join("\n"))
@@ -192,7 +193,7 @@ fn apply_conflict(info: &ResourceInfo, name: &str, conflicts: &[ssa::Conflict]) 
         .iter()
         .map(|c| Cause {
             reason: "FieldManagerConflict".into(),
-            message: format!("conflict with \"{}\" using {}", c.manager, c.api_version),
+            message: format!("conflict with {}", c.who()),
             field: crate::fieldset::display(&c.path),
         })
         .collect();
@@ -671,6 +672,7 @@ impl State {
             };
             ssa::record_update(old_value, &mut new, &updater);
         }
+        defaults::strategy(info, &mut new);
         Ok((new, warnings))
     }
 
@@ -739,14 +741,7 @@ impl State {
         }
         let sent_uid = text(body, "/metadata/uid");
         if !sent_uid.is_empty() && sent_uid != old.meta.uid {
-            return Err(ApiError::Conflict {
-                resource: info.group_resource(),
-                name: name.to_owned(),
-                detail: format!(
-                    "Precondition failed: UID in precondition: {sent_uid}, UID in object meta: {}",
-                    old.meta.uid
-                ),
-            });
+            return Err(uid_precondition_failed(info, name, sent_uid, &old.meta.uid));
         }
         Ok(())
     }
@@ -762,7 +757,25 @@ impl State {
         let old = self.existing(info, namespace, name)?;
         Self::check_identity(info, name, &old, &body)?;
         let old_value = old.value();
+        let versioned = !text(&body, "/metadata/resourceVersion").is_empty();
         let (new, warnings) = self.prepare(info, Some(&old_value), body, opts, Source::Body)?;
+        // A custom resource is never replaced unconditionally (its strategy does not allow it): a PUT must
+        // name the version it replaces. kube-apiserver names the resource, not the kind, here.
+        if info.custom.is_some() && !versioned {
+            return Err(ApiError::invalid_causes(
+                GroupKind {
+                    group: info.group.clone(),
+                    kind: info.plural.clone(),
+                },
+                name,
+                vec![Cause {
+                    reason: "FieldValueInvalid".into(),
+                    message: "Invalid value: 0: must be specified for an update".into(),
+                    field: "metadata.resourceVersion".into(),
+                }],
+            ));
+        }
+
         self.finish_update(info, &old, &old_value, new, opts, warnings)
     }
 
@@ -901,14 +914,7 @@ impl State {
         if let Some(uid) = opts.uid.as_deref().filter(|u| !u.is_empty())
             && uid != old.meta.uid
         {
-            return Err(ApiError::Conflict {
-                resource: info.group_resource(),
-                name: name.to_owned(),
-                detail: format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                    old.meta.uid
-                ),
-            });
+            return Err(uid_precondition_failed(info, name, uid, &old.meta.uid));
         }
         if let Some(version) = opts.resource_version.as_deref().filter(|v| !v.is_empty())
             && version != old.meta.resource_version.to_string()

@@ -19,6 +19,7 @@
 //!   size, and unrelated node churn wakes nothing;
 //! - `chaos`: `gpu-sim chaos` on a few short seeds, two operator replicas under injected faults;
 //! - `citizen`: the simulator on a real control plane, judged by its controllers (nodes stay Ready);
+//! - `differential`: the fake server and kube-apiserver sent the same requests, their answers compared;
 //! - `docs`: every console example in `README.md` and `docs/` run as written, its shown output checked.
 
 #[path = "sim/chaos.rs"]
@@ -27,6 +28,8 @@ mod chaos;
 mod citizen;
 #[path = "sim/cluster.rs"]
 mod cluster;
+#[path = "sim/differential.rs"]
+mod differential;
 #[path = "sim/docs.rs"]
 mod docs;
 #[path = "sim/failures.rs"]

@@ -76,6 +76,23 @@ impl Backend {
         }
     }
 
+    /// A client acting as the ServiceAccount `namespace/name`, with a token from the TokenRequest API, its
+    /// requests sent with `User-Agent: <agent>`.
+    pub async fn client_for_service_account(&self, namespace: &str, name: &str, agent: &str) -> kube::Client {
+        match self {
+            Backend::Fake(server) => {
+                let token = server
+                    .token_for(namespace, name)
+                    .unwrap_or_else(|error| panic!("a token for {namespace}/{name}: {error}"));
+                server.client_with(Some(agent), Some(&token))
+            }
+            Backend::Real(plane) => plane
+                .client_for_service_account(namespace, name, Some(agent))
+                .await
+                .unwrap_or_else(|error| panic!("a client for {namespace}/{name}: {error}")),
+        }
+    }
+
     /// Every request answered so far, counted by verb, resource, code and client (user agent).
     /// Server-side apply counts as `Apply` on the fake server and as `Patch` on a real one (its audit log
     /// does not tell them apart); compare writes, not those two verbs, across backends.

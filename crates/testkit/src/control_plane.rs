@@ -347,7 +347,7 @@ impl ControlPlane {
                 format!("--token-auth-file={}", root.join("tokens.csv").display()),
                 "--authorization-mode=Node,RBAC".to_owned(),
                 "--allow-privileged=true".to_owned(),
-                "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
                 format!("--service-account-key-file={}", pki("sa.pub")),
                 format!("--service-account-signing-key-file={}", pki("sa.key")),
                 "--service-cluster-ip-range=10.96.0.0/16".to_owned(),

@@ -279,7 +279,8 @@ impl Authz {
                     group: "authentication.k8s.io".into(),
                     kind: "TokenRequest".into(),
                 },
-                name,
+                // kube-apiserver validates the TokenRequest as sent, which names no object.
+                "",
                 vec![Cause {
                     reason: "FieldValueInvalid".into(),
                     message: format!("Invalid value: {seconds}: {problem}"),

@@ -113,7 +113,7 @@ async fn another_managers_field_conflicts_until_forced() {
     assert_eq!((conflict.code, conflict.reason.as_str()), (409, "Conflict"));
     assert_eq!(
         conflict.message,
-        r#"Apply failed with 1 conflict: conflict with "gpu-operator" using apps/v1: .spec.template.spec.containers[name="main"].image"#
+        r#"Apply failed with 1 conflict: conflict with "gpu-operator": .spec.template.spec.containers[name="main"].image"#
     );
     let cause = &conflict.details.expect("details").causes[0];
     assert_eq!(cause.reason, "FieldManagerConflict");

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::support::{configmap, daemonset, failure, pod, server, within};
+use super::support::{call, configmap, daemonset, failure, json_of, pod, server, within};
 
 #[tokio::test]
 async fn the_server_sets_identity_and_versions() {
@@ -379,4 +379,49 @@ async fn the_event_recorder_creates_then_counts_repeats() {
     let counts = server.requests();
     assert_eq!(counts.count(Verb::Create, "events"), 1);
     assert_eq!(counts.count(Verb::Patch, "events"), 1);
+}
+
+fn post(uri: &str, body: &serde_json::Value) -> http::Request<axum::body::Body> {
+    http::Request::post(uri)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(body.to_string()))
+        .expect("request")
+}
+
+/// `resource.k8s.io/v1` is served: a claim gets its request defaults and an empty status, a slice that
+/// says nowhere its devices are is refused as kube-apiserver refuses it.
+#[tokio::test]
+async fn dynamic_resource_allocation_objects_are_served_defaulted_and_checked() {
+    let server = server();
+    let claim = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "one-gpu"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+    });
+    let (code, _, body) = call(
+        &server,
+        post(
+            "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
+            &claim,
+        ),
+    )
+    .await;
+    assert_eq!(code, 201, "{body}");
+    let stored = json_of(&body);
+    assert_eq!(
+        stored["spec"]["devices"]["requests"][0]["exactly"],
+        json!({"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1})
+    );
+    assert_eq!(stored["status"], json!({}));
+
+    let nowhere = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"},
+        "spec": {"driver": "gpu.nvidia.com", "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1}},
+    });
+    let (code, _, body) = call(&server, post("/apis/resource.k8s.io/v1/resourceslices", &nowhere)).await;
+    assert_eq!(code, 422, "{body}");
+    assert_eq!(
+        json_of(&body)["message"],
+        "ResourceSlice.resource.k8s.io \"s\" is invalid: spec: Required value: exactly one of `nodeName`, \
+         `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required"
+    );
 }
