@@ -543,6 +543,7 @@ impl ResourceRequest<'_> {
             status,
             force,
             keep_identity: false,
+            duplicates: Vec::new(),
             escalation: self.escalation(),
             create_on_apply: if apply { self.create_on_apply() } else { None },
         })
@@ -741,6 +742,21 @@ async fn read_body(body: Body, headers: &HeaderMap) -> Result<Value, ApiError> {
     parse_body(&bytes)
 }
 
+/// A create's or update's body, and the keys it gives twice.
+async fn read_object_body(body: Body, headers: &HeaderMap) -> Result<(Value, Vec<String>), ApiError> {
+    let bytes = axum::body::to_bytes(body, BODY_LIMIT)
+        .await
+        .map_err(|_| ApiError::TooLarge(BODY_LIMIT))?;
+    if bytes.is_empty() {
+        return Ok((Value::Null, Vec::new()));
+    }
+    if media_type(headers) == protobuf::MEDIA_TYPE {
+        return Ok((protobuf::decode(&bytes)?, Vec::new()));
+    }
+    let value = parse_body(&bytes)?;
+    Ok((value, crate::patch::duplicate_fields(&bytes)))
+}
+
 /// A patch's body: an apply configuration in YAML or JSON; any other patch in JSON only, as kube-apiserver
 /// decodes them.
 async fn read_patch(body: Body, kind: PatchType) -> Result<Value, ApiError> {
@@ -794,8 +810,9 @@ async fn serve_resource(
             if info.namespaced && target.namespace.is_none() {
                 return Err(ApiError::NoSuchPath);
             }
-            let body = read_body(body, request.headers).await?;
-            let opts = request.write_options(false, false)?;
+            let (body, duplicates) = read_object_body(body, request.headers).await?;
+            let mut opts = request.write_options(false, false)?;
+            opts.duplicates = duplicates;
             let written = request
                 .shared
                 .store
@@ -854,8 +871,9 @@ async fn serve_resource(
             if subresource == Some("status") && !info.status_subresource {
                 return Err(ApiError::NoSuchPath);
             }
-            let body = read_body(body, request.headers).await?;
-            let opts = request.write_options(subresource == Some("status"), false)?;
+            let (body, duplicates) = read_object_body(body, request.headers).await?;
+            let mut opts = request.write_options(subresource == Some("status"), false)?;
+            opts.duplicates = duplicates;
             let written =
                 request
                     .shared

@@ -65,6 +65,103 @@ pub(crate) fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
     }
 }
 
+/// The keys a JSON body gives twice in one object, each as its dotted path (`data`, `spec.template`), as
+/// kube-apiserver's strict decoding names them; none for a body that is not JSON (YAML is checked by its
+/// own parser). The value kept is the last, as Go's decoder keeps it.
+pub(crate) fn duplicate_fields(body: &[u8]) -> Vec<String> {
+    let found = std::cell::RefCell::new(Vec::new());
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let walked = serde::de::DeserializeSeed::deserialize(
+        Keys {
+            path: String::new(),
+            found: &found,
+        },
+        &mut deserializer,
+    );
+    match walked {
+        Ok(()) => found.into_inner(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Walks a JSON value, noting the keys an object repeats.
+struct Keys<'a> {
+    path: String,
+    found: &'a std::cell::RefCell<Vec<String>>,
+}
+
+impl Keys<'_> {
+    fn child(&self, key: &str) -> Self {
+        let path = if self.path.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{}.{key}", self.path)
+        };
+        Keys {
+            path,
+            found: self.found,
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Keys<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Keys<'_> {
+    type Value = ();
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let child = self.child(&key);
+            if !seen.insert(key) {
+                self.found.borrow_mut().push(child.path.clone());
+            }
+            map.next_value_seed(child)?;
+        }
+        Ok(())
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut items: A) -> Result<(), A::Error> {
+        while items
+            .next_element_seed(Keys {
+                path: self.path.clone(),
+                found: self.found,
+            })?
+            .is_some()
+        {}
+        Ok(())
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+}
+
 /// Applies a JSON, merge or strategic patch to `target`, an object of resource `info`.
 pub(crate) fn apply(
     kind: PatchType,
@@ -122,6 +219,19 @@ fn json(target: &mut Value, operations: &json_patch::Patch) -> Result<(), ApiErr
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn keys_given_twice_are_named_by_their_paths() {
+        let body =
+            br#"{"metadata": {"name": "a", "labels": {"x": "1", "x": "2"}}, "data": {}, "data": {"k": "v"},
+                        "items": [{"n": 1, "n": 2}]}"#;
+        assert_eq!(duplicate_fields(body), ["metadata.labels.x", "data", "items.n"]);
+        assert!(duplicate_fields(br#"{"a": {"b": 1}, "c": {"b": 2}}"#).is_empty());
+        assert!(
+            duplicate_fields(b"a: 1\na: 2\n").is_empty(),
+            "YAML is its parser's"
+        );
+    }
+
     use super::*;
     use crate::registry::Registry;
     use serde_json::json;

@@ -188,6 +188,8 @@ pub(crate) struct WriteOptions {
     pub(crate) force: bool,
     /// Keep a `uid` and `creationTimestamp` the object brings (loading fixtures).
     pub(crate) keep_identity: bool,
+    /// The keys the request body gave twice (dotted paths), reported as field validation asks.
+    pub(crate) duplicates: Vec<String>,
     /// In rbac mode, for writes of Roles and bindings: the privilege-escalation check.
     pub(crate) escalation: Option<Arc<Escalation>>,
     /// In rbac mode, for a server-side apply: the requester's `create` authorization, which the server

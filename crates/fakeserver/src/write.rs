@@ -578,7 +578,10 @@ impl State {
             schema::apply_defaults(schema, &mut new);
         }
         defaults::apply(info, &mut new);
-        let fields: Vec<String> = unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect();
+        let mut fields: Vec<String> = unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect();
+        if matches!(source, Source::Body) {
+            fields.extend(opts.duplicates.iter().map(|f| format!("duplicate field \"{f}\"")));
+        }
         let warnings = match (opts.validation, source) {
             _ if fields.is_empty() => Vec::new(),
             (FieldValidation::Ignore, _) | (_, Source::Apply | Source::Server) => Vec::new(),
