@@ -536,6 +536,9 @@ current-context: control-plane
         let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
             .map_err(|e| client_error("reading the control plane's kubeconfig")(e.into()))?;
+        // The fake server's in-process clients have no retry layer; the operator turns kube's off too
+        // (`gpuop_operator::cli::configure`): a 429 reaches the caller at once on both backends.
+        config.default_retry = false;
         if let Some(agent) = agent {
             let agent = http::HeaderValue::from_str(agent)
                 .map_err(|e| client_error(format!("user agent {agent:?}"))(e.into()))?;

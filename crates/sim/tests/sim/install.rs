@@ -461,10 +461,8 @@ async fn client_as(admin: &Client, kubeconfig: &Path, account: &str) -> Client {
     let mut config = kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default())
         .await
         .expect("config");
-    config.headers.push((
-        http::header::USER_AGENT,
-        http::HeaderValue::from_static(gpuop_operator::USER_AGENT),
-    ));
+    // As the chart's pods would run: the binary's own client settings.
+    cli::configure(&mut config);
     Client::try_from(config).expect("client")
 }
 
