@@ -295,10 +295,13 @@ impl Journal {
         entries.push_back(entry);
     }
 
-    /// The entries kept, oldest first, leaving them in place.
-    pub(crate) fn entries(&self) -> Vec<JournalEntry> {
+    /// The entries kept, oldest first, leaving them in place, and how many were let go unread.
+    pub(crate) fn entries(&self) -> (Vec<JournalEntry>, u64) {
         let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        entries.iter().cloned().collect()
+        (
+            entries.iter().cloned().collect(),
+            self.dropped.load(Ordering::Relaxed),
+        )
     }
 
     /// Every entry recorded since the last call, oldest first, and how many were let go unread.

@@ -421,8 +421,9 @@ impl FakeServer {
         self.shared.requests.reset();
     }
 
-    /// The journal's entries kept so far, oldest first, leaving them for [`FakeServer::take_journal`].
-    pub fn journal(&self) -> Vec<JournalEntry> {
+    /// The journal's entries kept so far, oldest first, leaving them for [`FakeServer::take_journal`], and
+    /// how many were let go because the journal was full.
+    pub fn journal(&self) -> (Vec<JournalEntry>, u64) {
         self.shared.journal.entries()
     }
 

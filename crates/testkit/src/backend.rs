@@ -103,13 +103,18 @@ impl Backend {
         }
     }
 
-    /// Every request so far, in the order the server received them: the fake server's journal (the newest
-    /// [`JOURNAL`]), or a real control plane's audit log. Whether one client wrote after another's step is
-    /// read from this.
+    /// Every request so far, in the order the server received them: the fake server's journal, or a real
+    /// control plane's audit log. Whether one client wrote after another's step is read from this, so a
+    /// journal that had to let requests go (more than [`JOURNAL`]) fails the test rather than answer with
+    /// part of the order.
     pub async fn requests_in_order(&self) -> Vec<Received> {
         match self {
             Backend::Fake(server) => {
-                let mut journal = server.journal();
+                let (mut journal, dropped) = server.journal();
+                assert_eq!(
+                    dropped, 0,
+                    "the fake server's journal let {dropped} requests go: the order is incomplete"
+                );
                 journal.sort_by_key(|entry| entry.started);
                 journal
                     .into_iter()
