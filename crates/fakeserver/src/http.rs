@@ -729,10 +729,15 @@ fn media_type(headers: &HeaderMap) -> &str {
         .trim()
 }
 
-async fn read_body(body: Body, headers: &HeaderMap) -> Result<Value, ApiError> {
-    let bytes = axum::body::to_bytes(body, BODY_LIMIT)
+/// A request body's bytes, refused past [`BODY_LIMIT`] as kube-apiserver refuses them.
+async fn read_bytes(body: Body) -> Result<axum::body::Bytes, ApiError> {
+    axum::body::to_bytes(body, BODY_LIMIT)
         .await
-        .map_err(|_| ApiError::TooLarge(BODY_LIMIT))?;
+        .map_err(|_| ApiError::TooLarge(BODY_LIMIT))
+}
+
+async fn read_body(body: Body, headers: &HeaderMap) -> Result<Value, ApiError> {
+    let bytes = read_bytes(body).await?;
     if bytes.is_empty() {
         return Ok(Value::Null);
     }
@@ -744,9 +749,7 @@ async fn read_body(body: Body, headers: &HeaderMap) -> Result<Value, ApiError> {
 
 /// A create's or update's body, and the keys it gives twice.
 async fn read_object_body(body: Body, headers: &HeaderMap) -> Result<(Value, Vec<String>), ApiError> {
-    let bytes = axum::body::to_bytes(body, BODY_LIMIT)
-        .await
-        .map_err(|_| ApiError::TooLarge(BODY_LIMIT))?;
+    let bytes = read_bytes(body).await?;
     if bytes.is_empty() {
         return Ok((Value::Null, Vec::new()));
     }
@@ -760,9 +763,7 @@ async fn read_object_body(body: Body, headers: &HeaderMap) -> Result<(Value, Vec
 /// A patch's body: an apply configuration in YAML or JSON; any other patch in JSON only, as kube-apiserver
 /// decodes them.
 async fn read_patch(body: Body, kind: PatchType) -> Result<Value, ApiError> {
-    let bytes = axum::body::to_bytes(body, BODY_LIMIT)
-        .await
-        .map_err(|_| ApiError::TooLarge(BODY_LIMIT))?;
+    let bytes = read_bytes(body).await?;
     if bytes.is_empty() {
         return Ok(Value::Null);
     }

@@ -65,7 +65,7 @@ pub(crate) fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
     }
 }
 
-/// The keys a JSON body gives twice in one object, each as its dotted path (`data`, `spec.template`), as
+/// The keys a JSON body gives twice in one object, each as its path (`data`, `spec.containers[0].name`), as
 /// kube-apiserver's strict decoding names them; none for a body that is not JSON (YAML is checked by its
 /// own parser). The value kept is the last, as Go's decoder keeps it.
 pub(crate) fn duplicate_fields(body: &[u8]) -> Vec<String> {
@@ -132,13 +132,16 @@ impl<'de> serde::de::Visitor<'de> for Keys<'_> {
     }
 
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut items: A) -> Result<(), A::Error> {
+        let mut index = 0_usize;
         while items
             .next_element_seed(Keys {
-                path: self.path.clone(),
+                path: format!("{}[{index}]", self.path),
                 found: self.found,
             })?
             .is_some()
-        {}
+        {
+            index += 1;
+        }
         Ok(())
     }
 
@@ -224,7 +227,10 @@ mod tests {
         let body =
             br#"{"metadata": {"name": "a", "labels": {"x": "1", "x": "2"}}, "data": {}, "data": {"k": "v"},
                         "items": [{"n": 1, "n": 2}]}"#;
-        assert_eq!(duplicate_fields(body), ["metadata.labels.x", "data", "items.n"]);
+        assert_eq!(
+            duplicate_fields(body),
+            ["metadata.labels.x", "data", "items[0].n"]
+        );
         assert!(duplicate_fields(br#"{"a": {"b": 1}, "c": {"b": 2}}"#).is_empty());
         assert!(
             duplicate_fields(b"a: 1\na: 2\n").is_empty(),

@@ -373,9 +373,15 @@ pub(crate) fn record_update(old: Option<&Value>, new: &mut Value, updater: &Upda
         .map(|o| scoped(o, updater.scope))
         .unwrap_or_else(|| Value::Object(Map::new()));
     let fieldset::Changes { changed, removed } = fieldset::changes(&new_scoped, &old_scoped, updater.shape);
+    // The maps the write created are owned themselves; those it removed are owned by nobody any more.
     let changed = changed.union(&fieldset::created_maps(
         &new_scoped,
         Some(&old_scoped),
+        updater.shape,
+    ));
+    let removed = removed.union(&fieldset::created_maps(
+        &old_scoped,
+        Some(&new_scoped),
         updater.shape,
     ));
     let unchanged = changed.is_empty() && removed.is_empty() && old.is_some();

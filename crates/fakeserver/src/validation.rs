@@ -458,7 +458,6 @@ pub(crate) fn metadata(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
     causes
 }
 
-/// Checks a built-in kind's own rules; `old` is the stored object on update.
 /// A ResourceSlice names its driver and pool, and where its devices are: exactly one of a node, a node
 /// selector, all nodes, or per device.
 fn resource_slice(object: &Value, causes: &mut Vec<Cause>) {
@@ -493,26 +492,40 @@ fn resource_slice(object: &Value, causes: &mut Vec<Cause>) {
     }
 }
 
-/// Each device request asks for a class, directly (`exactly`) or in each of its alternatives.
+/// Each device request asks for a class: directly (`exactly.deviceClassName`), or in each of its
+/// alternatives (`firstAvailable[j].deviceClassName`).
 fn device_requests(requests: Option<&Value>, field: &str, causes: &mut Vec<Cause>) {
+    let named = |request: &Value| {
+        !request
+            .get("deviceClassName")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .is_empty()
+    };
     for (index, request) in requests
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
         .enumerate()
     {
-        if let Some(exactly) = request.get("exactly") {
-            let class = exactly
-                .get("deviceClassName")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            if class.is_empty() {
-                causes.push(required(&format!("{field}[{index}].exactly.deviceClassName"), ""));
+        if let Some(exactly) = request.get("exactly")
+            && !named(exactly)
+        {
+            causes.push(required(&format!("{field}[{index}].exactly.deviceClassName"), ""));
+        }
+        let alternatives = request.get("firstAvailable").and_then(Value::as_array);
+        for (choice, alternative) in alternatives.into_iter().flatten().enumerate() {
+            if !named(alternative) {
+                causes.push(required(
+                    &format!("{field}[{index}].firstAvailable[{choice}].deviceClassName"),
+                    "",
+                ));
             }
         }
     }
 }
 
+/// Checks a built-in kind's own rules; `old` is the stored object on update.
 pub(crate) fn builtin(info: &ResourceInfo, object: &Value, old: Option<&Value>) -> Vec<Cause> {
     let mut causes = Vec::new();
     match (info.group.as_str(), info.kind.as_str()) {

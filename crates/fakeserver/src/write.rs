@@ -152,7 +152,8 @@ fn releasable(value: &Value) -> bool {
             .is_none_or(|f| f.is_empty())
 }
 
-/// A uid precondition that does not hold, as kube-apiserver's store words it: the object named by its kind.
+/// A delete's uid precondition that does not hold, as kube-apiserver's delete words it (an update's is the
+/// storage layer's `Precondition failed: UID in precondition: ...`): the object named by its kind.
 fn uid_precondition_failed(info: &ResourceInfo, name: &str, sent: &str, stored: &str) -> ApiError {
     ApiError::Conflict {
         resource: GroupResource::new(&info.group, &info.kind),
@@ -744,7 +745,14 @@ impl State {
         }
         let sent_uid = text(body, "/metadata/uid");
         if !sent_uid.is_empty() && sent_uid != old.meta.uid {
-            return Err(uid_precondition_failed(info, name, sent_uid, &old.meta.uid));
+            return Err(ApiError::Conflict {
+                resource: info.group_resource(),
+                name: name.to_owned(),
+                detail: format!(
+                    "Precondition failed: UID in precondition: {sent_uid}, UID in object meta: {}",
+                    old.meta.uid
+                ),
+            });
         }
         Ok(())
     }
@@ -760,7 +768,7 @@ impl State {
         let old = self.existing(info, namespace, name)?;
         Self::check_identity(info, name, &old, &body)?;
         let old_value = old.value();
-        let versioned = !text(&body, "/metadata/resourceVersion").is_empty();
+        let versioned = !matches!(text(&body, "/metadata/resourceVersion"), "" | "0");
         let (new, warnings) = self.prepare(info, Some(&old_value), body, opts, Source::Body)?;
         // A custom resource is never replaced unconditionally (its strategy does not allow it): a PUT must
         // name the version it replaces. kube-apiserver names the resource, not the kind, here.

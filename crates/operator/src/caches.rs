@@ -756,7 +756,9 @@ impl NodeTable {
     }
 }
 
-/// Whether two trimmed managed objects differ in nothing but their `resourceVersion`.
+/// Whether two trimmed managed objects differ in nothing but their `resourceVersion`. Their `apiVersion` and
+/// `kind` are not compared: they are the cache's own, and kube-apiserver sends them with watch events but
+/// not with the items of a list, so a relisted object would otherwise count as changed.
 fn same_but_version(stored: &DynamicObject, new: &DynamicObject) -> bool {
     // Field by field, so that a field ObjectMeta gains is compared too (this does not compile without it).
     let ObjectMeta {
@@ -777,8 +779,7 @@ fn same_but_version(stored: &DynamicObject, new: &DynamicObject) -> bool {
         uid,
     } = &stored.metadata;
     let other = &new.metadata;
-    stored.types == new.types
-        && stored.data == new.data
+    stored.data == new.data
         && *name == other.name
         && *namespace == other.namespace
         && *uid == other.uid

@@ -787,14 +787,17 @@ async fn pod_garbage_collector(client: Client, caches: Caches, shutdown: Cancell
     let mut wake = Some(Duration::ZERO);
     let mut pace = Pace::new();
     let nodes: Api<Node> = Api::all(client.clone());
+    // Nodes whose orphans a failed request left behind: looked at again on the next pass.
+    let mut unfinished: BTreeSet<String> = BTreeSet::new();
     while next_pass(&mut changed, wake, &mut pace, &shutdown).await {
         wake = None;
         let (all, changed_nodes) = lock(&changes).take();
-        let candidates: Vec<String> = if all {
+        let mut candidates: BTreeSet<String> = if all {
             lock(&caches.index).nodes_with_pods().collect()
         } else {
-            changed_nodes.into_iter().collect()
+            changed_nodes
         };
+        candidates.append(&mut unfinished);
         for node in candidates {
             if caches.nodes.get(&ObjectRef::new(&node)).is_some() {
                 continue;
@@ -809,6 +812,7 @@ async fn pod_garbage_collector(client: Client, caches: Caches, shutdown: Cancell
                 Err(error) => {
                     debug!(%node, %error, "cannot tell whether a node exists");
                     wake = Some(Duration::from_secs(1));
+                    unfinished.insert(node);
                     continue;
                 }
             }
@@ -823,6 +827,7 @@ async fn pod_garbage_collector(client: Client, caches: Caches, shutdown: Cancell
                     Err(error) => {
                         debug!(pod = %pod.name_any(), %error, "cannot delete a pod of a deleted node");
                         wake = Some(Duration::from_secs(1));
+                        unfinished.insert(node.clone());
                     }
                 }
             }

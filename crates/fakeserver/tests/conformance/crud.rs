@@ -425,3 +425,29 @@ async fn dynamic_resource_allocation_objects_are_served_defaulted_and_checked() 
          `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required"
     );
 }
+
+/// An update owns the maps it creates (`.` beside their keys), as kube-apiserver records them, and no longer
+/// the ones it removes.
+#[tokio::test]
+async fn an_update_owns_the_maps_it_creates_and_lets_go_of_those_it_removes() {
+    let server = server();
+    let created = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "m", "labels": {"a": "1"}}, "data": {"k": "v"}});
+    let (code, _, body) = call(&server, post("/api/v1/namespaces/default/configmaps", &created)).await;
+    assert_eq!(code, 201, "{body}");
+    let fields = |body: &str| json_of(body)["metadata"]["managedFields"][0]["fieldsV1"].clone();
+    assert_eq!(
+        fields(&body),
+        json!({"f:data": {".": {}, "f:k": {}}, "f:metadata": {"f:labels": {".": {}, "f:a": {}}}})
+    );
+    let replaced = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "m", "resourceVersion": json_of(&body)["metadata"]["resourceVersion"]},
+        "data": {"k": "v"}});
+    let put = http::Request::put("/api/v1/namespaces/default/configmaps/m")
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(replaced.to_string()))
+        .expect("request");
+    let (code, _, body) = call(&server, put).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(fields(&body), json!({"f:data": {".": {}, "f:k": {}}}));
+}

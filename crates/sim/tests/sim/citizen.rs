@@ -197,9 +197,9 @@ async fn the_controllers_find_simulated_pods_rolled_out_available_and_gone_with_
     cluster.stop().await;
 }
 
-/// Waits until the workload has `replicas` available and every operand DaemonSet with a rolling update
-/// runs on `gpu_nodes` nodes, rolled out: the status the DaemonSet and ReplicaSet controllers computed from
-/// the pods.
+/// Waits until the workload has `replicas` available, some operand DaemonSet runs on `gpu_nodes` nodes (the
+/// MIG manager, say, runs on none of these), and every operand DaemonSet with a rolling update is rolled
+/// out: the status the DaemonSet and ReplicaSet controllers computed from the pods.
 async fn judged_by_the_controllers(cluster: &Cluster, replicas: i32, gpu_nodes: i32, patience: Duration) {
     let replica_sets: Api<ReplicaSet> = Api::namespaced(cluster.client.clone(), "default");
     let daemonsets: Api<DaemonSet> = Api::namespaced(cluster.client.clone(), NAMESPACE);

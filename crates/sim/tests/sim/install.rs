@@ -908,14 +908,14 @@ async fn the_chart_installs_converges_upgrades_and_uninstalls_as_its_own_service
     stage.stop().await;
 }
 
-/// Nothing is left in the operator namespace but its `default` ServiceAccount and the certificates a real
-/// control plane's publishers put in every namespace: the leader-election Lease went with the operator
-/// (deleted when it stopped, or with its Pod), and the hooks left no object.
 /// The ConfigMaps kube-controller-manager's root-ca-cert-publisher and service-ca-cert-publisher keep in
 /// every namespace.
 const CERTIFICATES_PUBLISHED: [&str; 2] =
     ["configmap/kube-root-ca.crt", "configmap/openshift-service-ca.crt"];
 
+/// Nothing is left in the operator namespace but its `default` ServiceAccount and the certificates a real
+/// control plane's publishers put in every namespace: the leader-election Lease went with the operator
+/// (deleted when it stopped, or with its Pod), and the hooks left no object.
 fn assert_operator_namespace_left_empty(cluster: &Cluster) {
     let listed = cluster.ok(&[
         "get",
