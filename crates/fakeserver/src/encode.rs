@@ -221,7 +221,8 @@ pub(crate) fn bookmark(
     projection: &Projection,
     with_columns: bool,
 ) -> Bytes {
-    let mut metadata = json!({"resourceVersion": resource_version.to_string(), "creationTimestamp": null});
+    // kube-apiserver v1.36 sends no `creationTimestamp: null` in a bookmark's metadata (older ones did).
+    let mut metadata = json!({"resourceVersion": resource_version.to_string()});
     if initial_end {
         metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
     }

@@ -383,11 +383,17 @@ fn differences(fake: &Value, real: &Value, path: &str, found: &mut Vec<String>) 
         (Value::Object(a), Value::Object(b)) => {
             let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
             for key in keys {
-                let (x, y) = (
-                    a.get(key).unwrap_or(&Value::Null),
-                    b.get(key).unwrap_or(&Value::Null),
-                );
-                differences(x, y, &format!("{path}/{key}"), found);
+                let at = format!("{path}/{key}");
+                match (a.get(key), b.get(key)) {
+                    (Some(x), Some(y)) => differences(x, y, &at, found),
+                    // A key one side leaves out is not the same as one it sends as null.
+                    (x, y) if found.len() < SHOWN => found.push(format!(
+                        "{at}: fake {} | real {}",
+                        x.map_or("(absent)".to_owned(), short),
+                        y.map_or("(absent)".to_owned(), short)
+                    )),
+                    _ => {}
+                }
             }
         }
         (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
