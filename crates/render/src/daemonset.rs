@@ -24,6 +24,8 @@ use crate::inputs::Inputs;
 pub(crate) const DEFAULT_PRIORITY_CLASS: &str = "system-node-critical";
 /// Labels `daemonsets.labels` may not set on pods: they are selector keys.
 const RESERVED_POD_LABELS: &[&str] = &["app", "app.kubernetes.io/part-of"];
+/// The selector key of the operands NVIDIA selects by `name` instead of `app`.
+pub(crate) const NAME_SELECTOR: &str = "name";
 
 /// How an operand DaemonSet replaces its pods.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,11 +109,23 @@ pub(crate) fn daemonset(inputs: &Inputs<'_>, info: &OperandInfo, pod: OperandPod
     // The pod template carries the labels NVIDIA's operator gives it (its asset's, then the policy's
     // `daemonsets.labels`), nothing of ours: a label added there restarts every pod of a cluster that
     // migrates from NVIDIA's operator. Ours go on the object, where pruning and the caches select by them.
-    let mut pod_labels = user_labels;
-    pod_labels.insert("app".to_owned(), pod.name.clone());
+    // NVIDIA's assets label the object and the pods with the selector's labels and the object `app=<name>`
+    // where the selector has no `app`; the managers selected by `name` (VFIO, CC, Kata) carry that label on
+    // their pods only.
+    let mut pod_labels = user_labels.clone();
     pod_labels.extend(pod.selector.clone());
     pod_labels.extend(pod.labels.clone());
-    let mut object_labels = pod_labels.clone();
+    let mut object_labels = user_labels;
+    object_labels.extend(
+        pod.selector
+            .iter()
+            .filter(|(key, _)| key.as_str() != NAME_SELECTOR)
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
+    object_labels.extend(pod.labels.clone());
+    object_labels
+        .entry("app".to_owned())
+        .or_insert_with(|| pod.name.clone());
     object_labels.insert(MANAGED_BY.to_owned(), MANAGED_BY_VALUE.to_owned());
     object_labels.insert(COMPONENT.to_owned(), info.component.to_owned());
 

@@ -42,7 +42,7 @@ mod rbac;
 
 pub use adopt::keep_live_driver_digest;
 pub use image::{os_tag, sanitized_kernel};
-pub use nvidia_driver::{NvidiaDriverFacts, render_nvidia_driver};
+pub use nvidia_driver::{NvidiaDriverFacts, name_hash, render_nvidia_driver};
 
 use inputs::Inputs;
 use manifest::Objects;

@@ -378,14 +378,20 @@ pub(crate) fn app_name(driver_type: DriverType, os_tag: &str, uid: &str, kernel:
         Some(kernel) => format!("{uid}-{kernel}"),
         None => uid.to_owned(),
     };
-    let hash: String = fnv1a32(input.as_bytes())
-        .to_string()
-        .bytes()
-        .map(|digit| char::from(SAFE_ALPHABET[usize::from(digit) % SAFE_ALPHABET.len()]))
-        .collect();
+    let hash = name_hash(&input);
     let room = APP_NAME_MAX - hash.len() - 1;
     let prefix: String = prefix.chars().take(room).collect();
     format!("{prefix}-{hash}")
+}
+
+/// The hash NVIDIA's driver DaemonSet names end in: FNV-1a (32 bit) of `input` (an NVIDIADriver's uid, or
+/// `<uid>-<kernel>`), its decimal digits written in `rand.SafeEncodeString`'s alphabet.
+pub fn name_hash(input: &str) -> String {
+    fnv1a32(input.as_bytes())
+        .to_string()
+        .bytes()
+        .map(|digit| char::from(SAFE_ALPHABET[usize::from(digit) % SAFE_ALPHABET.len()]))
+        .collect()
 }
 
 /// NVIDIA's name of a pool's ServiceAccount and RBAC.
@@ -537,10 +543,22 @@ fn daemonset(
         .filter(|c| c.name == DRIVER_CONTAINER || c.name == "nvidia-peermem-ctr")
     {
         // Driver containers always run with runc, never the NVIDIA runtime.
-        container
-            .env
-            .get_or_insert_with(Vec::new)
-            .insert(0, env("NVIDIA_VISIBLE_DEVICES", "void"));
+        let vars = container.env.get_or_insert_with(Vec::new);
+        vars.insert(0, env("NVIDIA_VISIBLE_DEVICES", "void"));
+        // NVIDIA's NVIDIADriver manifest orders these as below, unlike its ClusterPolicy one: a template
+        // that differs only in order still replaces every driver pod of a cluster taken over.
+        move_after(
+            vars,
+            |v| v.name == crate::operands::driver::DRIVER_CONFIG_DIGEST,
+            |v| v.name == "NODE_IP",
+        );
+        if let Some(mounts) = container.volume_mounts.as_mut() {
+            move_after(
+                mounts,
+                |m| m.name == "host-sys-devices-system",
+                |m| m.name == "firmware-search-path",
+            );
+        }
     }
     if flavour.host_manager {
         host_manager_pod(&mut pod_spec);
@@ -567,7 +585,9 @@ fn daemonset(
         pod_spec.security_context = Some(context.clone());
     }
 
-    // NVIDIA drops `app` and every `app.kubernetes.io/` key from the user's labels: they select pods.
+    // NVIDIA drops `app` and every `app.kubernetes.io/` key from the user's labels: they select pods. The
+    // pods carry NVIDIA's labels only: one of ours there would replace every driver pod on a takeover.
+    let mut pod_labels: BTreeMap<String, String> = BTreeMap::new();
     let mut object_labels: BTreeMap<String, String> = spec
         .labels
         .iter()
@@ -589,6 +609,12 @@ fn daemonset(
     if let Some(kernel) = &target.kernel {
         object_labels.insert(PRECOMPILED_KERNEL_LABEL.to_owned(), sanitized_kernel(kernel));
     }
+    pod_labels.extend(
+        object_labels
+            .iter()
+            .filter(|(key, _)| *key != MANAGED_BY && *key != NVIDIA_DRIVER_NAME)
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
     let user_annotations = spec.annotations.clone().unwrap_or_default();
     let mut object_annotations = labels(&[("openshift.io/scc", &pool.account)]);
     object_annotations.extend(user_annotations.clone());
@@ -609,7 +635,7 @@ fn daemonset(
             },
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(object_labels),
+                    labels: Some(pod_labels),
                     annotations: Some(pod_annotations),
                     ..ObjectMeta::default()
                 }),
@@ -623,6 +649,18 @@ fn daemonset(
             ..DaemonSetSpec::default()
         }),
         status: None,
+    }
+}
+
+/// Moves the first item that is `moved` to just after the first that is `anchor`, when both are there.
+fn move_after<T>(items: &mut Vec<T>, moved: impl Fn(&T) -> bool, anchor: impl Fn(&T) -> bool) {
+    let Some(from) = items.iter().position(moved) else {
+        return;
+    };
+    let item = items.remove(from);
+    match items.iter().position(anchor) {
+        Some(at) => items.insert(at + 1, item),
+        None => items.insert(from, item),
     }
 }
 

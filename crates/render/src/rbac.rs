@@ -240,60 +240,85 @@ pub(crate) fn push_access(objects: &mut Objects, info: &OperandInfo) {
 pub(crate) fn push_access_named(objects: &mut Objects, owner: Owner, operand: Operand, account: &str) {
     let access = access(operand);
     let namespace = objects.namespace().to_owned();
+    let labels = asset_labels(operand, account, false);
+    let cluster_labels = asset_labels(operand, account, true);
     objects.push(
         owner,
         ServiceAccount {
-            metadata: meta(account, &[]),
+            metadata: meta(account, &labels),
             ..ServiceAccount::default()
         },
     );
     objects.push(
         owner,
         Role {
-            metadata: meta(account, &[]),
+            metadata: meta(account, &labels),
             rules: Some(policy_rules(access.role)),
         },
     );
     if !access.cluster_role.is_empty() {
-        push_cluster_role(objects, owner, account, access.cluster_role);
+        push_cluster_role(objects, owner, account, access.cluster_role, &cluster_labels);
     }
     objects.push(
         owner,
         RoleBinding {
-            metadata: meta(account, &[]),
+            metadata: meta(account, &labels),
             role_ref: role_ref("Role", account),
             subjects: Some(vec![subject(account, &namespace)]),
         },
     );
     if !access.cluster_role.is_empty() {
-        push_cluster_role_binding(objects, owner, account, account);
+        push_cluster_role_binding(objects, owner, account, account, &cluster_labels);
+    }
+}
+
+/// The labels NVIDIA's manifests give an operand's account and RBAC objects (`cluster`: its ClusterRoles
+/// and bindings): `app` on the exporters' namespaced ones and the DCGM exporter's cluster-wide ones.
+fn asset_labels(operand: Operand, account: &str, cluster: bool) -> Vec<(&'static str, &str)> {
+    match (operand, cluster) {
+        (Operand::DcgmExporter, _) | (Operand::NodeStatusExporter, false) => vec![("app", account)],
+        _ => Vec::new(),
     }
 }
 
 /// The exporter's pod-reading ClusterRole and its binding to the exporter's account.
 pub(crate) fn push_exporter_read_pods(objects: &mut Objects, info: &OperandInfo) {
     let owner = Owner::operand(info);
-    push_cluster_role(objects, owner, EXPORTER_READ_PODS, &[WATCH_PODS]);
-    push_cluster_role_binding(objects, owner, EXPORTER_READ_PODS, access(info.operand).account);
+    let account = access(info.operand).account;
+    let labels = asset_labels(info.operand, account, true);
+    push_cluster_role(objects, owner, EXPORTER_READ_PODS, &[WATCH_PODS], &labels);
+    push_cluster_role_binding(objects, owner, EXPORTER_READ_PODS, account, &labels);
 }
 
-fn push_cluster_role(objects: &mut Objects, owner: Owner, name: &str, rules: &[Rule]) {
+fn push_cluster_role(
+    objects: &mut Objects,
+    owner: Owner,
+    name: &str,
+    rules: &[Rule],
+    labels: &[(&str, &str)],
+) {
     objects.push(
         owner,
         ClusterRole {
-            metadata: meta(name, &[]),
+            metadata: meta(name, labels),
             rules: Some(policy_rules(rules)),
             aggregation_rule: None,
         },
     );
 }
 
-fn push_cluster_role_binding(objects: &mut Objects, owner: Owner, name: &str, account: &str) {
+fn push_cluster_role_binding(
+    objects: &mut Objects,
+    owner: Owner,
+    name: &str,
+    account: &str,
+    labels: &[(&str, &str)],
+) {
     let namespace = objects.namespace().to_owned();
     objects.push(
         owner,
         ClusterRoleBinding {
-            metadata: meta(name, &[]),
+            metadata: meta(name, labels),
             role_ref: role_ref("ClusterRole", name),
             subjects: Some(vec![subject(account, &namespace)]),
         },

@@ -2002,9 +2002,14 @@ mod nvidia_driver {
             assert_eq!(labels["app.kubernetes.io/managed-by"], "gpu-operator");
             assert_eq!(labels["app.kubernetes.io/component"], "nvidia-driver");
         }
+        // The pods carry NVIDIA's labels only, so that taking over NVIDIA's DaemonSet replaces no pod.
         let template = &ds["spec"]["template"]["metadata"]["labels"];
         assert_eq!(template["app.kubernetes.io/component"], "nvidia-driver");
-        assert_eq!(template["nvidia.com/nvidiadriver"], "h100-pool");
+        assert!(template.get("nvidia.com/nvidiadriver").is_none(), "{template}");
+        assert!(
+            template.get("app.kubernetes.io/managed-by").is_none(),
+            "{template}"
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::RenderError;
-use crate::daemonset::{OperandPod, labels};
+use crate::daemonset::{NAME_SELECTOR, OperandPod, labels};
 use crate::image::with_os_suffix;
 use crate::inputs::{Inputs, PulledImage, add_pull_secrets, apply_env, apply_host_network, apply_resources};
 use crate::manifest::{Objects, Owner};
@@ -418,22 +418,48 @@ pub(crate) fn vfio_manager(inputs: &Inputs<'_>, info: &OperandInfo) -> Result<Op
     }
     apply_env(ctr, settings.env());
     apply_host_network(&mut spec, settings.host_network());
-    Ok(OperandPod::new(info, spec).selected_by(&[("name", info.daemonset)]))
+    Ok(OperandPod::new(info, spec).selected_by(&[(NAME_SELECTOR, info.daemonset)]))
 }
 
+/// What an init container of [`workload_wait`] waits for: the workload type that needs it, the status
+/// file, and the words its loop prints (NVIDIA's, so that the pod templates are the same).
+struct WorkloadWait {
+    workload: &'static str,
+    file: &'static str,
+    skipped: &'static str,
+    waiting: &'static str,
+}
+
+const VFIO_PCI_WAIT: WorkloadWait = WorkloadWait {
+    workload: "vm-passthrough",
+    file: "vfio-pci-ready",
+    skipped: "vfio-pci",
+    waiting: "vfio-pci driver ...",
+};
+const KATA_VFIO_PCI_WAIT: WorkloadWait = WorkloadWait {
+    skipped: "kata",
+    ..VFIO_PCI_WAIT
+};
+const VGPU_DEVICES_WAIT: WorkloadWait = WorkloadWait {
+    workload: "vm-vgpu",
+    file: "vgpu-devices-ready",
+    skipped: "vgpu-devices",
+    waiting: "vGPU devices...",
+};
+
 /// An init container that waits for a status file, but only on nodes whose `workload-type` needs it.
-fn workload_wait(
-    inputs: &Inputs<'_>,
-    validator: &PulledImage,
-    name: &str,
-    workload: &str,
-    file: &str,
-) -> Container {
+fn workload_wait(inputs: &Inputs<'_>, validator: &PulledImage, name: &str, wait: &WorkloadWait) -> Container {
     let dir = gpuop_api::labels::VALIDATIONS_DIR;
+    let WorkloadWait {
+        workload,
+        file,
+        skipped,
+        waiting,
+    } = wait;
     let script = format!(
-        "until [ -f {dir}/workload-type ]; do echo waiting for the workload-type status file; sleep 5; done; \
-         if [ \"$(cat {dir}/workload-type)\" != \"{workload}\" ]; then echo {file} is not needed on this node; exit 0; fi; \
-         until [ -f {dir}/{file} ]; do echo waiting for {file}; sleep 5; done"
+        "until [ -f {dir}/workload-type ]; do echo waiting for workload type status file; sleep 5; done; \
+         if [ \"$(cat {dir}/workload-type)\" != \"{workload}\" ]; then echo {skipped} not needed, skipping validation; exit 0; fi; \
+         until [ -f {dir}/{file} ]; do echo waiting for {waiting}; sleep 5; done;"
     );
     let mut ctr = Container {
         command: Some(vec!["sh".to_owned(), "-c".to_owned()]),
@@ -463,12 +489,12 @@ pub(crate) fn sandbox_device_plugin(
     let image = inputs.image(info.image_section, info)?;
     let settings = inputs.container(info.image_section);
     let kata = info.operand == gpuop_api::Operand::KataSandboxDevicePlugin;
+    let vfio_wait = if kata { &KATA_VFIO_PCI_WAIT } else { &VFIO_PCI_WAIT };
     let mut init = vec![workload_wait(
         inputs,
         &validator,
         "vfio-pci-validation",
-        "vm-passthrough",
-        "vfio-pci-ready",
+        vfio_wait,
     )];
     let mut env_vars = vec![
         field_env("NODE_NAME", "spec.nodeName"),
@@ -486,8 +512,7 @@ pub(crate) fn sandbox_device_plugin(
             inputs,
             &validator,
             "vgpu-devices-validation",
-            "vm-vgpu",
-            "vgpu-devices-ready",
+            &VGPU_DEVICES_WAIT,
         ));
         mounts.push(mount("vfio", "/dev/vfio"));
         volumes.push(host_path("vfio", "/dev/vfio", None));
@@ -572,7 +597,7 @@ pub(crate) fn cc_manager(inputs: &Inputs<'_>, info: &OperandInfo) -> Result<Oper
     }
     apply_env(ctr, settings.env());
     apply_host_network(&mut spec, settings.host_network());
-    Ok(OperandPod::new(info, spec).selected_by(&[("name", info.daemonset)]))
+    Ok(OperandPod::new(info, spec).selected_by(&[(NAME_SELECTOR, info.daemonset)]))
 }
 
 #[cfg(test)]
