@@ -182,6 +182,12 @@ pub struct ConvergeBenchArgs {
     /// Seed of the churn: which nodes, in which order, get which change.
     #[arg(long, default_value_t = 1)]
     pub churn_seed: u64,
+    /// Run on real control planes instead of the fake server: this operator, then NVIDIA's, each on a
+    /// control plane of its own (kube-apiserver, its controller manager and scheduler from the binaries
+    /// `KUBE_BINARIES` names; NVIDIA's operator from `NVIDIA_OPERATOR`, see `scripts/nvidia-operator`),
+    /// every client's requests counted from the API server's audit log, the two side by side.
+    #[arg(long, conflicts_with = "churn")]
+    pub real_control_plane: bool,
 }
 
 /// A share of the nodes per second: more than 0, at most 1.

@@ -156,9 +156,10 @@ pub fn operand_of(pod: &Pod) -> Option<Operand> {
     {
         return Some(info.operand);
     }
-    // Operand pods carry NVIDIA's `app` label: the DaemonSet's name, or for drivers per OS or kernel the
-    // name with a suffix. The longest matching name wins (`nvidia-dcgm-exporter` is not `nvidia-dcgm`).
-    let app = labels.get("app")?;
+    // Operand pods carry NVIDIA's `app` label (`name` for the VFIO, CC and Kata managers): the DaemonSet's
+    // name, or for drivers per OS or kernel the name with a suffix. The longest matching name wins
+    // (`nvidia-dcgm-exporter` is not `nvidia-dcgm`).
+    let app = labels.get("app").or_else(|| labels.get("name"))?;
     OPERANDS
         .iter()
         .filter(|info| app == info.daemonset || app.starts_with(&format!("{}-", info.daemonset)))

@@ -36,6 +36,7 @@ pub mod node_features;
 pub mod operands;
 pub mod proc_stats;
 pub mod progress;
+pub mod real_bench;
 pub mod replicaset;
 pub mod scenario;
 pub mod serve;
@@ -136,6 +137,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Command::Chaos(args) => chaos::chaos(args).await,
             Command::Bench(Bench::Apiserver(args)) => bench::apiserver(args).await,
             Command::Bench(Bench::Nodes(args)) => cluster_bench::nodes(args).await,
+            Command::Bench(Bench::Converge(args)) if args.real_control_plane => {
+                real_bench::converge(args).await
+            }
             Command::Bench(Bench::Converge(args)) => cluster_bench::converge(args).await,
             Command::Bench(Bench::Upgrade(args)) => upgrade_bench::upgrade(args).await,
         }

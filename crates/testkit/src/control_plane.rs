@@ -209,7 +209,7 @@ impl Process {
 }
 
 /// The last [`LOG_TAIL_LINES`] lines of a log, for an error message.
-fn log_tail(log: &Path) -> String {
+pub(crate) fn log_tail(log: &Path) -> String {
     let mut text = String::new();
     if let Ok(mut file) = std::fs::File::open(log) {
         let mut bytes = Vec::new();
@@ -257,8 +257,20 @@ impl ControlPlane {
 
     /// Starts a control plane from `binaries` and waits until it serves: the API server ready, and the
     /// controller manager's service-account controller at work (every namespace has its `default`
-    /// ServiceAccount, which pods need).
+    /// ServiceAccount, which pods need). A port found free and taken by another process before a component
+    /// bound it (control planes starting side by side, clients' ephemeral ports) costs a fresh start on
+    /// other ports, up to [`START_ATTEMPTS`] in all.
     pub async fn start(binaries: &Binaries) -> Result<Self, Error> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(binaries).await {
+                Err(error) if attempt < START_ATTEMPTS && error.is_port_taken() => attempt += 1,
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn start_once(binaries: &Binaries) -> Result<Self, Error> {
         let dir = tempfile::Builder::new()
             .prefix("control-plane-")
             .tempdir()
@@ -623,6 +635,9 @@ impl Drop for ControlPlane {
         }
     }
 }
+
+/// How many times [`ControlPlane::start`] tries when a port it picked was taken meanwhile.
+const START_ATTEMPTS: u32 = 3;
 
 /// Static tokens' users besides the admin.
 const CONTROLLER_MANAGER: &str = "system:kube-controller-manager";

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use crate::BINARIES_VAR;
+use crate::nvidia::NVIDIA_OPERATOR_VAR;
 
 /// Why a control plane could not start or serve.
 #[derive(Debug, thiserror::Error)]
@@ -17,6 +18,20 @@ pub enum Error {
     /// A binary is missing or not executable.
     #[error("{BINARIES_VAR}={dir}: {problem}", dir = .dir.display())]
     Binaries {
+        /// The directory named.
+        dir: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The variable naming NVIDIA's operator is not set.
+    #[error(
+        "{NVIDIA_OPERATOR_VAR} is not set: set it to the directory scripts/nvidia-operator prints (NVIDIA's \
+         operator unpacked from shared/nvidia, its manifests copied to /opt/gpu-operator)"
+    )]
+    NvidiaUnset,
+    /// NVIDIA's operator is not where the variable says, or its manifests are not installed.
+    #[error("{NVIDIA_OPERATOR_VAR}={dir}: {problem}", dir = .dir.display())]
+    Nvidia {
         /// The directory named.
         dir: PathBuf,
         /// What is wrong with it.
@@ -61,6 +76,13 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+}
+
+impl Error {
+    /// Whether a component could not bind its port: another process took it after it was found free.
+    pub(crate) fn is_port_taken(&self) -> bool {
+        matches!(self, Error::NotStarted { tail, .. } if tail.contains("address already in use"))
+    }
 }
 
 pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {

@@ -9,6 +9,7 @@
 //!   saw them;
 //! - [`ControlPlane::authorization_report`]: what its RBAC granted and refused, judged as the fake server
 //!   reports it;
+//! - [`nvidia`]: NVIDIA's GPU Operator, built from its source, run against a control plane as an oracle;
 //! - [`backend`]: the fake server or the real control plane behind one type, and [`two_backends!`], which
 //!   makes one test of each from a single body.
 //!
@@ -21,11 +22,13 @@ mod authorization;
 pub mod backend;
 pub mod control_plane;
 mod error;
+pub mod nvidia;
 
 pub use audit::{AuditEvent, AuditLog};
 pub use backend::{Backend, Received};
 pub use control_plane::{Binaries, ControlPlane};
 pub use error::Error;
+pub use nvidia::{NvidiaOperator, RunningNvidia};
 
 /// The environment variable naming the directory of a control plane's binaries.
 pub const BINARIES_VAR: &str = "KUBE_BINARIES";
