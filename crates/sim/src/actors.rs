@@ -47,7 +47,7 @@ use tracing::{debug, info, warn};
 
 use crate::daemonset;
 use crate::disruption;
-use crate::heartbeat::{Heartbeats, LEASE_NAMESPACE, Schedule};
+use crate::heartbeat::{Heartbeats, LEASE_NAMESPACE, Pipeline, Schedule};
 use crate::host::{Host, PluginSettings};
 use crate::kubelet::{self, operand_of};
 use crate::operands::{config_map_volumes, driver_version, mig_layout, plugin_settings};
@@ -1665,9 +1665,10 @@ async fn report_node(
     }
 }
 
-/// Heartbeat writes in flight at once, per kind (Lease renewals, status reports): a batch of a large
-/// cluster's renewals goes out together without opening a connection per node.
-const HEARTBEATS_IN_FLIGHT: usize = 16;
+/// Heartbeat writes in flight at once, per kind (Lease renewals, status reports): enough for 1,000 nodes'
+/// 100 renewals a second while a busy API server takes half a second to answer each, without opening a
+/// connection per node.
+const HEARTBEATS_IN_FLIGHT: usize = 64;
 
 /// The longest the heartbeat actor sleeps, so that a node that joins, or whose kubelet stops or comes back,
 /// is seen promptly even when nothing else is due.
@@ -1732,38 +1733,40 @@ async fn renew_leases(client: Client, caches: Caches, state: Arc<SimState>, hear
     // Nodes whose Lease this simulation has created (or found): those are renewed by a patch of
     // `renewTime` alone.
     let mut leased: BTreeSet<String> = BTreeSet::new();
+    let mut pipeline = Pipeline::new(HEARTBEATS_IN_FLIGHT);
+    let mut running = BTreeMap::new();
     let started = Instant::now();
+    let mut look = started;
     loop {
-        let running = running_nodes(&caches, &state);
-        leased.retain(|name| running.contains_key(name));
-        let names: BTreeSet<String> = running.keys().cloned().collect();
-        let due = schedule.due(&names, started.elapsed());
-        let now = Timestamp::now();
-        let leases = &leases;
-        let renewals = due.renew.into_iter().filter_map(|name| {
-            let node = running.get(&name)?.clone();
-            let known = leased.contains(&name);
-            Some(async move {
-                let renewed = renew_lease(leases, &node, heartbeats, known, now);
-                // Timed out: the Lease may or may not have been written; the next renewal finds out.
-                let there = tokio::time::timeout(heartbeats.renew_every, renewed)
-                    .await
-                    .unwrap_or(known);
-                (name, there)
-            })
-        });
-        let renewed: Vec<(String, bool)> = futures::stream::iter(renewals)
-            .buffer_unordered(HEARTBEATS_IN_FLIGHT)
-            .collect()
-            .await;
-        for (name, there) in renewed {
-            if there {
-                leased.insert(name);
-            } else {
-                leased.remove(&name);
+        tokio::select! {
+            (name, there) = pipeline.finished() => {
+                if there {
+                    leased.insert(name);
+                } else {
+                    leased.remove(&name);
+                }
+            }
+            () = tokio::time::sleep_until(look) => {
+                running = running_nodes(&caches, &state);
+                leased.retain(|name| running.contains_key(name));
+                let names: BTreeSet<String> = running.keys().cloned().collect();
+                let due = schedule.due(&names, started.elapsed());
+                pipeline.queue(due.renew);
+                look = Instant::now() + until_next(due.next, heartbeats, started);
             }
         }
-        tokio::time::sleep(until_next(due.next, heartbeats, started)).await;
+        pipeline.start(|name| {
+            let node = running.get(name)?.clone();
+            let known = leased.contains(name);
+            let leases = leases.clone();
+            Some(Box::pin(async move {
+                let renewed = renew_lease(&leases, &node, heartbeats, known, Timestamp::now());
+                // Timed out: the Lease may or may not have been written; the next renewal finds out.
+                tokio::time::timeout(heartbeats.renew_every, renewed)
+                    .await
+                    .unwrap_or(known)
+            }))
+        });
     }
 }
 
@@ -1771,37 +1774,39 @@ async fn renew_leases(client: Client, caches: Caches, state: Arc<SimState>, hear
 async fn report_statuses(client: Client, caches: Caches, state: Arc<SimState>, heartbeats: Heartbeats) {
     let nodes_api: Api<Node> = Api::all(client);
     let mut schedule = Schedule::new(heartbeats);
+    let mut pipeline = Pipeline::new(HEARTBEATS_IN_FLIGHT);
+    let mut running = BTreeMap::new();
     let started = Instant::now();
+    let mut look = started;
     loop {
-        let running = running_nodes(&caches, &state);
-        let names: BTreeSet<String> = running.keys().cloned().collect();
-        let mut due = schedule.due(&names, started.elapsed());
-        // Like kubelet, report at once when the status on the server disagrees with the running kubelet:
-        // a node lifecycle controller marked the node Unknown while its Leases were late.
-        for (name, node) in &running {
-            let ready = node
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"));
-            if ready.is_some_and(|c| c.status != "True") && !due.report.contains(name) {
-                due.report.push(name.clone());
+        tokio::select! {
+            _ = pipeline.finished() => {}
+            () = tokio::time::sleep_until(look) => {
+                running = running_nodes(&caches, &state);
+                let names: BTreeSet<String> = running.keys().cloned().collect();
+                let due = schedule.due(&names, started.elapsed());
+                pipeline.queue(due.report);
+                // Like kubelet, report at once when the status on the server disagrees with the running
+                // kubelet: a node lifecycle controller marked the node Unknown while its Leases were late.
+                pipeline.queue(running.iter().filter_map(|(name, node)| {
+                    let ready = node
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"));
+                    ready.is_some_and(|c| c.status != "True").then(|| name.clone())
+                }));
+                look = Instant::now() + until_next(due.next, heartbeats, started);
             }
         }
-        let now = Timestamp::now();
-        let nodes_api = &nodes_api;
-        let reports = due.report.into_iter().filter_map(|name| {
-            let node = running.get(&name)?.clone();
-            Some(async move {
-                let _ = tokio::time::timeout(heartbeats.renew_every, report_heartbeat(nodes_api, &node, now))
-                    .await;
-            })
+        pipeline.start(|name| {
+            let node = running.get(name)?.clone();
+            let nodes_api = nodes_api.clone();
+            Some(Box::pin(async move {
+                let reported = report_heartbeat(&nodes_api, &node, Timestamp::now());
+                let _ = tokio::time::timeout(heartbeats.renew_every, reported).await;
+            }))
         });
-        futures::stream::iter(reports)
-            .buffer_unordered(HEARTBEATS_IN_FLIGHT)
-            .collect::<Vec<()>>()
-            .await;
-        tokio::time::sleep(until_next(due.next, heartbeats, started)).await;
     }
 }
 

@@ -9,10 +9,14 @@
 //! Renewals are spread, not made together: every node has a fixed phase within the renewal interval, one
 //! of [`SLOTS`], chosen by a hash of its name, so that 5,000 nodes renew about 100 at a time fifty times
 //! every 10 s instead of 5,000 at once. The schedule here is pure: it says which nodes are due at a time
-//! and when to look again; the kubelets' actor makes the writes.
+//! and when to look again; the kubelets' actor makes the writes, through a [`Pipeline`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 
 /// How often, and for how long, simulated kubelets give signs of life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +112,65 @@ impl Schedule {
             due.next = Some(due.next.map_or(soonest, |next| next.min(soonest)));
         }
         due
+    }
+}
+
+/// Heartbeat writes that are due, sent in the order they fell due, at most `cap` at once, each holding back
+/// only its own node: a batch that waits for its slowest write before the next look let the Leases of the
+/// first nodes expire while 1,000 nodes joined on a busy two-core machine (their renewals came every 30 to
+/// 60 s instead of 10). A node already waiting or in flight is not queued again.
+pub(crate) struct Pipeline<T> {
+    cap: usize,
+    queue: VecDeque<String>,
+    waiting: BTreeSet<String>,
+    in_flight: FuturesUnordered<BoxFuture<'static, (String, T)>>,
+}
+
+impl<T: Send + 'static> Pipeline<T> {
+    /// An empty pipeline of at most `cap` writes in flight (at least one).
+    pub(crate) fn new(cap: usize) -> Self {
+        Self {
+            cap: cap.max(1),
+            queue: VecDeque::new(),
+            waiting: BTreeSet::new(),
+            in_flight: FuturesUnordered::new(),
+        }
+    }
+
+    /// Queues the nodes due now, but those already waiting or in flight.
+    pub(crate) fn queue(&mut self, due: impl IntoIterator<Item = String>) {
+        for node in due {
+            if self.waiting.insert(node.clone()) {
+                self.queue.push_back(node);
+            }
+        }
+    }
+
+    /// Starts queued writes, oldest first, while fewer than `cap` are in flight; `write` makes a node's
+    /// write, or gives `None` for a node that is gone.
+    pub(crate) fn start(&mut self, mut write: impl FnMut(&str) -> Option<BoxFuture<'static, T>>) {
+        while self.in_flight.len() < self.cap {
+            let Some(node) = self.queue.pop_front() else {
+                break;
+            };
+            match write(&node) {
+                Some(write) => self.in_flight.push(Box::pin(async move { (node, write.await) })),
+                None => {
+                    self.waiting.remove(&node);
+                }
+            }
+        }
+    }
+
+    /// The next write to finish, with its node; pending while none is in flight.
+    pub(crate) async fn finished(&mut self) -> (String, T) {
+        match self.in_flight.next().await {
+            Some((node, outcome)) => {
+                self.waiting.remove(&node);
+                (node, outcome)
+            }
+            None => std::future::pending().await,
+        }
     }
 }
 
@@ -245,5 +308,45 @@ mod tests {
             next_at(phase, interval, Duration::from_secs(27)),
             Duration::from_secs(33)
         );
+    }
+
+    /// A write that hangs holds back only its own node: the others are written, and finish, behind it;
+    /// never more than the cap at once; a node queued twice is written once.
+    #[tokio::test]
+    async fn a_slow_write_holds_back_only_its_own_node() {
+        let mut pipeline: Pipeline<&'static str> = Pipeline::new(2);
+        let (release, hung) = tokio::sync::oneshot::channel::<()>();
+        let mut hung = Some(hung);
+        let mut started = Vec::new();
+        pipeline.queue(["slow", "a", "b", "a", "c"].map(str::to_owned));
+        let mut finished = Vec::new();
+        loop {
+            pipeline.start(|node| {
+                started.push(node.to_owned());
+                if node == "slow" {
+                    let hung = hung.take().expect("the slow node is written once");
+                    Some(Box::pin(async move {
+                        let _ = hung.await;
+                        "slow"
+                    }))
+                } else {
+                    Some(Box::pin(async { "fast" }))
+                }
+            });
+            assert!(pipeline.in_flight.len() <= 2, "at most the cap in flight");
+            if finished.len() == 3 {
+                break;
+            }
+            let (node, _) = pipeline.finished().await;
+            finished.push(node);
+        }
+        assert_eq!(started, ["slow", "a", "b", "c"], "in order, each once");
+        assert_eq!(finished, ["a", "b", "c"], "written while the slow one hangs");
+        pipeline.queue(["slow".to_owned()]);
+        assert!(pipeline.queue.is_empty(), "a node in flight is not queued again");
+        release.send(()).expect("the slow write waits");
+        assert_eq!(pipeline.finished().await, ("slow".to_owned(), "slow"));
+        pipeline.queue(["slow".to_owned()]);
+        assert_eq!(pipeline.queue.len(), 1, "once answered, it can be due again");
     }
 }

@@ -174,15 +174,28 @@ impl Simulation {
             timing,
             changed: Notify::new(),
         });
-        for (index, (name, pool)) in spec.nodes().enumerate() {
-            add_node(&client, &state, &name, pool, spec.nfd, index as u32).await?;
-        }
-        // Next to a real cluster too: its own ReplicaSet controller and scheduler then run the pods.
-        for workload in &spec.workloads {
-            add_workload(&client, workload).await?;
-        }
+        // The actors first: a node's kubelet gives signs of life from the moment it registers, and a
+        // thousand nodes take about a minute to register on a busy machine, longer than a real node
+        // lifecycle controller waits for the first ones' Leases.
         let shutdown = CancellationToken::new();
         let (tasks, view) = actors::spawn(client.clone(), state.clone(), plays, shutdown.clone());
+        let started = async {
+            for (index, (name, pool)) in spec.nodes().enumerate() {
+                add_node(&client, &state, &name, pool, spec.nfd, index as u32).await?;
+            }
+            // Next to a real cluster too: its own ReplicaSet controller and scheduler then run the pods.
+            for workload in &spec.workloads {
+                add_workload(&client, workload).await?;
+            }
+            Ok::<(), SimError>(())
+        };
+        if let Err(error) = started.await {
+            shutdown.cancel();
+            for task in tasks {
+                let _ = task.await;
+            }
+            return Err(error);
+        }
         info!(nodes = state.hosts().len(), "simulated cluster started");
         Ok(Self {
             client,
