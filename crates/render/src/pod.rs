@@ -27,7 +27,9 @@ pub(crate) const DRIVER_INSTALL_DIR_VOLUME: &str = "driver-install-dir";
 pub(crate) fn env(name: &str, value: &str) -> EnvVar {
     EnvVar {
         name: name.to_owned(),
-        value: Some(value.to_owned()),
+        // An empty value is stored as none (Go's `omitempty`): rendered as kube-apiserver keeps it, so that
+        // comparing with a live object (drift, `render --diff-live`) finds no change where there is none.
+        value: (!value.is_empty()).then(|| value.to_owned()),
         value_from: None,
     }
 }

@@ -1242,11 +1242,16 @@ mod gpu_operands {
                 assert_eq!(env(ctr, "NVIDIA_MIG_MONITOR_DEVICES"), monitor, "{patch} {ds}");
             }
             let validator = object(&rendered, "DaemonSet", "nvidia-operator-validator");
-            assert_eq!(
-                env(container(validator, "plugin-validation"), "MIG_STRATEGY"),
-                Some(strategy.unwrap_or("")),
+            // Always set on the validator; an empty strategy is a variable without a value, as
+            // kube-apiserver stores `value: ""`.
+            let validation = container(validator, "plugin-validation");
+            assert!(
+                validation["env"]
+                    .as_array()
+                    .is_some_and(|env| env.iter().any(|e| e["name"] == "MIG_STRATEGY")),
                 "{patch}"
             );
+            assert_eq!(env(validation, "MIG_STRATEGY"), strategy, "{patch}");
         }
     }
 

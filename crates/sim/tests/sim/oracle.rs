@@ -10,6 +10,9 @@
 //! its reason; a listed difference the run no longer finds fails the test too, so the table is exactly
 //! what the oracle finds. `ORACLE_CASES=defaults,...` runs some cases only (and then checks only that what
 //! they find is listed); `ORACLE_SHOW=1` prints both sides' values of every difference.
+//!
+//! The `defaults` case also checks `testdata/nvidia-converged/`, which the migration test replays: what
+//! NVIDIA's operator wrote for the sample policy (see [`replay`]); `UPDATE_GOLDEN=1` rewrites it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -429,8 +432,9 @@ fn differences(nvidia: &Value, ours: &Value, path: &str, found: &mut Vec<(String
     }
 }
 
-/// Converges `case` with `side`'s operator on a control plane of its own; what it created, once settled.
-async fn converge(side: Side, case: &str, nvidia: &NvidiaOperator) -> BTreeMap<String, Value> {
+/// Converges `case` with `side`'s operator on a control plane of its own; what it created, once settled,
+/// and, for NVIDIA's operator on [`REPLAYED_CASE`], the files of [`replay`].
+async fn converge(side: Side, case: &str, nvidia: &NvidiaOperator) -> Converged {
     let inputs = inputs(case);
     let mut cluster = Cluster::on(Backend::real().await, nodes(&inputs)).await;
     let client = cluster.client.clone();
@@ -455,8 +459,218 @@ async fn converge(side: Side, case: &str, nvidia: &NvidiaOperator) -> BTreeMap<S
         }
     };
     let settled = settled(&client, running, case, side).await;
+    let replay = if side == Side::Nvidia && case == REPLAYED_CASE {
+        Some(replay(&client).await)
+    } else {
+        None
+    };
     cluster.stop().await;
-    settled
+    Converged {
+        created: settled,
+        replay,
+    }
+}
+
+/// What [`converge`] gives.
+struct Converged {
+    created: Created,
+    replay: Option<Replay>,
+}
+
+/// The case whose objects from NVIDIA's operator the migration test replays (`testdata/nvidia-converged/`):
+/// the chart's defaults, which are `deploy/samples/clusterpolicy.yaml`.
+const REPLAYED_CASE: &str = "defaults";
+
+/// The kinds the migration test replays; the others (RuntimeClasses, Services) our operator creates or takes
+/// over by name, and restart no pod.
+const REPLAYED_KINDS: [&str; 7] = [
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ConfigMap",
+    "DaemonSet",
+];
+
+/// The values that differ on every cluster, and their stand-ins in the replayed files: the owner's uid (the
+/// migration test puts its policy's there) and NVIDIA's hash of what it last wrote, which covers the owner's
+/// uid (two runs give two hashes; the driver's `DRIVER_CONFIG_DIGEST` stays the same, and stays).
+const STAND_INS: [(&str, &str); 2] = [
+    ("/metadata/ownerReferences/0/uid", "CLUSTER-POLICY-UID"),
+    (
+        "/metadata/annotations/nvidia.com~1last-applied-hash",
+        "NVIDIA-LAST-APPLIED-HASH",
+    ),
+];
+
+/// Files by name: `<kind>-<name>.yaml`.
+type Replay = BTreeMap<String, String>;
+
+fn replay_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata/nvidia-converged")
+}
+
+/// What NVIDIA's operator wrote: each object of [`REPLAYED_KINDS`] owned by the policy, cut down to the
+/// fields its managed fields give it (what it sent, and what kube-apiserver defaulted in that request, which
+/// it attributes to the writer: no status, nothing another writer set), its identity, and [`STAND_INS`] for
+/// what differs on every cluster.
+async fn replay(client: &Client) -> Replay {
+    let mut files = Replay::new();
+    for (resource, namespaced) in kinds(client).await {
+        if !REPLAYED_KINDS.contains(&resource.kind.as_str()) {
+            continue;
+        }
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        for object in api.list(&ListParams::default()).await.expect("list").items {
+            let owned = object
+                .owner_references()
+                .iter()
+                .any(|o| o.kind == "ClusterPolicy");
+            if !owned || (namespaced && object.namespace().as_deref() != Some(NAMESPACE)) {
+                continue;
+            }
+            let name = object.name_any();
+            let mut sent = json!({});
+            for entry in object.metadata.managed_fields.iter().flatten() {
+                // NVIDIA's operator writes as its user agent's product token.
+                if entry.manager.as_deref() == Some(gpuop_testkit::nvidia::USER_AGENT)
+                    && entry.subresource.is_none()
+                    && let Some(fields) = &entry.fields_v1
+                {
+                    merge(&mut sent, &fields.0);
+                }
+            }
+            let whole = serde_json::to_value(&object).expect("an object");
+            // Identity first, as a person writes a manifest; managed fields do not name it.
+            let mut written = json!({
+                "apiVersion": resource.api_version,
+                "kind": resource.kind,
+                "metadata": { "name": name },
+            });
+            if namespaced {
+                written["metadata"]["namespace"] = json!(NAMESPACE);
+            }
+            for (key, value) in sent_part(&whole, &sent).as_object().into_iter().flatten() {
+                match (key.as_str(), value.as_object()) {
+                    ("metadata", Some(metadata)) => {
+                        for (field, value) in metadata {
+                            written["metadata"][field] = value.clone();
+                        }
+                    }
+                    _ => written[key] = value.clone(),
+                }
+            }
+            for (pointer, stand_in) in STAND_INS {
+                if let Some(value) = written.pointer_mut(pointer) {
+                    *value = json!(stand_in);
+                }
+            }
+            let yaml = serde_saphyr::to_string(&written).expect("YAML");
+            files.insert(
+                format!("{}-{name}.yaml", resource.kind.to_lowercase()),
+                format!("{REPLAY_HEADER}{yaml}"),
+            );
+        }
+    }
+    files
+}
+
+/// The first line of every replayed file.
+const REPLAY_HEADER: &str =
+    "# Written by the oracle test from what NVIDIA's operator created; see README.md.\n";
+
+/// Merges the field set `more` (a managed fields entry's `fieldsV1`) into `into`.
+fn merge(into: &mut Value, more: &Value) {
+    match (into.as_object_mut(), more.as_object()) {
+        (Some(into), Some(more)) => {
+            for (key, value) in more {
+                merge(into.entry(key.clone()).or_insert_with(|| json!({})), value);
+            }
+        }
+        _ => *into = more.clone(),
+    }
+}
+
+/// The part of `value` that the field set `fields` names (`f:` map fields, `k:` keyed list items, `v:` set
+/// members, `i:` indices); a field named without children is kept whole (a leaf, or atomic).
+fn sent_part(value: &Value, fields: &Value) -> Value {
+    let Some(fields) = fields.as_object() else {
+        return value.clone();
+    };
+    match value {
+        Value::Object(map) if fields.keys().any(|k| k.starts_with("f:")) => Value::Object(
+            map.iter()
+                .filter_map(|(key, child)| {
+                    let sub = fields.get(&format!("f:{key}"))?;
+                    Some((key.clone(), sent_part(child, sub)))
+                })
+                .collect(),
+        ),
+        Value::Array(items) if fields.keys().any(|k| k != ".") => Value::Array(
+            items
+                .iter()
+                .enumerate()
+                .filter_map(|(index, item)| {
+                    let (_, sub) = fields.iter().find(|(key, _)| names_item(key, index, item))?;
+                    Some(sent_part(item, sub))
+                })
+                .collect(),
+        ),
+        _ => value.clone(),
+    }
+}
+
+/// Whether a list item's key in a field set (`k:{"name":"x"}`, `v:"x"`, `i:0`) names `item`.
+fn names_item(key: &str, index: usize, item: &Value) -> bool {
+    if let Some(fields) = key.strip_prefix("k:") {
+        serde_json::from_str::<serde_json::Map<String, Value>>(fields)
+            .is_ok_and(|fields| fields.iter().all(|(field, value)| item.get(field) == Some(value)))
+    } else if let Some(member) = key.strip_prefix("v:") {
+        serde_json::from_str::<Value>(member).is_ok_and(|member| &member == item)
+    } else if let Some(at) = key.strip_prefix("i:") {
+        at.parse() == Ok(index)
+    } else {
+        false
+    }
+}
+
+/// Compares the replayed files with `testdata/nvidia-converged/`, or writes them there with
+/// `UPDATE_GOLDEN=1`. Gives what is stale.
+fn check_replay(replay: &Replay) -> Vec<String> {
+    let dir = replay_dir();
+    let committed: BTreeMap<String, String> = std::fs::read_dir(&dir)
+        .expect("testdata/nvidia-converged")
+        .map(|entry| entry.expect("an entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "yaml"))
+        .map(|path| {
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .expect("a name")
+                .to_owned();
+            (name, std::fs::read_to_string(&path).expect("reads"))
+        })
+        .collect();
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        for name in committed.keys().filter(|name| !replay.contains_key(*name)) {
+            std::fs::remove_file(dir.join(name)).expect("removes a stale file");
+        }
+        for (name, text) in replay {
+            std::fs::write(dir.join(name), text).expect("writes");
+        }
+        return Vec::new();
+    }
+    let names: BTreeSet<&String> = committed.keys().chain(replay.keys()).collect();
+    names
+        .into_iter()
+        .filter(|name| committed.get(*name) != replay.get(*name))
+        .map(|name| match (committed.get(name), replay.get(name)) {
+            (Some(_), None) => format!("{name}: NVIDIA's operator no longer creates it"),
+            (None, Some(_)) => format!("{name}: missing"),
+            _ => format!("{name}: differs"),
+        })
+        .collect()
 }
 
 /// Waits until the policy is ready, every DaemonSet rolled out, and what the operator created has stayed
@@ -644,18 +858,24 @@ async fn nvidias_operator_and_ours_create_the_same_objects_real_control_plane() 
     let mut used = vec![false; table.len()];
     let mut report = String::new();
     // The cases at once: most of a case is waiting for NVIDIA's upgrade controller's two-minute requeue.
-    let runs: Vec<(String, Created, Created)> = futures::future::join_all(cases().into_iter().map(|case| {
-        let nvidia = &nvidia;
-        async move {
-            let (theirs, ours) = tokio::join!(
-                converge(Side::Nvidia, &case, nvidia),
-                converge(Side::Ours, &case, nvidia)
-            );
-            (case, theirs, ours)
-        }
-    }))
-    .await;
+    let runs: Vec<(String, Converged, Converged)> =
+        futures::future::join_all(cases().into_iter().map(|case| {
+            let nvidia = &nvidia;
+            async move {
+                let (theirs, ours) = tokio::join!(
+                    converge(Side::Nvidia, &case, nvidia),
+                    converge(Side::Ours, &case, nvidia)
+                );
+                (case, theirs, ours)
+            }
+        }))
+        .await;
+    let mut stale_replay = Vec::new();
     for (case, theirs, ours) in runs {
+        if let Some(replay) = &theirs.replay {
+            stale_replay = check_replay(replay);
+        }
+        let (theirs, ours) = (theirs.created, ours.created);
         let found = lines(&theirs, &ours);
         report.push_str(&format!(
             "{case}: {} objects from NVIDIA's operator, {} from ours, {} differences\n",
@@ -683,6 +903,11 @@ async fn nvidias_operator_and_ours_create_the_same_objects_real_control_plane() 
         }
     }
     eprintln!("{report}");
+    assert!(
+        stale_replay.is_empty(),
+        "testdata/nvidia-converged/ is not what NVIDIA's operator creates for the sample policy \
+         (`UPDATE_GOLDEN=1` rewrites it): {stale_replay:?}"
+    );
     assert!(
         unlisted.is_empty(),
         "differences from NVIDIA's operator that docs/migrate.md does not list:\n{}",
