@@ -218,6 +218,12 @@ pub struct UpgradeBenchArgs {
     /// Give up on convergence, and then on the upgrade, after this many seconds each.
     #[arg(long, default_value_t = 1_800)]
     pub deadline_seconds: u64,
+    /// Run on real control planes instead of the fake server: this operator, then NVIDIA's, each on a
+    /// control plane of its own (as `bench converge --real-control-plane`), the workload behind a
+    /// PodDisruptionBudget that the real eviction API enforces, every client's requests counted from the
+    /// API server's audit log, the two side by side.
+    #[arg(long)]
+    pub real_control_plane: bool,
 }
 
 impl UpgradeBenchArgs {

@@ -141,6 +141,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 real_bench::converge(args).await
             }
             Command::Bench(Bench::Converge(args)) => cluster_bench::converge(args).await,
+            Command::Bench(Bench::Upgrade(args)) if args.real_control_plane => {
+                real_bench::upgrade(args).await
+            }
             Command::Bench(Bench::Upgrade(args)) => upgrade_bench::upgrade(args).await,
         }
     })

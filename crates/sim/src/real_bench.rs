@@ -1,30 +1,42 @@
-//! `gpu-sim bench converge --real-control-plane`: this project's operator and NVIDIA's, one after the
-//! other, each converging the sample ClusterPolicy on a real control plane of its own (kube-apiserver,
-//! its controller manager and scheduler, from the binaries `KUBE_BINARIES` names) whose nodes the simulator
-//! plays. Every client's requests are counted from the API server's audit log, as kube-apiserver saw them;
-//! CPU and peak memory are each operator's own process's. Numbers are printed side by side as a Markdown
-//! table for `BENCHMARKS.md`. This measures; it asserts nothing.
+//! `gpu-sim bench converge --real-control-plane` and `gpu-sim bench upgrade --real-control-plane`: this
+//! project's operator and NVIDIA's, one after the other, each on a real control plane of its own
+//! (kube-apiserver, its controller manager and scheduler, from the binaries `KUBE_BINARIES` names) whose
+//! nodes the simulator plays. `converge` measures the sample ClusterPolicy converging and the rest after it;
+//! `upgrade` measures a driver version change rolling over nodes that each run a GPU pod behind a
+//! PodDisruptionBudget, through the real eviction API. Every client's requests are counted from the API
+//! server's audit log, as kube-apiserver saw them; CPU and peak memory are each operator's own process's.
+//! Numbers are printed side by side as a Markdown table for `BENCHMARKS.md`. This measures; only the upgrade
+//! fails, when this operator exceeded its budget.
 //!
 //! NVIDIA's operator is the binary built from its source that `NVIDIA_OPERATOR` names
 //! (`scripts/nvidia-operator`); ours is the `gpu-operator` binary beside this one.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use gpuop_testkit::nvidia::{NvidiaOperator, Usage, usage_of};
 use gpuop_testkit::{AuditEvent, ControlPlane};
-use k8s_openapi::api::apps::v1::DaemonSet;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
+use serde_json::json;
 use tokio::time::Instant;
 
-use crate::cli::ConvergeBenchArgs;
+use crate::cli::{ConvergeBenchArgs, UpgradeBenchArgs};
 use crate::cluster_bench::{gpu_cluster, operator_binary, spawn_operator, verbs_text};
+use crate::cluster_spec::ClusterSpec;
 use crate::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install};
 use crate::heartbeat::Heartbeats;
 use crate::kubelet::Timing;
 use crate::simulation::{Plays, Simulation};
+use crate::upgrade_bench::{NEW_VERSION, lock, watch_budget};
+use crate::workload::Workload;
+
+/// The driver's DaemonSet, as both operators name it.
+const DRIVER_DAEMONSET: &str = "nvidia-driver-daemonset";
 
 /// Which operator a run measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,56 +113,25 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
 async fn measure(
     operator: Operator,
     args: &ConvergeBenchArgs,
-    ours: &std::path::Path,
+    ours: &Path,
     nvidia: &NvidiaOperator,
 ) -> anyhow::Result<Run> {
-    eprintln!(
-        "{operator:?}: starting a control plane and {} simulated nodes",
-        args.nodes
-    );
-    let plane = ControlPlane::from_env().await?;
-    let client = plane
-        .client_with(plane.admin_token(), Some(crate::USER_AGENT))
-        .await?;
-    install(&client).await?;
-    if operator == Operator::Nvidia {
-        nvidia.install_crds(&client).await?;
-    }
-    let timing = Timing::instant().with_heartbeats(Heartbeats::kubelet());
-    let simulation =
-        Simulation::start_playing(client.clone(), gpu_cluster(args.nodes), timing, Plays::NodesOnly).await?;
-    let mut process = match operator {
-        Operator::Ours => {
-            let kubeconfig = plane.dir().join("operator.kubeconfig");
-            std::fs::write(&kubeconfig, plane.kubeconfig(plane.admin_token()))?;
-            Process::Ours(spawn_operator(ours, &kubeconfig)?)
-        }
-        Operator::Nvidia => Process::Nvidia(nvidia.start(&plane, NAMESPACE)?),
-    };
+    let mut bed = Bed::start(operator, gpu_cluster(args.nodes), ours, nvidia).await?;
     // Whatever the operator did before the policy exists (its caches filling) counts as converging.
     let started = Instant::now();
     let from = jiff::Timestamp::now();
-    let cpu_before = process.usage()?.cpu_seconds;
-    apply_policy(&client, DEFAULT_POLICY).await?;
+    let cpu_before = bed.process.usage()?.cpu_seconds;
+    apply_policy(&bed.client, DEFAULT_POLICY).await?;
     eprintln!("{operator:?}: policy applied");
-    loop {
-        if let Some(why) = process.exited() {
-            bail!("{why}");
-        }
-        match converged(&client, args.nodes).await {
-            Ok(()) => break,
-            Err(why) if started.elapsed() > args.deadline() => {
-                bail!(
-                    "{operator:?}'s operator did not converge within {:?}: {why}",
-                    args.deadline()
-                )
-            }
-            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
-        }
-    }
+    let nodes = args.nodes;
+    bed.wait("converge", args.deadline(), |client| async move {
+        converged(&client, nodes).await
+    })
+    .await
+    .with_context(|| format!("{operator:?}'s operator"))?;
     let converged_after = started.elapsed();
     let converged_at = jiff::Timestamp::now();
-    let cpu_converged = process.usage()?.cpu_seconds;
+    let cpu_converged = bed.process.usage()?.cpu_seconds;
     eprintln!(
         "{operator:?}: converged in {:.1} s; steady window of {} s",
         converged_after.as_secs_f64(),
@@ -158,13 +139,11 @@ async fn measure(
     );
     tokio::time::sleep(Duration::from_secs(args.steady_seconds)).await;
     let steady_until = jiff::Timestamp::now();
-    let usage = process.usage()?;
-    if let Some(why) = process.exited() {
+    let usage = bed.process.usage()?;
+    if let Some(why) = bed.process.exited() {
         bail!("{why}");
     }
-    let events = plane.requests_so_far().await?;
-    drop(process);
-    simulation.stop().await;
+    let events = bed.stop().await?;
     let agent = operator.agent();
     let between = |from: jiff::Timestamp, to: jiff::Timestamp| -> Vec<&AuditEvent> {
         events
@@ -185,6 +164,364 @@ async fn measure(
         cpu_steady: usage.cpu_seconds - cpu_converged,
         usage,
     })
+}
+
+/// What one upgrade run measured.
+#[derive(Debug)]
+struct UpgradeRun {
+    converged: Duration,
+    upgraded: Duration,
+    requests: BTreeMap<String, u64>,
+    writes: BTreeMap<String, u64>,
+    evictions: u64,
+    refused_evictions: u64,
+    max_in_progress: usize,
+    max_unavailable: usize,
+    cpu: f64,
+    usage: Usage,
+}
+
+/// The workload's name and namespace: one pod of one GPU per node.
+const WORKLOAD: (&str, &str) = ("train", "ml");
+
+/// `gpu-sim bench upgrade --real-control-plane`.
+pub async fn upgrade(args: UpgradeBenchArgs) -> anyhow::Result<()> {
+    let nvidia = NvidiaOperator::from_env()?;
+    let ours = operator_binary()?;
+    let run_started = Instant::now();
+    let mine = measure_upgrade(Operator::Ours, &args, &ours, &nvidia).await?;
+    let theirs = measure_upgrade(Operator::Nvidia, &args, &ours, &nvidia).await?;
+    print_upgrade(&args, &mine, &theirs, run_started.elapsed());
+    if mine.max_in_progress > args.max_parallel as usize
+        || mine.max_unavailable > allowed_unavailable(args.nodes)
+    {
+        bail!("this operator exceeded the upgrade budget");
+    }
+    Ok(())
+}
+
+/// `maxUnavailable: 25%` of the nodes, rounded up as both operators round it.
+fn allowed_unavailable(nodes: u32) -> usize {
+    nodes.div_ceil(4) as usize
+}
+
+/// Converges `args.nodes` GPU nodes, each running a pod of a GPU workload behind a PodDisruptionBudget,
+/// with `operator`, then changes the driver version and measures the upgrade until every node runs it,
+/// `upgrade-done` and uncordoned.
+async fn measure_upgrade(
+    operator: Operator,
+    args: &UpgradeBenchArgs,
+    ours: &Path,
+    nvidia: &NvidiaOperator,
+) -> anyhow::Result<UpgradeRun> {
+    let (workload, namespace) = WORKLOAD;
+    let spec = gpu_cluster(args.nodes).with_workload(
+        Workload::gpu(workload, args.nodes)
+            .in_namespace(namespace)
+            .with_max_unavailable(IntOrString::String("10%".into())),
+    );
+    let mut bed = Bed::start(operator, spec, ours, nvidia).await?;
+    let (budget, node_watch) = watch_budget(&bed.client);
+    let started = Instant::now();
+    apply_policy(&bed.client, DEFAULT_POLICY).await?;
+    set_driver(
+        &bed.client,
+        json!({ "upgradePolicy": { "autoUpgrade": true, "maxParallelUpgrades": args.max_parallel, "maxUnavailable": "25%" } }),
+    )
+    .await?;
+    let count = args.nodes as usize;
+    let nodes = args.nodes;
+    let judged = budget.clone();
+    bed.wait("converge", args.deadline(), move |client| {
+        let budget = judged.clone();
+        async move {
+            converged(&client, nodes).await?;
+            if !lock(&budget).done(count) {
+                return Err("not every node is `upgrade-done` and available".into());
+            }
+            workload_ready(&client, nodes).await
+        }
+    })
+    .await
+    .with_context(|| format!("{operator:?}'s operator"))?;
+    let converged_after = started.elapsed();
+    eprintln!(
+        "{operator:?}: converged in {:.1} s; changing the driver's version",
+        converged_after.as_secs_f64()
+    );
+    {
+        let mut budget = lock(&budget);
+        budget.max_unavailable = 0;
+        budget.max_in_progress = 0;
+    }
+    let from = jiff::Timestamp::now();
+    let cpu_before = bed.process.usage()?.cpu_seconds;
+    let upgrading = Instant::now();
+    set_driver(&bed.client, json!({ "version": NEW_VERSION })).await?;
+    let judged = budget.clone();
+    bed.wait("upgrade", args.deadline(), move |client| {
+        let budget = judged.clone();
+        async move {
+            driver_template_on(&client, NEW_VERSION).await?;
+            rolled_out(&client).await?;
+            if lock(&budget).done(count) {
+                Ok(())
+            } else {
+                Err("not every node is `upgrade-done` and available".into())
+            }
+        }
+    })
+    .await
+    .with_context(|| format!("{operator:?}'s operator"))?;
+    let upgraded = upgrading.elapsed();
+    let to = jiff::Timestamp::now();
+    eprintln!("{operator:?}: upgraded in {:.1} s", upgraded.as_secs_f64());
+    let usage = bed.process.usage()?;
+    node_watch.abort();
+    let (max_unavailable, max_in_progress) = {
+        let budget = lock(&budget);
+        (budget.max_unavailable, budget.max_in_progress)
+    };
+    let events = bed.stop().await?;
+    let agent = operator.agent();
+    let during: Vec<&AuditEvent> = events
+        .iter()
+        .filter(|e| e.by_agent(agent) && e.received >= from && e.received < to)
+        .collect();
+    let mut writes = BTreeMap::new();
+    for event in during.iter().filter(|e| e.is_write()) {
+        let resource = if event.subresource.is_empty() {
+            event.resource.clone()
+        } else {
+            format!("{}/{}", event.resource, event.subresource)
+        };
+        *writes.entry(format!("{} {resource}", event.verb)).or_default() += 1;
+    }
+    let evictions: Vec<&&AuditEvent> = during
+        .iter()
+        .filter(|e| e.verb == "create" && e.resource == "pods" && e.subresource == "eviction")
+        .collect();
+    Ok(UpgradeRun {
+        converged: converged_after,
+        upgraded,
+        requests: by_verb(&during),
+        writes,
+        evictions: evictions.len() as u64,
+        refused_evictions: evictions.iter().filter(|e| e.code == 429).count() as u64,
+        max_in_progress,
+        max_unavailable,
+        cpu: usage.cpu_seconds - cpu_before,
+        usage,
+    })
+}
+
+/// Merges `driver` into the ClusterPolicy's `spec.driver`.
+async fn set_driver(client: &Client, driver: serde_json::Value) -> anyhow::Result<()> {
+    policies(client)
+        .patch(
+            "cluster-policy",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "driver": driver } })),
+        )
+        .await
+        .context("patching the ClusterPolicy's driver")?;
+    Ok(())
+}
+
+/// Whether the driver DaemonSet's pod template runs `version` (both operators put it in the image tag).
+async fn driver_template_on(client: &Client, version: &str) -> Result<(), String> {
+    let driver = Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
+        .get(DRIVER_DAEMONSET)
+        .await
+        .map_err(|e| format!("{DRIVER_DAEMONSET}: {e}"))?;
+    let images: Vec<String> = driver
+        .spec
+        .and_then(|spec| spec.template.spec)
+        .map(|pod| pod.containers.into_iter().filter_map(|c| c.image).collect())
+        .unwrap_or_default();
+    if images.iter().any(|image| image.contains(version)) {
+        Ok(())
+    } else {
+        Err(format!("{DRIVER_DAEMONSET} runs {images:?}, not yet {version}"))
+    }
+}
+
+/// Whether the workload runs every one of its pods, ready.
+async fn workload_ready(client: &Client, replicas: u32) -> Result<(), String> {
+    let (name, namespace) = WORKLOAD;
+    let ready = Api::<ReplicaSet>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await
+        .map_err(|e| format!("{namespace}/{name}: {e}"))?
+        .status
+        .and_then(|status| status.ready_replicas)
+        .unwrap_or(0);
+    if u32::try_from(ready).unwrap_or(0) >= replicas {
+        Ok(())
+    } else {
+        Err(format!("{ready} of {replicas} workload pods are ready"))
+    }
+}
+
+fn print_upgrade(args: &UpgradeBenchArgs, ours: &UpgradeRun, theirs: &UpgradeRun, whole: Duration) {
+    let both = |label: &str, a: String, b: String| println!("| {label} | {a} | {b} |");
+    println!(
+        "| measurement ({} GPU nodes, a GPU pod on each behind a PodDisruptionBudget of maxUnavailable 10%, \
+         maxParallelUpgrades {}, maxUnavailable 25%, real control plane, kube-apiserver's audit log) \
+         | this operator | NVIDIA's operator |",
+        args.nodes, args.max_parallel
+    );
+    println!("| --- | --- | --- |");
+    both(
+        "policy applied → every node `upgrade-done`, every GPU pod running",
+        format!("{:.1} s", ours.converged.as_secs_f64()),
+        format!("{:.1} s", theirs.converged.as_secs_f64()),
+    );
+    both(
+        "driver version changed → every node on it, `upgrade-done`, uncordoned",
+        format!("{:.1} s", ours.upgraded.as_secs_f64()),
+        format!("{:.1} s", theirs.upgraded.as_secs_f64()),
+    );
+    both(
+        "requests during the upgrade",
+        total(&ours.requests).to_string(),
+        total(&theirs.requests).to_string(),
+    );
+    both(
+        "requests during the upgrade, by verb",
+        verbs_text(&ours.requests),
+        verbs_text(&theirs.requests),
+    );
+    let per_node = |run: &UpgradeRun, what: &str| {
+        let count = run.writes.get(what).copied().unwrap_or(0);
+        format!("{:.1}", count as f64 / f64::from(args.nodes.max(1)))
+    };
+    both(
+        "writes during the upgrade",
+        total(&ours.writes).to_string(),
+        total(&theirs.writes).to_string(),
+    );
+    both(
+        "node patches per upgraded node",
+        per_node(ours, "patch nodes"),
+        per_node(theirs, "patch nodes"),
+    );
+    both(
+        "writes during the upgrade, by verb and resource",
+        verbs_text(&ours.writes),
+        verbs_text(&theirs.writes),
+    );
+    both(
+        "evictions asked (of which refused with 429)",
+        format!("{} ({})", ours.evictions, ours.refused_evictions),
+        format!("{} ({})", theirs.evictions, theirs.refused_evictions),
+    );
+    both(
+        &format!("most nodes upgrading at once (limit {})", args.max_parallel),
+        ours.max_in_progress.to_string(),
+        theirs.max_in_progress.to_string(),
+    );
+    both(
+        &format!(
+            "most nodes unavailable at once (limit {})",
+            allowed_unavailable(args.nodes)
+        ),
+        ours.max_unavailable.to_string(),
+        theirs.max_unavailable.to_string(),
+    );
+    both(
+        "CPU during the upgrade",
+        format!("{:.2} s", ours.cpu),
+        format!("{:.2} s", theirs.cpu),
+    );
+    both(
+        "peak memory (VmHWM, converge and upgrade)",
+        format!("{:.0} MiB", mib(ours.usage.peak_memory)),
+        format!("{:.0} MiB", mib(theirs.usage.peak_memory)),
+    );
+    println!(
+        "| the whole benchmark run (both operators) | {:.0} s | |",
+        whole.as_secs_f64()
+    );
+}
+
+/// One operator on a control plane of its own, with the simulator playing the nodes.
+struct Bed {
+    plane: ControlPlane,
+    client: Client,
+    simulation: Simulation,
+    process: Process,
+}
+
+impl Bed {
+    /// Starts a control plane, installs what either operator needs (ours: the CRDs and namespace;
+    /// NVIDIA's: its own CRDs too), creates `spec`'s nodes and workloads, and starts `operator`.
+    async fn start(
+        operator: Operator,
+        spec: ClusterSpec,
+        ours: &Path,
+        nvidia: &NvidiaOperator,
+    ) -> anyhow::Result<Self> {
+        eprintln!(
+            "{operator:?}: starting a control plane and {} simulated nodes",
+            spec.nodes().count()
+        );
+        let plane = ControlPlane::from_env().await?;
+        let client = plane
+            .client_with(plane.admin_token(), Some(crate::USER_AGENT))
+            .await?;
+        install(&client).await?;
+        if operator == Operator::Nvidia {
+            nvidia.install_crds(&client).await?;
+        }
+        let timing = Timing::instant().with_heartbeats(Heartbeats::kubelet());
+        let simulation = Simulation::start_playing(client.clone(), spec, timing, Plays::NodesOnly).await?;
+        let process = match operator {
+            Operator::Ours => {
+                let kubeconfig = plane.dir().join("operator.kubeconfig");
+                std::fs::write(&kubeconfig, plane.kubeconfig(plane.admin_token()))?;
+                Process::Ours(spawn_operator(ours, &kubeconfig)?)
+            }
+            Operator::Nvidia => Process::Nvidia(nvidia.start(&plane, NAMESPACE)?),
+        };
+        Ok(Self {
+            plane,
+            client,
+            simulation,
+            process,
+        })
+    }
+
+    /// Polls `check` every second until it passes; fails when the operator exits or `deadline` passes,
+    /// saying what was not so yet.
+    async fn wait<F, Fut>(&mut self, what: &str, deadline: Duration, mut check: F) -> anyhow::Result<()>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<(), String>>,
+    {
+        let started = Instant::now();
+        loop {
+            if let Some(why) = self.process.exited() {
+                bail!("{why}");
+            }
+            match check(self.client.clone()).await {
+                Ok(()) => return Ok(()),
+                Err(why) if started.elapsed() > deadline => {
+                    bail!("did not {what} within {deadline:?}: {why}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+            }
+        }
+    }
+
+    /// Stops the operator and the nodes, and then the control plane; gives every request the API server
+    /// received.
+    async fn stop(self) -> anyhow::Result<Vec<AuditEvent>> {
+        let events = self.plane.requests_so_far().await?;
+        drop(self.process);
+        self.simulation.stop().await;
+        Ok(events)
+    }
 }
 
 /// Requests by verb.
@@ -214,14 +551,10 @@ async fn converged(client: &Client, nodes: u32) -> Result<(), String> {
 /// status may say `ready` before any pod runs). Gives the policy as the API server has it and the ready
 /// pods of each DaemonSet by name; otherwise what is not so yet.
 pub async fn rolled_out(client: &Client) -> Result<(DynamicObject, BTreeMap<String, i32>), String> {
-    let policies = Api::<DynamicObject>::all_with(
-        client.clone(),
-        &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy"),
-            "clusterpolicies",
-        ),
-    );
-    let policy = policies.get("cluster-policy").await.map_err(|e| e.to_string())?;
+    let policy = policies(client)
+        .get("cluster-policy")
+        .await
+        .map_err(|e| e.to_string())?;
     let state = policy.data["status"]["state"].as_str().unwrap_or_default();
     if state != "ready" {
         return Err(format!("the policy is {state:?}"));
@@ -243,6 +576,17 @@ pub async fn rolled_out(client: &Client) -> Result<(DynamicObject, BTreeMap<Stri
         ready.insert(ds.name_any(), status.number_ready);
     }
     Ok((policy, ready))
+}
+
+/// The ClusterPolicies, whichever operator's CRD serves them.
+fn policies(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy"),
+            "clusterpolicies",
+        ),
+    )
 }
 
 fn total(verbs: &BTreeMap<String, u64>) -> u64 {

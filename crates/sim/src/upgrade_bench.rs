@@ -33,18 +33,18 @@ use crate::simulation::Simulation;
 use crate::workload::Workload;
 
 /// The version the sample policy's driver moves to.
-const NEW_VERSION: &str = "600.10.01";
+pub(crate) const NEW_VERSION: &str = "600.10.01";
 
 /// What the node watch saw.
 #[derive(Debug, Default)]
-struct Budget {
+pub(crate) struct Budget {
     nodes: BTreeMap<String, (bool, UpgradeState)>,
-    max_unavailable: usize,
-    max_in_progress: usize,
+    pub(crate) max_unavailable: usize,
+    pub(crate) max_in_progress: usize,
 }
 
 impl Budget {
-    fn record(&mut self, node: &Node) {
+    pub(crate) fn record(&mut self, node: &Node) {
         let unavailable = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
             || !node
                 .status
@@ -59,13 +59,33 @@ impl Budget {
         self.max_in_progress = self.max_in_progress.max(in_progress);
     }
 
-    fn done(&self, count: usize) -> bool {
+    pub(crate) fn done(&self, count: usize) -> bool {
         self.nodes.len() == count && self.nodes.values().all(|(u, s)| !u && *s == UpgradeState::Done)
     }
 }
 
-fn lock(budget: &Mutex<Budget>) -> std::sync::MutexGuard<'_, Budget> {
+pub(crate) fn lock(budget: &Mutex<Budget>) -> std::sync::MutexGuard<'_, Budget> {
     budget.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Follows every node from a watch, recording into the [`Budget`] at every change.
+pub(crate) fn watch_budget(client: &Client) -> (Arc<Mutex<Budget>>, tokio::task::JoinHandle<()>) {
+    let budget = Arc::new(Mutex::new(Budget::default()));
+    let nodes: Api<Node> = Api::all(client.clone());
+    let recorded = budget.clone();
+    let watch = tokio::spawn(async move {
+        let mut events = std::pin::pin!(
+            watcher(nodes, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+        );
+        while let Some(event) = events.next().await {
+            if let Ok(node) = event {
+                lock(&recorded).record(&node);
+            }
+        }
+    });
+    (budget, watch)
 }
 
 /// `gpu-sim bench upgrade`.
@@ -82,23 +102,7 @@ pub async fn upgrade(args: UpgradeBenchArgs) -> anyhow::Result<()> {
     let simulation = Simulation::start(client.clone(), spec, Timing::instant()).await?;
     let mut operator = spawn_operator(&binary, &kubeconfig)?;
     let pid = operator.id().map(|p| p.to_string()).unwrap_or_default();
-    let budget = Arc::new(Mutex::new(Budget::default()));
-    let node_watch = {
-        let budget = budget.clone();
-        let nodes: Api<Node> = Api::all(client.clone());
-        tokio::spawn(async move {
-            let mut events = std::pin::pin!(
-                watcher(nodes, watcher::Config::default())
-                    .default_backoff()
-                    .applied_objects()
-            );
-            while let Some(event) = events.next().await {
-                if let Ok(node) = event {
-                    lock(&budget).record(&node);
-                }
-            }
-        })
-    };
+    let (budget, node_watch) = watch_budget(&client);
     apply_policy(&client, DEFAULT_POLICY).await?;
     let policies: Api<ClusterPolicy> = Api::all(client.clone());
     let set = |spec: serde_json::Value| {
