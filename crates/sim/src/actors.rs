@@ -1681,7 +1681,8 @@ const HEARTBEAT_LOOK_AT_MOST: Duration = Duration::from_millis(500);
 /// Renewals and reports are two loops, as in kubelet: a status report is a large write that a busy API
 /// server answers slowly, and a thousand joining nodes each report once, so renewals that waited behind
 /// them let Leases expire (a 40 s Lease, measured on a real control plane during a 1,000-node rollout).
-/// Each write is given at most one renewal interval, so that one that hangs delays the next by no more.
+/// Each loop sends through a [`Pipeline`], so a slow write holds back only its own node, and each write is
+/// given at most one renewal interval.
 async fn node_heartbeats(
     client: Client,
     caches: Caches,

@@ -9,7 +9,7 @@
 //! Renewals are spread, not made together: every node has a fixed phase within the renewal interval, one
 //! of [`SLOTS`], chosen by a hash of its name, so that 5,000 nodes renew about 100 at a time fifty times
 //! every 10 s instead of 5,000 at once. The schedule here is pure: it says which nodes are due at a time
-//! and when to look again; the kubelets' actor makes the writes, through a [`Pipeline`].
+//! and when to look again; the kubelets' actor makes the writes, through a `Pipeline`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
