@@ -2,8 +2,8 @@
 //! project's operator and NVIDIA's, one after the other, each on a real control plane of its own
 //! (kube-apiserver, its controller manager and scheduler, from the binaries `KUBE_BINARIES` names) whose
 //! nodes the simulator plays. `converge` measures the sample ClusterPolicy converging and the rest after it;
-//! `upgrade` measures a driver version change rolling over nodes that each run a GPU pod behind a
-//! PodDisruptionBudget, through the real eviction API. Every client's requests are counted from the API
+//! `upgrade` measures a driver version change rolling over nodes that run as many GPU pods as there are
+//! nodes behind a PodDisruptionBudget, through the real eviction API. Every client's requests are counted from the API
 //! server's audit log, as kube-apiserver saw them; CPU and peak memory are each operator's own process's.
 //! Numbers are printed side by side as a Markdown table for `BENCHMARKS.md`. This measures; only the upgrade
 //! fails, when this operator exceeded its budget.
@@ -16,11 +16,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use gpuop_api::Operand;
 use gpuop_testkit::nvidia::{NvidiaOperator, Usage, usage_of};
 use gpuop_testkit::{AuditEvent, ControlPlane};
 use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::time::Instant;
@@ -34,9 +35,6 @@ use crate::kubelet::Timing;
 use crate::simulation::{Plays, Simulation};
 use crate::upgrade_bench::{NEW_VERSION, lock, watch_budget};
 use crate::workload::Workload;
-
-/// The driver's DaemonSet, as both operators name it.
-const DRIVER_DAEMONSET: &str = "nvidia-driver-daemonset";
 
 /// Which operator a run measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -330,10 +328,12 @@ async fn set_driver(client: &Client, driver: serde_json::Value) -> anyhow::Resul
 
 /// Whether the driver DaemonSet's pod template runs `version` (both operators put it in the image tag).
 async fn driver_template_on(client: &Client, version: &str) -> Result<(), String> {
+    // Both operators name it as the operand catalogue does.
+    let name = Operand::Driver.info().daemonset;
     let driver = Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
-        .get(DRIVER_DAEMONSET)
+        .get(name)
         .await
-        .map_err(|e| format!("{DRIVER_DAEMONSET}: {e}"))?;
+        .map_err(|e| format!("{name}: {e}"))?;
     let images: Vec<String> = driver
         .spec
         .and_then(|spec| spec.template.spec)
@@ -342,7 +342,7 @@ async fn driver_template_on(client: &Client, version: &str) -> Result<(), String
     if images.iter().any(|image| image.contains(version)) {
         Ok(())
     } else {
-        Err(format!("{DRIVER_DAEMONSET} runs {images:?}, not yet {version}"))
+        Err(format!("{name} runs {images:?}, not yet {version}"))
     }
 }
 
@@ -366,7 +366,7 @@ async fn workload_ready(client: &Client, replicas: u32) -> Result<(), String> {
 fn print_upgrade(args: &UpgradeBenchArgs, ours: &UpgradeRun, theirs: &UpgradeRun, whole: Duration) {
     let both = |label: &str, a: String, b: String| println!("| {label} | {a} | {b} |");
     println!(
-        "| measurement ({} GPU nodes, a GPU pod on each behind a PodDisruptionBudget of maxUnavailable 10%, \
+        "| measurement ({} GPU nodes, as many GPU pods as nodes behind a PodDisruptionBudget of maxUnavailable 10%, \
          maxParallelUpgrades {}, maxUnavailable 25%, real control plane, kube-apiserver's audit log) \
          | this operator | NVIDIA's operator |",
         args.nodes, args.max_parallel
@@ -537,7 +537,10 @@ fn by_verb(events: &[&AuditEvent]) -> BTreeMap<String, u64> {
 /// node it selects, the device plugin on every GPU node.
 async fn converged(client: &Client, nodes: u32) -> Result<(), String> {
     let (_, ready) = rolled_out(client).await?;
-    let plugin_pods = ready.get("nvidia-device-plugin-daemonset").copied().unwrap_or(0);
+    let plugin_pods = ready
+        .get(Operand::DevicePlugin.info().daemonset)
+        .copied()
+        .unwrap_or(0);
     if u32::try_from(plugin_pods).unwrap_or(0) < nodes {
         return Err(format!(
             "the device plugin is ready on {plugin_pods} of {nodes} nodes"
@@ -578,14 +581,12 @@ pub async fn rolled_out(client: &Client) -> Result<(DynamicObject, BTreeMap<Stri
     Ok((policy, ready))
 }
 
-/// The ClusterPolicies, whichever operator's CRD serves them.
+/// The ClusterPolicies, read untyped: whichever operator's CRD serves them (the same group, version and
+/// plural).
 fn policies(client: &Client) -> Api<DynamicObject> {
     Api::all_with(
         client.clone(),
-        &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy"),
-            "clusterpolicies",
-        ),
+        &ApiResource::erase::<gpuop_api::ClusterPolicy>(&()),
     )
 }
 
