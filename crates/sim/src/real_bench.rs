@@ -364,7 +364,6 @@ async fn workload_ready(client: &Client, replicas: u32) -> Result<(), String> {
 }
 
 fn print_upgrade(args: &UpgradeBenchArgs, ours: &UpgradeRun, theirs: &UpgradeRun, whole: Duration) {
-    let both = |label: &str, a: String, b: String| println!("| {label} | {a} | {b} |");
     println!(
         "| measurement ({} GPU nodes, as many GPU pods as nodes behind a PodDisruptionBudget of maxUnavailable 10%, \
          maxParallelUpgrades {}, maxUnavailable 25%, real control plane, kube-apiserver's audit log) \
@@ -372,22 +371,22 @@ fn print_upgrade(args: &UpgradeBenchArgs, ours: &UpgradeRun, theirs: &UpgradeRun
         args.nodes, args.max_parallel
     );
     println!("| --- | --- | --- |");
-    both(
+    row(
         "policy applied → every node `upgrade-done`, every GPU pod running",
         format!("{:.1} s", ours.converged.as_secs_f64()),
         format!("{:.1} s", theirs.converged.as_secs_f64()),
     );
-    both(
+    row(
         "driver version changed → every node on it, `upgrade-done`, uncordoned",
         format!("{:.1} s", ours.upgraded.as_secs_f64()),
         format!("{:.1} s", theirs.upgraded.as_secs_f64()),
     );
-    both(
+    row(
         "requests during the upgrade",
         total(&ours.requests).to_string(),
         total(&theirs.requests).to_string(),
     );
-    both(
+    row(
         "requests during the upgrade, by verb",
         verbs_text(&ours.requests),
         verbs_text(&theirs.requests),
@@ -396,32 +395,32 @@ fn print_upgrade(args: &UpgradeBenchArgs, ours: &UpgradeRun, theirs: &UpgradeRun
         let count = run.writes.get(what).copied().unwrap_or(0);
         format!("{:.1}", count as f64 / f64::from(args.nodes.max(1)))
     };
-    both(
+    row(
         "writes during the upgrade",
         total(&ours.writes).to_string(),
         total(&theirs.writes).to_string(),
     );
-    both(
+    row(
         "node patches per upgraded node",
         per_node(ours, "patch nodes"),
         per_node(theirs, "patch nodes"),
     );
-    both(
+    row(
         "writes during the upgrade, by verb and resource",
         verbs_text(&ours.writes),
         verbs_text(&theirs.writes),
     );
-    both(
+    row(
         "evictions asked (of which refused with 429)",
         format!("{} ({})", ours.evictions, ours.refused_evictions),
         format!("{} ({})", theirs.evictions, theirs.refused_evictions),
     );
-    both(
+    row(
         &format!("most nodes upgrading at once (limit {})", args.max_parallel),
         ours.max_in_progress.to_string(),
         theirs.max_in_progress.to_string(),
     );
-    both(
+    row(
         &format!(
             "most nodes unavailable at once (limit {})",
             allowed_unavailable(args.nodes)
@@ -429,12 +428,12 @@ fn print_upgrade(args: &UpgradeBenchArgs, ours: &UpgradeRun, theirs: &UpgradeRun
         ours.max_unavailable.to_string(),
         theirs.max_unavailable.to_string(),
     );
-    both(
+    row(
         "CPU during the upgrade",
         format!("{:.2} s", ours.cpu),
         format!("{:.2} s", theirs.cpu),
     );
-    both(
+    row(
         "peak memory (VmHWM, converge and upgrade)",
         format!("{:.0} MiB", mib(ours.usage.peak_memory)),
         format!("{:.0} MiB", mib(theirs.usage.peak_memory)),
@@ -595,34 +594,33 @@ fn total(verbs: &BTreeMap<String, u64>) -> u64 {
 }
 
 fn print(args: &ConvergeBenchArgs, ours: &Run, theirs: &Run, whole: Duration) {
-    let both = |label: &str, a: String, b: String| println!("| {label} | {a} | {b} |");
     println!(
         "| measurement ({} GPU nodes, real control plane, kube-apiserver's audit log) | this operator | NVIDIA's operator |",
         args.nodes
     );
     println!("| --- | --- | --- |");
-    both(
+    row(
         "policy applied → policy `ready`, every operand DaemonSet rolled out",
         format!("{:.1} s", ours.converged.as_secs_f64()),
         format!("{:.1} s", theirs.converged.as_secs_f64()),
     );
-    both(
+    row(
         "requests to converge",
         total(&ours.converge_requests).to_string(),
         total(&theirs.converge_requests).to_string(),
     );
-    both(
+    row(
         "of which writes",
         ours.converge_writes.to_string(),
         theirs.converge_writes.to_string(),
     );
-    both(
+    row(
         "requests to converge, by verb",
         verbs_text(&ours.converge_requests),
         verbs_text(&theirs.converge_requests),
     );
     let rate = |run: &Run| total(&run.steady_requests) as f64 / run.steady.as_secs_f64().max(1.0);
-    both(
+    row(
         &format!(
             "requests per second at rest (a {} s window after converging)",
             args.steady_seconds
@@ -630,27 +628,27 @@ fn print(args: &ConvergeBenchArgs, ours: &Run, theirs: &Run, whole: Duration) {
         format!("{:.2}", rate(ours)),
         format!("{:.2}", rate(theirs)),
     );
-    both(
+    row(
         "requests at rest, by verb",
         or_none(&ours.steady_requests),
         or_none(&theirs.steady_requests),
     );
-    both(
+    row(
         "writes at rest",
         ours.steady_writes.to_string(),
         theirs.steady_writes.to_string(),
     );
-    both(
+    row(
         "CPU to converge",
         format!("{:.2} s", ours.cpu_converge),
         format!("{:.2} s", theirs.cpu_converge),
     );
-    both(
+    row(
         "CPU at rest",
         format!("{:.2} s", ours.cpu_steady),
         format!("{:.2} s", theirs.cpu_steady),
     );
-    both(
+    row(
         "peak memory (VmHWM)",
         format!("{:.0} MiB", mib(ours.usage.peak_memory)),
         format!("{:.0} MiB", mib(theirs.usage.peak_memory)),
@@ -659,6 +657,11 @@ fn print(args: &ConvergeBenchArgs, ours: &Run, theirs: &Run, whole: Duration) {
         "| the whole benchmark run (both operators) | {:.0} s | |",
         whole.as_secs_f64()
     );
+}
+
+/// A row of a side-by-side table: what is measured, ours, NVIDIA's.
+fn row(label: &str, ours: impl std::fmt::Display, theirs: impl std::fmt::Display) {
+    println!("| {label} | {ours} | {theirs} |");
 }
 
 fn or_none(verbs: &BTreeMap<String, u64>) -> String {
