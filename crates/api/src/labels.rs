@@ -1,8 +1,21 @@
 //! Well-known label, annotation and resource keys: NVIDIA's node contract, NFD's labels, and the labels
-//! every object this project creates carries. Nobody spells these strings anywhere else.
+//! every object this project creates carries. Outside this crate's own tests no code spells an
+//! `nvidia.com` string anywhere else; a test in `tests/api.rs` fails when one appears.
 //!
 //! Deploy switches (`nvidia.com/gpu.deploy.<operand>`) live with the operand catalogue
 //! ([`crate::catalogue`]).
+
+/// The API group of `ClusterPolicy` and `NVIDIADriver`, and the domain of every key below.
+pub const GROUP: &str = "nvidia.com";
+/// `apiVersion` of `ClusterPolicy`.
+pub const CLUSTER_POLICY_API_VERSION: &str = "nvidia.com/v1";
+/// `apiVersion` of `NVIDIADriver`.
+pub const NVIDIA_DRIVER_API_VERSION: &str = "nvidia.com/v1alpha1";
+/// Prefix of every label and annotation key in NVIDIA's node contract.
+pub const NVIDIA_PREFIX: &str = "nvidia.com/";
+/// Name of the Lease the operator's replicas elect a leader with: NVIDIA's, so that the two never lead at
+/// once.
+pub const LEADER_ELECTION_ID: &str = "53822513.nvidia.com";
 
 /// Prefix of the per-operand deploy switches.
 pub const DEPLOY_PREFIX: &str = "nvidia.com/gpu.deploy.";
@@ -52,6 +65,35 @@ pub const GPU_REPLICAS: &str = "nvidia.com/gpu.replicas";
 pub const GPU_SHARING_STRATEGY: &str = "nvidia.com/gpu.sharing-strategy";
 /// Installed driver version, major part.
 pub const CUDA_DRIVER_MAJOR: &str = "nvidia.com/cuda.driver.major";
+/// Installed driver version, minor part.
+pub const CUDA_DRIVER_MINOR: &str = "nvidia.com/cuda.driver.minor";
+/// Installed driver version, revision part.
+pub const CUDA_DRIVER_REV: &str = "nvidia.com/cuda.driver.rev";
+/// Installed driver version in full, e.g. `570.124.06`.
+pub const CUDA_DRIVER_VERSION_FULL: &str = "nvidia.com/cuda.driver-version.full";
+/// CUDA compute capability, major part.
+pub const GPU_COMPUTE_MAJOR: &str = "nvidia.com/gpu.compute.major";
+/// CUDA compute capability, minor part.
+pub const GPU_COMPUTE_MINOR: &str = "nvidia.com/gpu.compute.minor";
+/// The machine's product name as the BIOS reports it.
+pub const GPU_MACHINE: &str = "nvidia.com/gpu.machine";
+/// When feature discovery last labelled the node; it changes on every run, so nothing compares it.
+pub const GFD_TIMESTAMP: &str = "nvidia.com/gfd.timestamp";
+
+/// OS id and version of the node, e.g. `ubuntu22.04`, as the NVIDIADriver renderer labels the nodes of a
+/// driver DaemonSet.
+pub const NODE_OS_VERSION: &str = "nvidia.com/node.os-version";
+/// `true` on the nodes of a precompiled driver DaemonSet.
+pub const PRECOMPILED: &str = "nvidia.com/precompiled";
+/// Kernel version a precompiled driver DaemonSet is built for.
+pub const PRECOMPILED_KERNEL_VERSION: &str = "nvidia.com/precompiled.kernel-version";
+
+/// Annotation on every object the operator applies: the hash of what it applied last, so an unchanged
+/// object is not sent again. NVIDIA's operator uses the same key.
+pub const APPLIED_HASH: &str = "nvidia.com/last-applied-hash";
+/// Node annotation recording the labels the operator wrote on the node and their values, as `key=value`
+/// pairs separated by commas (label values never contain commas), so that it removes only those.
+pub const OWNED_LABELS: &str = "nvidia.com/gpu-operator.owned-labels";
 
 /// NVIDIADriver that owns the driver on this node (the routing label NVIDIA's operator writes).
 pub const DRIVER_OWNER: &str = "nvidia.com/gpu-operator.driver.owner";
@@ -118,6 +160,8 @@ pub const RESOURCE_GPU: &str = "nvidia.com/gpu";
 pub const RESOURCE_MIG_PREFIX: &str = "nvidia.com/mig-";
 /// Taint key and toleration every operand carries.
 pub const GPU_TAINT: &str = "nvidia.com/gpu";
+/// The CDI device name the container toolkit gives management containers: every GPU on the node.
+pub const CDI_MANAGEMENT_GPU: &str = "management.nvidia.com/gpu";
 
 /// Directory of the on-node status files.
 pub const VALIDATIONS_DIR: &str = "/run/nvidia/validations";
@@ -263,6 +307,16 @@ fn name_problem(name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn group_constants_match_the_resources() {
+        use kube::{CustomResourceExt, Resource};
+        assert_eq!(crate::ClusterPolicy::api_version(&()), CLUSTER_POLICY_API_VERSION);
+        assert_eq!(crate::NVIDIADriver::api_version(&()), NVIDIA_DRIVER_API_VERSION);
+        assert_eq!(crate::ClusterPolicy::group(&()), GROUP);
+        assert!(crate::NVIDIADriver::crd_name().ends_with(GROUP));
+        assert_eq!(format!("{GROUP}/"), NVIDIA_PREFIX);
+    }
 
     #[test]
     fn label_syntax_follows_kubernetes() {

@@ -172,3 +172,75 @@ mod every_field {
         assert_eq!(original["spec"]["gds"]["enabled"], true);
     }
 }
+
+/// The keys of NVIDIA's contract are spelled once, in this crate: no other crate's non-test code holds an
+/// `nvidia.com` string, so a renamed or mistyped key cannot hide in one corner of the workspace.
+mod keys_live_here {
+    use std::path::{Path, PathBuf};
+
+    /// Crates whose code may spell the group: this one, and the test-support crate, which names NVIDIA's
+    /// own files.
+    const EXEMPT: &[&str] = &["api", "testkit"];
+
+    /// The lines of a source file's non-test code that spell `nvidia.com`: the file is cut at its first
+    /// `#[cfg(test)]` at column 0 (where every file keeps its tests), and comment lines are passed over.
+    fn literals(source: &str) -> Vec<(usize, &str)> {
+        source
+            .lines()
+            .take_while(|line| !line.starts_with("#[cfg(test)]"))
+            .enumerate()
+            .filter(|(_, line)| !line.trim_start().starts_with("//"))
+            .filter(|(_, line)| line.contains("nvidia.com"))
+            .map(|(index, line)| (index + 1, line.trim()))
+            .collect()
+    }
+
+    fn sources(dir: &Path, found: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                sources(&path, found);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                found.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn the_scan_sees_a_literal_and_passes_over_comments_and_tests() {
+        let source = "// nvidia.com/gpu in a comment\nconst A: &str = \"nvidia.com/gpu\";\n\
+                      #[cfg(test)]\nmod tests { const B: &str = \"nvidia.com/x\"; }\n";
+        assert_eq!(literals(source), [(2, "const A: &str = \"nvidia.com/gpu\";")]);
+    }
+
+    #[test]
+    fn no_crate_but_the_api_spells_an_nvidia_key() {
+        let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(&crates).unwrap() {
+            let dir = entry.unwrap().path();
+            let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+            if dir.join("src").is_dir() && !EXEMPT.contains(&name.as_str()) {
+                sources(&dir.join("src"), &mut files);
+            }
+        }
+        assert!(
+            files.len() > 100,
+            "only {} source files found under {}",
+            files.len(),
+            crates.display()
+        );
+        let mut found = Vec::new();
+        for file in &files {
+            let source = std::fs::read_to_string(file).unwrap();
+            for (line, text) in literals(&source) {
+                found.push(format!("{}:{line}: {text}", file.display()));
+            }
+        }
+        assert!(
+            found.is_empty(),
+            "spell these with gpuop_api's constants (labels, catalogue, the resources' own names):\n{}",
+            found.join("\n")
+        );
+    }
+}

@@ -21,7 +21,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use kube::api::{ListParams, LogParams};
+use gpuop_api::{ClusterPolicy, NVIDIADriver};
+use kube::Resource;
+use kube::api::{ApiResource, DynamicObject, ListParams, LogParams};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -464,21 +466,17 @@ pub async fn collect(live: &Live, namespace: &str, bounds: Bounds) -> anyhow::Re
     let nodes_known = snapshot.is_some();
     let snapshot = snapshot.unwrap_or_default();
 
-    for (path, api_version, kind, what) in [
-        (
-            "/apis/nvidia.com/v1/clusterpolicies",
-            "nvidia.com/v1",
-            "ClusterPolicy",
-            "clusterpolicies",
-        ),
-        (
-            "/apis/nvidia.com/v1alpha1/nvidiadrivers",
-            "nvidia.com/v1alpha1",
-            "NVIDIADriver",
-            "nvidiadrivers",
-        ),
+    for resource in [
+        ApiResource::erase::<ClusterPolicy>(&()),
+        ApiResource::erase::<NVIDIADriver>(&()),
     ] {
-        match live.list_values(path, ListParams::default(), what).await {
+        let (path, api_version, kind, what) = (
+            DynamicObject::url_path(&resource, None),
+            &resource.api_version,
+            &resource.kind,
+            &resource.plural,
+        );
+        match live.list_values(&path, ListParams::default(), what).await {
             Ok(items) => {
                 read_any = true;
                 bundle.add(

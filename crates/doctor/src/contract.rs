@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 use gpuop_api::catalogue::status_file;
 use gpuop_api::choice::{MigStrategy, WorkloadConfig};
 use gpuop_api::labels::{
-    DEPLOY_OPERANDS, GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, GPU_REPLICAS, MIG_CONFIG, MIG_CONFIG_STATE,
-    MIG_STRATEGY, PAUSED_FOR_DRIVER_UPGRADE, PAUSED_FOR_MIG_CHANGE, RESOURCE_GPU, RESOURCE_MIG_PREFIX,
-    UPGRADE_STATE,
+    CUDA_DRIVER_MAJOR, CUDA_DRIVER_MINOR, CUDA_DRIVER_REV, CUDA_DRIVER_VERSION_FULL, DEPLOY_OPERANDS,
+    GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, GPU_REPLICAS, MIG_CONFIG, MIG_CONFIG_STATE, MIG_STRATEGY,
+    PAUSED_FOR_DRIVER_UPGRADE, PAUSED_FOR_MIG_CHANGE, RESOURCE_GPU, RESOURCE_MIG_PREFIX, UPGRADE_STATE,
 };
 use gpuop_api::{OPERANDS, Operand};
 
@@ -21,13 +21,6 @@ use crate::pod_state::PodState;
 use crate::report::{Check, CheckResult, CheckStatus, Finding, FindingKind, Link};
 use crate::resources::Side;
 
-// Keys and values the API crate does not define yet (see the doctor's notes to the api owner).
-/// Full driver version written by feature discovery, e.g. `550.107.02`.
-pub(crate) const CUDA_DRIVER_VERSION_FULL: &str = "nvidia.com/cuda.driver-version.full";
-/// Driver version parts written by feature discovery (deprecated names, still written).
-const CUDA_DRIVER_MAJOR: &str = "nvidia.com/cuda.driver.major";
-const CUDA_DRIVER_MINOR: &str = "nvidia.com/cuda.driver.minor";
-const CUDA_DRIVER_REV: &str = "nvidia.com/cuda.driver.rev";
 /// Upgrade states in which nothing is in progress.
 const UPGRADE_DONE: &str = "upgrade-done";
 const UPGRADE_FAILED: &str = "upgrade-failed";
@@ -365,7 +358,7 @@ fn resource(context: &NodeContext<'_>, findings: &mut Vec<Finding>, notes: &mut 
             Some(Operand::DevicePlugin),
             format!(
                 "the node advertises {mig} although the MIG strategy is {}: only the mixed strategy advertises \
-                 nvidia.com/mig-* resources",
+                 {RESOURCE_MIG_PREFIX}* resources",
                 strategy.map_or("not set", MigStrategy::as_str)
             ),
         ));
@@ -401,9 +394,10 @@ fn resource(context: &NodeContext<'_>, findings: &mut Vec<Finding>, notes: &mut 
             Check::Resource,
             Link::DevicePlugin,
             Some(Operand::DevicePlugin),
-            "the device plugin is ready but the node advertises no GPU resource (no nvidia.com/gpu or \
-             nvidia.com/mig-* in its capacity)"
-                .to_owned(),
+            format!(
+                "the device plugin is ready but the node advertises no GPU resource (no {RESOURCE_GPU} or \
+                 {RESOURCE_MIG_PREFIX}* in its capacity)"
+            ),
         ));
         return result(Check::Resource, CheckStatus::Fail, String::new());
     }

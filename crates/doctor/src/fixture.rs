@@ -36,12 +36,12 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference, Time};
 
 use crate::analysis::{prover_of, validation_container};
-use crate::contract::CUDA_DRIVER_VERSION_FULL;
 use crate::report::Link;
 use crate::snapshot::{
     ContainerFacts, ContainerStateFacts, ContainerStatusFacts, KINDS, PodConditionFacts, PodFacts, PodMeta,
     PodSpecFacts, PodStatusFacts, RunningFacts, Snapshot, TerminatedFacts, WaitingFacts,
 };
+use gpuop_api::labels::CUDA_DRIVER_VERSION_FULL;
 
 /// Namespace the builders put operands in.
 pub const NAMESPACE: &str = "gpu-operator";

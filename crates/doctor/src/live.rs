@@ -27,8 +27,9 @@ use crate::load::{LoadError, Loader, Location, pod_from_json};
 use crate::resources::pod_gpu_requests;
 use crate::snapshot::{PodFacts, Snapshot};
 use crate::upgrade_plan::may_be_upgraded;
-use gpuop_api::Operand;
 use gpuop_api::labels::COMPONENT;
+use gpuop_api::{ClusterPolicy, NVIDIADriver, Operand};
+use kube::Resource;
 
 /// Objects per page of a list.
 const PAGE: u32 = 500;
@@ -303,7 +304,7 @@ impl Live {
         match self
             .add_all(
                 &mut loader,
-                "/apis/nvidia.com/v1/clusterpolicies",
+                &ClusterPolicy::url_path(&(), None),
                 "ClusterPolicy",
                 "clusterpolicies",
             )
@@ -321,7 +322,7 @@ impl Live {
             match self
                 .add_all(
                     &mut loader,
-                    "/apis/nvidia.com/v1alpha1/nvidiadrivers",
+                    &NVIDIADriver::url_path(&(), None),
                     "NVIDIADriver",
                     "nvidiadrivers",
                 )

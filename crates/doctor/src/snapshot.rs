@@ -13,6 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
+use gpuop_api::labels::NVIDIA_PREFIX;
 use gpuop_api::{ClusterPolicy, NVIDIADriver};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetSpec};
 use k8s_openapi::api::core::v1::{
@@ -968,7 +969,7 @@ fn trim_meta(meta: &mut ObjectMeta) {
     meta.managed_fields = None;
     if let Some(annotations) = meta.annotations.as_mut() {
         // Only NVIDIA's annotations (upgrade state) may matter; others can be large.
-        annotations.retain(|key, _| key.starts_with("nvidia.com/"));
+        annotations.retain(|key, _| key.starts_with(NVIDIA_PREFIX));
         if annotations.is_empty() {
             meta.annotations = None;
         }

@@ -21,7 +21,7 @@ use std::hash::Hasher;
 use std::sync::Arc;
 
 use gpuop_api::Operand;
-use gpuop_api::labels::{FIELD_MANAGER, MANAGED_BY, MANAGED_BY_VALUE, NVIDIA_DRIVER_NAME};
+use gpuop_api::labels::{APPLIED_HASH, FIELD_MANAGER, MANAGED_BY, MANAGED_BY_VALUE, NVIDIA_DRIVER_NAME};
 use gpuop_api::upgrade::observe::is_driver;
 use gpuop_render::{Manifest, Rendered};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, OwnerReference};
@@ -34,9 +34,6 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::drift::{self, Drift};
-
-/// Annotation holding the hash of the desired state last applied to an object.
-pub const APPLIED_HASH: &str = "nvidia.com/last-applied-hash";
 
 /// A kind the operator renders, with what the API needs to address it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -28,7 +28,7 @@ use kube::api::DynamicObject;
 use kube::core::error_boundary::InvalidObject;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, CustomResourceExt};
 use serde::de::Error as _;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -117,7 +117,7 @@ impl Caches {
                 kube::Resource::meta_mut(policy).managed_fields = None;
             },
             |_, _| false,
-            availability.track("clusterpolicies.nvidia.com", false),
+            availability.track(ClusterPolicy::crd_name(), false),
             changed,
             shutdown,
         );
@@ -126,7 +126,7 @@ impl Caches {
             watcher::Config::default(),
             |driver: &mut NVIDIADriver| driver.metadata.managed_fields = None,
             |_, _| false,
-            availability.track("nvidiadrivers.nvidia.com", false),
+            availability.track(NVIDIADriver::crd_name(), false),
             changed,
             shutdown,
         );
@@ -1308,7 +1308,7 @@ mod tests {
         let mut recorded = listed.clone();
         recorded.metadata.annotations = Some(
             [(
-                crate::labeler::OWNED_LABELS.to_owned(),
+                gpuop_api::labels::OWNED_LABELS.to_owned(),
                 "topology.kubernetes.io/zone=a,nvidia.com/gpu.present=true".to_owned(),
             )]
             .into(),

@@ -31,7 +31,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, CustomResourceExt, Resource, ResourceExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -369,7 +369,7 @@ impl ReconcileError {
     }
 }
 
-/// "; held back: DaemonSet ns/a, ..." for objects not applied because of a refusal.
+/// "; not applied until it is: DaemonSet ns/a, ..." for the objects not applied because of a refusal.
 fn held_back(skipped: &[ObjectKey]) -> String {
     if skipped.is_empty() {
         return String::new();
@@ -461,7 +461,7 @@ pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
         .caches
         .unavailable_required()
         .iter()
-        .any(|u| u.resource == POLICIES)
+        .any(|u| u.resource == ClusterPolicy::crd_name())
     {
         // An empty store the API refuses to fill is not a cluster without ClusterPolicies: acting on it
         // would strip every node's deploy switches. The refusal is on /readyz and in the log; the listing
@@ -594,7 +594,7 @@ async fn reconcile_active(
     // inputs, or it would strip every node's driver owner; without them or the nodes nothing is pruned (the
     // driver DaemonSets would go); without those, the pods or the DaemonSets the upgrade controller keeps its
     // last pools. Everything else goes on.
-    let drivers_unknown = nvidia_drivers_on && refused.contains("nvidiadrivers.nvidia.com");
+    let drivers_unknown = nvidia_drivers_on && refused.contains(NVIDIADriver::crd_name());
     let keep_all = drivers_unknown || refused.contains("nodes");
     let keep_upgrades = keep_all || refused.contains("pods") || refused.contains("daemonsets.apps");
     let drivers = context.caches.drivers.state();
@@ -983,9 +983,6 @@ async fn failed(
     }
 }
 
-/// The ClusterPolicies' resource as the caches track it.
-const POLICIES: &str = "clusterpolicies.nvidia.com";
-
 /// What [`apply_rendered`] did.
 struct AppliedPass {
     /// Some writes were skipped as not echoed yet: the pass must come back.
@@ -1218,7 +1215,7 @@ async fn keep_live_driver_digests(context: &Context, rendered: &mut Rendered) ->
 }
 
 fn applied_hash(object: &serde_json::Value) -> &str {
-    object["metadata"]["annotations"][apply::APPLIED_HASH]
+    object["metadata"]["annotations"][gpuop_api::labels::APPLIED_HASH]
         .as_str()
         .unwrap_or_default()
 }

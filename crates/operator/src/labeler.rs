@@ -22,8 +22,8 @@ use gpuop_api::catalogue::deploy_labels_for;
 use gpuop_api::choice::WorkloadConfig;
 use gpuop_api::labels::{
     DEPLOY_OPERANDS, DEPLOY_PREFIX, DRIVER_OWNER, GPU_PRESENT, GpuDetection, LEGACY_DEPLOY_LABELS,
-    MIG_CONFIG, PAUSED_FOR_DRIVER_UPGRADE, PAUSED_FOR_MIG_CHANGE, UPGRADE_ENABLED_ANNOTATION, UPGRADE_STATE,
-    is_mig_capable,
+    MIG_CONFIG, OWNED_LABELS, PAUSED_FOR_DRIVER_UPGRADE, PAUSED_FOR_MIG_CHANGE, UPGRADE_ENABLED_ANNOTATION,
+    UPGRADE_STATE, is_mig_capable,
 };
 use gpuop_api::read::Labels;
 use gpuop_api::upgrade::{DEFAULT_VALIDATION_TIMEOUT_SECONDS, UpgradePolicy, UpgradeState};
@@ -31,10 +31,6 @@ use gpuop_api::validate::{Sandbox, ValidatedPolicy};
 use gpuop_api::{NVIDIADriver, Operand, route_nodes};
 
 use crate::projection::{LabelTable, NodeRecord};
-
-/// Node annotation recording the labels the operator wrote on this node and their values, as
-/// `key=value` pairs separated by commas (label values never contain commas).
-pub const OWNED_LABELS: &str = "nvidia.com/gpu-operator.owned-labels";
 
 /// What the labeller needs from the policy.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -2,7 +2,8 @@
 //!
 //! Pure decisions: [`labeler`] (node labels), [`facts`] (cluster facts for rendering), [`readiness`] (which
 //! nodes should run and do run each operand), [`status`] (the policy status), [`apply::plan`] (what to
-//! write and prune), [`drift`] (whether another writer changed a managed object), [`diff_live`] (what
+//! write and prune), [`drift::drift`] (whether another writer changed a managed object; [`drift::report`]
+//! is its I/O, the events that say so), [`diff_live`] (what
 //! taking over a cluster would change); the upgrade decision itself is `gpuop_api::upgrade::decide`. Thin
 //! I/O around them: [`caches`] (reflectors), [`controller`] (the policy reconciler), [`label_queue`] (the
 //! node labeller's work queue), [`pod_security`] (the namespace's Pod Security labels), [`upgrade`] (the

@@ -24,14 +24,12 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use gpuop_api::labels::{
-    COMPONENT, GpuDetection, NFD_KERNEL_VERSION, NFD_NVIDIA_PCI, NFD_OS_ID, NFD_OS_VERSION,
-    NFD_OS_VERSION_MAJOR, NFD_OSTREE_VERSION, NFD_PREFIX,
+    COMPONENT, GFD_TIMESTAMP, GpuDetection, NFD_KERNEL_VERSION, NFD_NVIDIA_PCI, NFD_OS_ID, NFD_OS_VERSION,
+    NFD_OS_VERSION_MAJOR, NFD_OSTREE_VERSION, NFD_PREFIX, NVIDIA_PREFIX, OWNED_LABELS,
 };
 use gpuop_api::read::{Labels, NodeRead, PodRead};
 use gpuop_api::upgrade::observe::{REVISION_HASH, is_driver_pod};
 use k8s_openapi::api::core::v1::{Node, Taint};
-
-use crate::labeler::OWNED_LABELS;
 
 mod wire;
 pub(crate) use wire::Str;
@@ -198,11 +196,6 @@ pub fn always_kept(key: &str) -> bool {
         .contains(&key)
 }
 
-/// GPU feature discovery's time of its last look at the node: different on every node and changed at each
-/// of its runs, and no rule reads it (a selector that names it still keeps it: [`NodeKeys`]). Not kept, so
-/// that the nodes of a pool share one label table.
-pub const GFD_TIMESTAMP: &str = "nvidia.com/gfd.timestamp";
-
 /// A table of labels (or annotations), sorted by key, keys and values shared, and the table itself shared
 /// by every node that keeps the same ones.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -290,10 +283,6 @@ pub struct NodeRecord {
     /// `status.nodeInfo.containerRuntimeVersion`.
     pub runtime_version: Option<Text>,
 }
-
-/// Annotations a rule reads are all NVIDIA's (the labeller's record, the upgrade state machine's), and so
-/// are the labels the operator's rules read by name.
-const NVIDIA_PREFIX: &str = "nvidia.com/";
 
 /// What [`NodeRecord::project`] reads of a node, beyond [`NodeRead`]: a whole `Node` (one the operator
 /// read or wrote through the API) or a [`WatchedNode`] (the node watch's lean decoding) answer alike.

@@ -1,6 +1,6 @@
-//! Wiring of a running operator: caches, leader election, the two controllers, and the metrics and health
-//! endpoints, with one shutdown signal for all of them. `gpu-operator run` and the simulator's in-process
-//! operator both start it here.
+//! Wiring of a running operator: caches, leader election, the three controllers (policies, driver upgrades,
+//! node labels), and the metrics and health endpoints, with one shutdown signal for all of them.
+//! `gpu-operator run` and the simulator's in-process operator both start it here.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,7 +27,7 @@ use crate::upgrade::run_upgrades;
 use gpuop_api::labels::GpuDetection;
 
 /// The lease NVIDIA's operator elects its leader on; sharing it keeps the two from leading at once.
-pub const DEFAULT_LEASE_NAME: &str = "53822513.nvidia.com";
+pub const DEFAULT_LEASE_NAME: &str = gpuop_api::labels::LEADER_ELECTION_ID;
 
 /// How to run the operator.
 #[derive(Clone, Debug)]

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use gpuop_api::labels::{GpuDetection, MANAGED_BY, MANAGED_BY_VALUE};
+use gpuop_api::labels::{self, GpuDetection, MANAGED_BY, MANAGED_BY_VALUE};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{
@@ -280,13 +280,13 @@ pub enum UninstallError {
 /// The kinds whose objects own what the operator renders; uninstalling deletes every one of them.
 const OWNER_KINDS: [ManagedKind; 2] = [
     ManagedKind {
-        api_version: "nvidia.com/v1",
+        api_version: labels::CLUSTER_POLICY_API_VERSION,
         kind: "ClusterPolicy",
         plural: "clusterpolicies",
         namespaced: false,
     },
     ManagedKind {
-        api_version: "nvidia.com/v1alpha1",
+        api_version: labels::NVIDIA_DRIVER_API_VERSION,
         kind: "NVIDIADriver",
         plural: "nvidiadrivers",
         namespaced: false,
@@ -688,7 +688,7 @@ async fn remove(client: &Client, namespace: &str, leftover: &Leftover) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::labeler::OWNED_LABELS;
+    use gpuop_api::labels::OWNED_LABELS;
     use gpuop_api::labels::{DRIVER_OWNER, GPU_PRESENT, UPGRADE_ENABLED_ANNOTATION, UPGRADE_STATE};
 
     fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

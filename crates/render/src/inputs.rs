@@ -5,6 +5,7 @@
 use gpuop_api::choice::MigStrategy;
 use gpuop_api::cluster_policy::{ClusterPolicySpec, HostPathsSpec};
 use gpuop_api::component::{ContainerSpec, EnvVar as PolicyEnvVar, ImageSpec};
+use gpuop_api::labels::CDI_MANAGEMENT_GPU;
 use gpuop_api::{OperandInfo, ValidatedPolicy};
 use k8s_openapi::api::core::v1::{Container, LocalObjectReference, PodSpec, ResourceRequirements};
 
@@ -105,7 +106,7 @@ impl<'a> Inputs<'a> {
         if self.spec.nri_plugin_enabled() {
             pod.annotations.insert(
                 format!("nvidia.cdi.k8s.io/container.{container}"),
-                "management.nvidia.com/gpu=all".to_owned(),
+                format!("{CDI_MANAGEMENT_GPU}=all"),
             );
         }
     }

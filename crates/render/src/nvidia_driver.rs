@@ -35,7 +35,8 @@ use gpuop_api::component::{ContainerSpec, ImageSpec};
 use gpuop_api::driver::ContainerProbeSpec;
 use gpuop_api::labels::{
     COMPONENT, DRIVER_OWNER, GPU_PRESENT, GPU_TAINT, MANAGED_BY, MANAGED_BY_VALUE, NFD_KERNEL_VERSION,
-    NFD_OS_ID, NFD_OS_VERSION, NFD_OS_VERSION_MAJOR, NVIDIA_DRIVER_NAME, label_value_problem,
+    NFD_OS_ID, NFD_OS_VERSION, NFD_OS_VERSION_MAJOR, NODE_OS_VERSION, NVIDIA_DRIVER_NAME, PRECOMPILED,
+    PRECOMPILED_KERNEL_VERSION, label_value_problem,
 };
 use gpuop_api::validate::ValidatedDriver;
 use gpuop_api::{Operand, ValidatedPolicy};
@@ -61,12 +62,6 @@ use crate::{ClusterFacts, ContainerRuntime, OsPool, RenderError, Rendered};
 
 /// `app.kubernetes.io/component` NVIDIA gives the vGPU host manager's NVIDIADriver objects.
 const HOST_MANAGER_COMPONENT: &str = "nvidia-vgpu-host-manager";
-/// DaemonSet label with the pool's OS tag.
-const OS_VERSION_LABEL: &str = "nvidia.com/node.os-version";
-/// DaemonSet label: precompiled driver or not.
-const PRECOMPILED_LABEL: &str = "nvidia.com/precompiled";
-/// DaemonSet label with the precompiled pool's kernel.
-const PRECOMPILED_KERNEL_LABEL: &str = "nvidia.com/precompiled.kernel-version";
 /// Longest DaemonSet name NVIDIA makes (it is also the `app` label value).
 const APP_NAME_MAX: usize = 63;
 /// Longest object name.
@@ -597,17 +592,14 @@ fn daemonset(
         .collect();
     object_labels.extend(labels(&[
         ("app", &target.app),
-        (OS_VERSION_LABEL, &target.os_tag),
-        (
-            PRECOMPILED_LABEL,
-            if spec.use_precompiled() { "true" } else { "false" },
-        ),
+        (NODE_OS_VERSION, &target.os_tag),
+        (PRECOMPILED, if spec.use_precompiled() { "true" } else { "false" }),
         (COMPONENT, flavour.component),
         (MANAGED_BY, MANAGED_BY_VALUE),
         (NVIDIA_DRIVER_NAME, &driver.name),
     ]));
     if let Some(kernel) = &target.kernel {
-        object_labels.insert(PRECOMPILED_KERNEL_LABEL.to_owned(), sanitized_kernel(kernel));
+        object_labels.insert(PRECOMPILED_KERNEL_VERSION.to_owned(), sanitized_kernel(kernel));
     }
     pod_labels.extend(
         object_labels

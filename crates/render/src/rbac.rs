@@ -7,6 +7,7 @@
 //! (`nvidia-driver`, `nvidia-device-plugin`, ...). The OpenShift `securitycontextconstraints` rule is kept
 //! everywhere NVIDIA has it: it grants nothing on other clusters and keeps the objects identical.
 
+use gpuop_api::labels::GROUP;
 use gpuop_api::{Operand, OperandInfo};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{
@@ -98,7 +99,7 @@ pub(crate) fn access(operand: Operand) -> Access {
             &[
                 READ_NODES,
                 rule!(
-                    &["nvidia.com"],
+                    &[GROUP],
                     &["clusterpolicies/finalizers", "nvidiadrivers/finalizers"],
                     &["create", "get", "list", "watch", "update", "patch", "delete"],
                 ),

@@ -1646,8 +1646,9 @@ async fn report_node(
         }
     }
     for key in node.labels().keys() {
-        let ours =
-            every_key.contains_key(key) || key.starts_with("nvidia.com/mig-") || key == labels::MIG_STRATEGY;
+        let ours = every_key.contains_key(key)
+            || key.starts_with(labels::RESOURCE_MIG_PREFIX)
+            || key == labels::MIG_STRATEGY;
         // Feature discovery publishes its whole label set each time, so a label it no longer writes (a
         // MIG profile's after a new layout) goes, as it does when discovery stops.
         if ours && !wanted.contains_key(key) {

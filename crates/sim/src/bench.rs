@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use futures::StreamExt;
+use gpuop_api::{Operand, labels};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
@@ -39,14 +40,14 @@ fn node(index: usize) -> Value {
         "metadata": {"name": name, "labels": {
             "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
             "node.kubernetes.io/instance-type": "p5.48xlarge", "topology.kubernetes.io/zone": format!("zone-{}", index % 3),
-            "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8",
-            "nvidia.com/gpu.deploy.driver": "true", "nvidia.com/gpu.deploy.device-plugin": "true",
-            "feature.node.kubernetes.io/pci-10de.present": "true"
+            labels::GPU_PRESENT: "true", labels::GPU_PRODUCT: "NVIDIA-H100-80GB-HBM3", labels::GPU_COUNT: "8",
+            Operand::Driver.info().deploy_label: "true", Operand::DevicePlugin.info().deploy_label: "true",
+            labels::NFD_NVIDIA_PCI[0]: "true"
         }},
         "spec": {"providerID": format!("aws:///zone/i-{index:017x}")},
         "status": {
-            "capacity": {"cpu": "192", "memory": "2097152Mi", "nvidia.com/gpu": "8", "pods": "110"},
-            "allocatable": {"cpu": "191", "memory": "2090000Mi", "nvidia.com/gpu": "8", "pods": "110"},
+            "capacity": {"cpu": "192", "memory": "2097152Mi", labels::RESOURCE_GPU: "8", "pods": "110"},
+            "allocatable": {"cpu": "191", "memory": "2090000Mi", labels::RESOURCE_GPU: "8", "pods": "110"},
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
                             "lastHeartbeatTime": "2025-01-01T00:00:00Z", "lastTransitionTime": "2025-01-01T00:00:00Z"}],
             "addresses": [{"type": "InternalIP", "address": format!("10.{}.{}.{}", index / 65536 % 256, index / 256 % 256, index % 256)},
@@ -98,7 +99,7 @@ fn pod(index: usize, nodes: usize, owner: &Value) -> Value {
             }],
             "volumes": [{"name": "run-nvidia", "hostPath": {"path": "/run/nvidia", "type": "DirectoryOrCreate"}},
                         {"name": "device-plugin", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}}],
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+            "tolerations": [{"key": labels::GPU_TAINT, "operator": "Exists", "effect": "NoSchedule"}]
         }
     })
 }

@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use gpuop_api::ClusterPolicy;
 use gpuop_api::status::{PolicyStatus, State};
+use gpuop_api::{ClusterPolicy, labels};
 use gpuop_fakeserver::FakeServer;
 use gpuop_fakeserver::accounting::{RequestCounts, RequestKey};
 use gpuop_operator::status::only_counts_differ;
@@ -76,15 +76,9 @@ fn bench_daemonset(name: &str) -> DaemonSet {
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
-                    node_selector: Some(
-                        [(
-                            "feature.node.kubernetes.io/pci-10de.present".to_owned(),
-                            "true".to_owned(),
-                        )]
-                        .into(),
-                    ),
+                    node_selector: Some([(labels::NFD_NVIDIA_PCI[0].to_owned(), "true".to_owned())].into()),
                     tolerations: Some(vec![Toleration {
-                        key: Some("nvidia.com/gpu".into()),
+                        key: Some(labels::GPU_TAINT.into()),
                         operator: Some("Exists".into()),
                         effect: Some("NoSchedule".into()),
                         ..Toleration::default()

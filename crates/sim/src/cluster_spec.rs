@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use gpuop_api::Operand;
 use k8s_openapi::api::core::v1::{
     Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Taint,
 };
@@ -328,7 +329,7 @@ impl ClusterSpec {
         });
         preinstalled
             .labels
-            .insert("nvidia.com/gpu.deploy.driver".into(), "false".into());
+            .insert(Operand::Driver.info().deploy_label.into(), "false".into());
         preinstalled.os = "ubuntu-24.04".into();
         preinstalled.kernel = "6.8.0-45-generic".into();
         let mut tainted = gpu_pool("t4-reserved", GpuModel::T4, 1);

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
+use gpuop_api::labels::RESOURCE_MIG_PREFIX;
 use serde::{Deserialize, Serialize};
 
 /// A GPU model a simulated node can carry.
@@ -284,7 +285,7 @@ impl HostCpu {
 
 /// The MIG resource name of a profile under the mixed strategy: `nvidia.com/mig-1g.10gb`, `+` becoming `.`.
 pub fn mig_resource(profile: &str) -> String {
-    format!("nvidia.com/mig-{}", profile.replace('+', "."))
+    format!("{RESOURCE_MIG_PREFIX}{}", profile.replace('+', "."))
 }
 
 #[cfg(test)]

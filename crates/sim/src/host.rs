@@ -184,20 +184,20 @@ impl Host {
         put(labels::GPU_MEMORY, model.memory_mib().to_string());
         put(labels::GPU_FAMILY, model.family().to_owned());
         let (major, minor) = model.compute_capability();
-        put("nvidia.com/gpu.compute.major", major.to_string());
-        put("nvidia.com/gpu.compute.minor", minor.to_string());
+        put(labels::GPU_COMPUTE_MAJOR, major.to_string());
+        put(labels::GPU_COMPUTE_MINOR, minor.to_string());
         put(labels::MIG_CAPABLE, model.mig_capable().to_string());
         put(
             labels::MPS_CAPABLE,
             (plugin.sharing.strategy == Strategy::Mps).to_string(),
         );
-        put("nvidia.com/gpu.machine", "gpu-sim".to_owned());
+        put(labels::GPU_MACHINE, "gpu-sim".to_owned());
         let mut parts = driver.split('.');
         put(
             labels::CUDA_DRIVER_MAJOR,
             parts.next().unwrap_or_default().to_owned(),
         );
-        put("nvidia.com/cuda.driver-version.full", driver.to_owned());
+        put(labels::CUDA_DRIVER_VERSION_FULL, driver.to_owned());
         if model.mig_capable() && plugin.mig_strategy != "none" {
             put(labels::MIG_STRATEGY, plugin.mig_strategy.clone());
         }

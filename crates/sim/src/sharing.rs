@@ -17,10 +17,11 @@
 
 use std::collections::BTreeMap;
 
+use gpuop_api::labels::{NVIDIA_PREFIX, RESOURCE_GPU};
 use serde::Deserialize;
 
 /// The prefix NVIDIA's configuration puts before a resource name written without one.
-const RESOURCE_PREFIX: &str = "nvidia.com/";
+const RESOURCE_PREFIX: &str = NVIDIA_PREFIX;
 
 /// The suffix `renameByDefault` gives shared resources.
 const SHARED_SUFFIX: &str = ".shared";
@@ -90,7 +91,10 @@ pub enum SharingError {
         replicas: u32,
     },
     /// A resource has no name.
-    #[error("sharing.{section}.resources[{index}].name: missing; a resource name such as nvidia.com/gpu")]
+    #[error(
+        "sharing.{section}.resources[{index}].name: missing; a resource name such as {}",
+        RESOURCE_GPU
+    )]
     NoName {
         /// `timeSlicing` or `mps`.
         section: &'static str,

@@ -159,8 +159,9 @@ impl Workload {
             return Some((
                 "gpuResource",
                 format!(
-                    "{:?} is not a GPU resource: nvidia.com/gpu, nvidia.com/gpu.shared or nvidia.com/mig-<profile>",
-                    self.gpu_resource
+                    "{:?} is not a GPU resource: {RESOURCE_GPU}, {RESOURCE_GPU}.shared or {}<profile>",
+                    self.gpu_resource,
+                    labels::RESOURCE_MIG_PREFIX
                 ),
             ));
         }

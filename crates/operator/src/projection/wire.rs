@@ -20,7 +20,7 @@ use std::fmt::{self, Write as _};
 use std::marker::PhantomData;
 
 use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
-use gpuop_api::labels::COMPONENT;
+use gpuop_api::labels::{COMPONENT, NVIDIA_PREFIX};
 use gpuop_api::read::{NodeRead, PodRead};
 use gpuop_api::upgrade::observe::REVISION_HASH;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
@@ -28,7 +28,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::{NVIDIA_PREFIX, NodeFields};
+use super::NodeFields;
 
 /// A Node as the node watch decodes it (see the module's doc).
 #[derive(Clone, Debug, Default)]

@@ -20,7 +20,9 @@ use std::collections::BTreeMap;
 
 use gpuop_api::OperandInfo;
 use gpuop_api::choice::KernelModuleType;
-use gpuop_api::labels::{COMPONENT, NFD_KERNEL_VERSION, NFD_OS_ID, NFD_OS_VERSION, NFD_OS_VERSION_MAJOR};
+use gpuop_api::labels::{
+    COMPONENT, NFD_KERNEL_VERSION, NFD_OS_ID, NFD_OS_VERSION, NFD_OS_VERSION_MAJOR, PRECOMPILED,
+};
 use k8s_openapi::api::core::v1::{
     Affinity, Container, EnvFromSource, ExecAction, KeyToPath, Lifecycle, LifecycleHandler, PodAffinityTerm,
     PodAntiAffinity, PodSpec, Probe, SecretEnvSource, SecretVolumeSource, Volume, VolumeMount,
@@ -52,8 +54,6 @@ const MANAGER_CONTAINER: &str = "k8s-driver-manager";
 const DRIVERS_DIR: &str = "/drivers";
 /// Variable carrying the hash of the install-relevant configuration.
 pub(crate) const DRIVER_CONFIG_DIGEST: &str = "DRIVER_CONFIG_DIGEST";
-/// Label telling precompiled driver DaemonSets apart.
-const PRECOMPILED_LABEL: &str = "nvidia.com/precompiled";
 
 /// One DaemonSet of an operand whose image is tagged per OS (the driver, the vGPU manager).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -483,7 +483,7 @@ pub(crate) fn driver_pod(
     // NVIDIA's asset labels driver pods with their component too (its readiness and the upgrade
     // controller find driver pods by it).
     operand_pod.labels = labels(&[
-        (PRECOMPILED_LABEL, if precompiled { "true" } else { "false" }),
+        (PRECOMPILED, if precompiled { "true" } else { "false" }),
         (COMPONENT, gpuop_api::Operand::Driver.info().component),
     ]);
     operand_pod.annotations = labels(&[("kubectl.kubernetes.io/default-container", DRIVER_CONTAINER)]);

@@ -18,6 +18,7 @@
 
 use gpuop_api::OperandInfo;
 use gpuop_api::cluster_policy::DEFAULT_TOOLKIT_INSTALL_DIR;
+use gpuop_api::labels::CDI_MANAGEMENT_GPU;
 use k8s_openapi::api::core::v1::{Container, PodSpec, Volume};
 
 use crate::daemonset::OperandPod;
@@ -73,7 +74,7 @@ pub(crate) fn render(
             env("ROOT", DEFAULT_TOOLKIT_INSTALL_DIR),
             env(
                 "NVIDIA_CONTAINER_RUNTIME_MODES_CDI_DEFAULT_KIND",
-                "management.nvidia.com/gpu",
+                CDI_MANAGEMENT_GPU,
             ),
             env("NVIDIA_VISIBLE_DEVICES", "void"),
             env("TOOLKIT_PID_FILE", "/run/nvidia/toolkit/toolkit.pid"),

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
+use gpuop_api::Operand;
 use gpuop_fakeserver::Verb;
 
 use crate::scenario::joining_names;
@@ -182,11 +183,16 @@ pub const PERSON_TAINT: &str = "example.com/chaos";
 pub const EDITED_IMAGE: &str = "registry.example.com/edited-by-a-person:chaos";
 
 /// Node labels a person sets: values the operator must never overwrite.
-const PERSON_LABELS: [(&str, &[&str]); 3] = [
-    ("nvidia.com/gpu.deploy.dcgm-exporter", &["false", "true"]),
-    ("nvidia.com/gpu.deploy.gpu-feature-discovery", &["false", "true"]),
-    ("example.com/team", &["ml", "research", "infra"]),
-];
+fn person_labels() -> [(&'static str, &'static [&'static str]); 3] {
+    [
+        (Operand::DcgmExporter.info().deploy_label, &["false", "true"]),
+        (
+            Operand::GpuFeatureDiscovery.info().deploy_label,
+            &["false", "true"],
+        ),
+        ("example.com/team", &["ml", "research", "infra"]),
+    ]
+}
 
 /// Components (`app.kubernetes.io/component`) of DaemonSets a person edits or deletes: those the default
 /// policy always deploys.
@@ -394,7 +400,8 @@ fn draw(rng: &mut Rng, model: &mut Model) -> Option<Injection> {
             gpu: u32::try_from(rng.below(8)).unwrap_or(0),
         },
         58..=67 => {
-            let (key, values) = rng.pick(&PERSON_LABELS)?;
+            let person_labels = person_labels();
+            let (key, values) = rng.pick(&person_labels)?;
             Injection::PersonLabels {
                 node: model.node(rng)?,
                 key: (*key).to_owned(),

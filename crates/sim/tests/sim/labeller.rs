@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use gpuop_api::labels::OWNED_LABELS;
 use gpuop_api::labels::{DEPLOY_PREFIX, GPU_PRESENT};
 use gpuop_fakeserver::{Faults, InjectedError, Verb};
-use gpuop_operator::labeler::OWNED_LABELS;
 use gpuop_sim::demo::DEFAULT_POLICY;
 use gpuop_sim::hardware::GpuModel;
 use k8s_openapi::api::core::v1::Node;

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
+use gpuop_api::labels::OWNED_LABELS;
 use gpuop_api::labels::{
     COMPONENT, DEPLOY_OPERANDS, DRIVER_OWNER, GPU_PRESENT, MANAGED_BY, UPGRADE_ENABLED_ANNOTATION,
     UPGRADE_STATE,
@@ -14,7 +15,6 @@ use gpuop_api::{ClusterPolicy, Operand};
 use gpuop_fakeserver::{FakeServer, Faults, InjectedError, Verb};
 use gpuop_operator::apply::MANAGED_KINDS;
 use gpuop_operator::crd_install::{self, CrdOutcome};
-use gpuop_operator::labeler::OWNED_LABELS;
 use gpuop_operator::lease;
 use gpuop_operator::run::{self, Config, DEFAULT_LEASE_NAME, LeaderElection, Running};
 use gpuop_operator::uninstall::{self, Report};
