@@ -26,7 +26,7 @@ use http::{Method, Request, Response};
 use kube::Client;
 use kube::client::Body;
 
-use crate::lease::Leadership;
+use crate::lease::{Leadership, NotLeader};
 
 /// How long any request but a watch's stream may take, answer and body. kube-apiserver gives up on a
 /// request after 60 s (`--request-timeout`); a list page or a write answers in well under a second.
@@ -148,6 +148,25 @@ async fn send(
     }
 }
 
+/// Whether `error`, or any error it was caused by, is [`NotLeader`] (a write this replica did not send
+/// because it does not lead) or a write abandoned when its leadership ended: no failure to log or retry.
+pub fn is_not_leader(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(error) = current {
+        if error.is::<NotLeader>() {
+            return true;
+        }
+        // A write cut off because the leadership ended while it waited for its answer.
+        if let Some(timed_out) = error.downcast_ref::<TimedOut>()
+            && timed_out.leadership_ended
+        {
+            return true;
+        }
+        current = error.source();
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +174,27 @@ mod tests {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::Api;
     use kube::api::{ListParams, PostParams};
+
+    #[test]
+    fn a_refused_write_is_recognised_through_the_errors_that_wrap_it() {
+        let wrapped = kube::Error::Service(Box::new(NotLeader));
+        assert!(is_not_leader(&wrapped));
+        let other = kube::Error::Service("connection reset".into());
+        assert!(!is_not_leader(&other));
+        let cut_off = |leadership_ended| {
+            kube::Error::Service(Box::new(TimedOut {
+                method: "PATCH".into(),
+                path: "/api/v1/nodes/gpu-0".into(),
+                limit: Duration::from_secs(3),
+                leadership_ended,
+            }))
+        };
+        assert!(
+            is_not_leader(&cut_off(true)),
+            "abandoned when the leadership ended"
+        );
+        assert!(!is_not_leader(&cut_off(false)), "a plain timeout is a failure");
+    }
 
     #[test]
     fn writes_wait_for_leadership_and_end_with_it() {
@@ -222,7 +262,7 @@ mod tests {
             .create(&PostParams::default(), &config_map("a"))
             .await
             .expect_err("a follower does not write");
-        assert!(crate::lease::is_not_leader(&error), "{error}");
+        assert!(is_not_leader(&error), "{error}");
         assert_eq!(server.requests().by_client("replica"), 0, "nothing was sent");
         api.list(&ListParams::default()).await.expect("a follower reads");
 

@@ -15,6 +15,9 @@
 //! A refused write stops only what depends on it: the rest of its state, and the states of operands that
 //! require its operand on the node (the catalogue's `requires`), of the same owner. Every other state is
 //! still applied, and every refusal is returned with the object and the API's reason.
+//!
+//! A drift repair is an apply too: [`Repairs`] keeps it to one per version of the object, and
+//! [`report_drift`] publishes the event that names the writer.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
@@ -24,10 +27,12 @@ use gpuop_api::Operand;
 use gpuop_api::labels::{APPLIED_HASH, FIELD_MANAGER, MANAGED_BY, MANAGED_BY_VALUE, NVIDIA_DRIVER_NAME};
 use gpuop_api::upgrade::observe::is_driver;
 use gpuop_render::{Manifest, Rendered};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, OwnerReference};
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PropagationPolicy,
 };
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::Value;
@@ -715,6 +720,117 @@ async fn apply_one(
     Ok(())
 }
 
+/// Repairs made, by object: the live `resourceVersion` each was made at. An object is repaired at most once
+/// per version: if the repair changed nothing the API server keeps the version, and the drift, which then
+/// cannot be the work of another writer, is not repaired again until the object changes.
+///
+/// Also the event recorder of each repaired object: kube's recorder counts a repeated event (same object,
+/// reason and action) on the first one, note and all, so a repair of other fields or by another manager gets
+/// a recorder, and an event, of its own, while the same repair repeated adds to its event's count.
+#[derive(Default)]
+pub struct Repairs {
+    made: BTreeMap<ObjectKey, String>,
+    recorders: BTreeMap<ObjectKey, (String, Recorder)>,
+}
+
+impl std::fmt::Debug for Repairs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Repairs")
+            .field("made", &self.made)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Repairs {
+    /// Whether a drift of this live object may be repaired now.
+    pub fn due(&self, key: &ObjectKey, live: Option<&LiveObject>) -> bool {
+        let version = live.and_then(|l| l.resource_version.as_ref());
+        version.is_none() || self.made.get(key) != version
+    }
+
+    /// Records a repair made at the live object's version; forgets objects that are no longer live.
+    pub fn record(&mut self, key: &ObjectKey, live: Option<&LiveObject>) {
+        if let Some(version) = live.and_then(|l| l.resource_version.clone()) {
+            self.made.insert(key.clone(), version);
+        }
+    }
+
+    /// Forgets repairs of objects no longer live.
+    pub fn retain_live(&mut self, live: &BTreeMap<ObjectKey, LiveObject>) {
+        self.made.retain(|key, _| live.contains_key(key));
+        self.recorders.retain(|key, _| live.contains_key(key));
+    }
+
+    /// The recorder for the event of this repair (see [`Repairs`]).
+    pub fn recorder(&mut self, key: &ObjectKey, drift: &Drift, client: &Client) -> Recorder {
+        let note = drift.note(key.0, &key.2);
+        match self.recorders.get(key) {
+            Some((last, recorder)) if *last == note => recorder.clone(),
+            _ => {
+                let recorder = Recorder::new(client.clone(), "gpu-operator".into());
+                self.recorders.insert(key.clone(), (note, recorder.clone()));
+                recorder
+            }
+        }
+    }
+
+    /// Takes out of `plan` the repairs already made at the live version.
+    pub fn skip_made(&self, plan: &mut ApplyPlan, live: &BTreeMap<ObjectKey, LiveObject>) {
+        let made: BTreeSet<ObjectKey> = plan
+            .drift
+            .keys()
+            .filter(|key| !self.due(key, live.get(*key)))
+            .cloned()
+            .collect();
+        plan.drift.retain(|key, _| !made.contains(key));
+        plan.apply.retain(|(key, _, _)| !made.contains(key));
+    }
+}
+
+/// Logs a repaired drift and publishes a Warning event about it on the object (where `kubectl describe`
+/// of the object shows it), related to the object's owner (the ClusterPolicy or NVIDIADriver).
+pub async fn report_drift(
+    recorder: &Recorder,
+    key: &ObjectKey,
+    applied: &Value,
+    live: &LiveObject,
+    drift: &Drift,
+) {
+    let (kind, namespace, name) = key;
+    let note = drift.note(kind, name);
+    info!(kind, name = %name, manager = drift.manager.as_deref().unwrap_or_default(), fields = ?drift.fields, "drift repaired");
+    let Some(managed) = MANAGED_KINDS.iter().find(|k| k.kind == *kind) else {
+        return;
+    };
+    let regarding = ObjectReference {
+        api_version: Some(managed.api_version.to_owned()),
+        kind: Some(managed.kind.to_owned()),
+        name: Some(name.clone()),
+        namespace: managed.namespaced.then(|| namespace.clone()),
+        uid: live.uid.clone(),
+        ..ObjectReference::default()
+    };
+    let owner = &applied["metadata"]["ownerReferences"][0];
+    let text = |field: &str| owner[field].as_str().map(str::to_owned);
+    let related = text("kind").map(|kind| ObjectReference {
+        api_version: text("apiVersion"),
+        kind: Some(kind),
+        name: text("name"),
+        uid: text("uid"),
+        ..ObjectReference::default()
+    });
+    let event = Event {
+        type_: EventType::Warning,
+        reason: drift::REASON.into(),
+        note: Some(crate::status::bounded_note(&note)),
+        action: "Apply".into(),
+        secondary: related,
+    };
+    if let Err(error) = recorder.publish(&event, &regarding).await {
+        warn!(%error, "cannot publish an event");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1102,5 +1218,21 @@ mod tests {
         );
         assert_eq!(refused(502, "").reason(), "Code502");
         assert_eq!(refused(400, "not a reason!").reason(), "Code400");
+    }
+
+    #[test]
+    fn a_repair_is_made_once_per_version() {
+        let key: ObjectKey = ("DaemonSet", "gpu-operator".into(), "ds".into());
+        let at = |version: &str| LiveObject {
+            resource_version: Some(version.into()),
+            ..LiveObject::default()
+        };
+        let mut repairs = Repairs::default();
+        assert!(repairs.due(&key, Some(&at("1"))));
+        repairs.record(&key, Some(&at("1")));
+        assert!(!repairs.due(&key, Some(&at("1"))), "the repair changed nothing");
+        assert!(repairs.due(&key, Some(&at("2"))), "someone wrote again");
+        repairs.retain_live(&BTreeMap::new());
+        assert!(repairs.due(&key, Some(&at("1"))));
     }
 }

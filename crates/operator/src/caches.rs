@@ -37,11 +37,21 @@ use crate::apply::MANAGED_KINDS;
 use crate::changes::{Changed, NodeSet, NodeSource, PodSet, PodSource};
 use crate::gulps::{GATHER, Gulps};
 use crate::index::Judgements;
-use crate::label_queue::NodeEvent;
 use crate::projection::{
     Interner, NodeFields, NodeKeys, NodeRecord, PodRecord, Text, WatchedNode, WatchedPod,
 };
 use crate::trimmed::{MetadataOnly, Statusless, unwrap_event};
+
+/// What the node cache tells the labeller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeEvent {
+    /// This node was added, changed or deleted.
+    Changed(String),
+    /// The cache listed every node anew (at start, or after its watch expired) and its store now holds the
+    /// new list: every node is judged again. Nodes seen during the list are not sent one by one, because
+    /// until the list ends the store still holds the old ones.
+    Relisted,
+}
 
 /// Wakes every controller when a cache changes. Each has its own `Notify`, so that one controller's
 /// wake-up is never taken by another.

@@ -18,33 +18,31 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpuop_api::labels::GpuDetection;
 use gpuop_api::status::{CONDITION_ERROR, PolicyStatus, State};
 use gpuop_api::upgrade::UpgradePolicy;
 use gpuop_api::upgrade::observe::PoolScope;
-use gpuop_api::validate::{ImageDefaults, validate_with};
+use gpuop_api::validate::validate_with;
 use gpuop_api::{ClusterPolicy, FieldError, NVIDIADriver, Operand, ValidatedPolicy};
 use gpuop_render::NvidiaDriverFacts;
 use gpuop_render::{ClusterFacts, Rendered, render};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::{Api, Client, CustomResourceExt, Resource, ResourceExt};
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::apply::{self, ApplyPlan, ObjectKey, Owned, Prune};
-use crate::caches::{Caches, Changes, Decoded};
-use crate::drift;
+use crate::caches::Decoded;
+use crate::context::{Context, IN_FLIGHT};
 use crate::drivers::{self, DriverOutcome, DriverPlan, DriversInput};
 use crate::facts::FactsInput;
+use crate::handoff::{UpgradePool, Upgrades};
 use crate::labeler::LabelPolicy;
-use crate::lease::Leadership;
-use crate::metrics::{Metrics, ReconciliationStatus};
+use crate::metrics::ReconciliationStatus;
 use crate::pod_security;
 use crate::projection::{NodeKeys, NodeRecord};
 use crate::readiness::{self, Observed, Templates, observe};
@@ -52,10 +50,7 @@ use crate::status::Failure;
 use crate::status::{
     OperandObservation, Outcome, bounded_note, driver_status, only_counts_differ, policy_status, transition,
 };
-use crate::upgrade::{Pools, UpgradePool, Upgrades};
 
-/// How long a write the caches have not shown yet is trusted before it is made again.
-pub(crate) const IN_FLIGHT: Duration = Duration::from_secs(10);
 /// The shortest time between the starts of two passes.
 const MIN_PASS_INTERVAL: Duration = Duration::from_millis(200);
 /// How often the reconciler runs with nothing changed, to repair what it cannot watch.
@@ -64,46 +59,26 @@ const RESYNC: Duration = Duration::from_secs(300);
 /// long); an NVIDIADriver's status waits for it only when its counts alone changed.
 pub(crate) const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Everything the controllers share.
-pub struct Context {
-    /// API client.
-    pub client: Client,
-    /// Namespace the operands run in.
-    pub namespace: String,
-    /// The caches.
-    pub caches: Caches,
-    /// Whether this replica may write.
-    pub leadership: Leadership,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
-    /// How GPU nodes are recognised.
-    pub detection: GpuDetection,
-    /// Images from the operator's environment.
-    pub image_defaults: ImageDefaults,
-    /// Whether the ServiceMonitor CRD is installed.
-    pub service_monitor_crd: bool,
-    /// Publishes events on state transitions.
-    pub recorder: Recorder,
-    /// Woken by every cache change.
-    pub changed: Arc<Changes>,
-    /// The labeller's inputs; `None` until the first reconcile decides them.
-    pub labelling: watch::Sender<Option<Option<LabelPolicy>>>,
-    /// The upgrade controller's pools; `None` until the first reconcile decides them.
-    pub upgrade_pools: Pools,
-    /// Seconds the validator has to pass on an upgraded node.
-    pub upgrade_validation_timeout_seconds: u64,
-    /// The namespace's Pod Security labels as last applied.
-    pub pod_security: pod_security::Applied,
+/// The policy reconciler: the controllers' shared context, and what its passes remember.
+pub struct Reconciler {
+    context: Arc<Context>,
     recent: Mutex<Recent>,
     memo: Mutex<Memo>,
 }
 
-impl std::fmt::Debug for Context {
+impl std::fmt::Debug for Reconciler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context")
-            .field("namespace", &self.namespace)
-            .field("detection", &self.detection)
+        f.debug_struct("Reconciler")
+            .field("context", &self.context)
             .finish_non_exhaustive()
+    }
+}
+
+impl std::ops::Deref for Reconciler {
+    type Target = Context;
+
+    fn deref(&self) -> &Context {
+        &self.context
     }
 }
 
@@ -130,6 +105,9 @@ struct RenderMemo {
 struct ApplyInputs {
     rendered: Arc<Rendered>,
     drivers: Vec<(String, Rendered)>,
+    /// The owner references the objects get, the policy's first: part of each object's hash, so a policy
+    /// deleted and made again under its name is applied again.
+    owners: Vec<OwnerReference>,
     /// The managed objects in the caches; `live` is read from them.
     objects: Vec<(&'static str, Arc<kube::api::DynamicObject>)>,
     live: Arc<BTreeMap<ObjectKey, apply::LiveObject>>,
@@ -140,13 +118,28 @@ struct ApplyInputs {
 }
 
 impl ApplyInputs {
+    /// Whether a plan made from `other` would be the plan made from these. Every field is named here, so an
+    /// input added to the struct cannot be left out of the comparison: the build fails until it is compared.
     fn same(&self, other: &ApplyInputs) -> bool {
-        (Arc::ptr_eq(&self.rendered, &other.rendered) || self.rendered == other.rendered)
-            && self.drivers == other.drivers
-            && self.orphan_drivers == other.orphan_drivers
-            && self.keep_drivers == other.keep_drivers
-            && self.keep_all == other.keep_all
-            && self.unwatched == other.unwatched
+        let ApplyInputs {
+            rendered,
+            drivers,
+            owners,
+            objects: _,
+            live: _,
+            orphan_drivers,
+            keep_drivers,
+            keep_all,
+            unwatched,
+        } = self;
+        (Arc::ptr_eq(rendered, &other.rendered) || *rendered == other.rendered)
+            && *drivers == other.drivers
+            && *owners == other.owners
+            && *orphan_drivers == other.orphan_drivers
+            && *keep_drivers == other.keep_drivers
+            && *keep_all == other.keep_all
+            && *unwatched == other.unwatched
+            // The live objects: the very same cached ones, or ones that read the same for the plan.
             && (self.same_objects(&other.objects) || self.same_live(other))
     }
 
@@ -177,42 +170,14 @@ struct Recent {
     deleted: BTreeMap<ObjectKey, Instant>,
     statuses: BTreeMap<String, (PolicyStatus, Instant)>,
     /// Drift repairs made, by the version of the object they were made at.
-    repairs: drift::Repairs,
+    repairs: apply::Repairs,
 }
 
-impl Context {
-    /// A context over started caches.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        client: Client,
-        namespace: String,
-        caches: Caches,
-        leadership: Leadership,
-        metrics: Arc<Metrics>,
-        detection: GpuDetection,
-        image_defaults: ImageDefaults,
-        service_monitor_crd: bool,
-        changed: Arc<Changes>,
-        upgrade_validation_timeout_seconds: u64,
-    ) -> Self {
-        let recorder = Recorder::new(client.clone(), "gpu-operator".into());
-        let (labelling, _) = watch::channel(None);
-        let (upgrade_pools, _) = watch::channel(None);
+impl Reconciler {
+    /// The reconciler over the controllers' shared context, with nothing remembered yet.
+    pub fn new(context: Arc<Context>) -> Self {
         Self {
-            client,
-            namespace,
-            caches,
-            leadership,
-            metrics,
-            detection,
-            image_defaults,
-            service_monitor_crd,
-            recorder,
-            changed,
-            labelling,
-            upgrade_pools,
-            upgrade_validation_timeout_seconds,
-            pod_security: pod_security::Applied::default(),
+            context,
             recent: Mutex::default(),
             memo: Mutex::default(),
         }
@@ -383,6 +348,7 @@ fn held_back(skipped: &[ObjectKey]) -> String {
 
 /// Runs the policy reconciler until `shutdown`.
 pub async fn run_policies(context: Arc<Context>, shutdown: CancellationToken) {
+    let context = Reconciler::new(context);
     if !context.caches.ready().await {
         return;
     }
@@ -424,7 +390,7 @@ pub async fn run_policies(context: Arc<Context>, shutdown: CancellationToken) {
                 wait = next;
             }
             // The leadership ended mid-pass (a write found it over): nothing failed, the leader does the rest.
-            Err(error) if crate::lease::is_not_leader(&error) => {
+            Err(error) if crate::api_client::is_not_leader(&error) => {
                 tracing::debug!(%error, "pass stopped: this replica no longer leads");
                 failures = 0;
                 wait = RESYNC;
@@ -446,7 +412,7 @@ pub async fn run_policies(context: Arc<Context>, shutdown: CancellationToken) {
 /// A ClusterPolicy that does not decode keeps its place in the activation order (so that it never hands
 /// the cluster to a newer one): as the active one it is reported like an invalid policy and changes
 /// nothing that runs; as another one it is reported ignored, with why it cannot be read.
-pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
+pub async fn reconcile(context: &Reconciler) -> Result<Duration, ReconcileError> {
     let leader = context.leadership.is_leader();
     context.metrics.leader(leader);
     let mut policies: Vec<Arc<Decoded<ClusterPolicy>>> = context
@@ -535,7 +501,7 @@ pub async fn reconcile(context: &Context) -> Result<Duration, ReconcileError> {
 }
 
 /// Makes the namespace's Pod Security labels what the policy's `psa.enabled` says.
-async fn label_namespace(context: &Context, enabled: bool) -> Result<(), ReconcileError> {
+async fn label_namespace(context: &Reconciler, enabled: bool) -> Result<(), ReconcileError> {
     pod_security::ensure(
         &context.client,
         &context.namespace,
@@ -551,7 +517,7 @@ async fn label_namespace(context: &Context, enabled: bool) -> Result<(), Reconci
 
 /// Validates, renders, applies and judges the active policy; returns how long to wait for a change.
 async fn reconcile_active(
-    context: &Context,
+    context: &Reconciler,
     active: &ClusterPolicy,
     leader: bool,
 ) -> Result<Duration, ReconcileError> {
@@ -827,7 +793,7 @@ async fn reconcile_active(
 /// [`STATUS_INTERVAL`]), with an event when its Ready condition changes reason; returns when to come back
 /// for a put-off write.
 async fn write_driver_status(
-    context: &Context,
+    context: &Reconciler,
     plan: &DriverPlan,
     observation: Option<&OperandObservation>,
     leader: bool,
@@ -916,7 +882,7 @@ async fn write_driver_status(
 /// The upgrade pools of a policy: its driver DaemonSets under its upgrade policy. None when NVIDIADriver
 /// objects manage the driver; with sandbox workloads, or automatic upgrades off, the pool has no policy
 /// (its state labels are removed).
-fn upgrade_pools(context: &Context, validated: &ValidatedPolicy, rendered: &Rendered) -> Vec<UpgradePool> {
+fn upgrade_pools(context: &Reconciler, validated: &ValidatedPolicy, rendered: &Rendered) -> Vec<UpgradePool> {
     let driver = &validated.spec.driver;
     if driver.use_nvidia_driver_crd() {
         return Vec::new();
@@ -955,7 +921,7 @@ fn replace<T: PartialEq>(current: &mut T, new: T) -> bool {
 
 /// Writes the status of an invalid policy; returns when the pass must run again.
 async fn invalid(
-    context: &Context,
+    context: &Reconciler,
     policy: &ClusterPolicy,
     errors: Vec<FieldError>,
     leader: bool,
@@ -968,7 +934,7 @@ async fn invalid(
 /// Writes the status of a policy whose pass stopped at `error` (nothing was applied or pruned); returns the
 /// error to retry with, or the status write's own when that fails too.
 async fn failed(
-    context: &Context,
+    context: &Reconciler,
     policy: &ClusterPolicy,
     error: ReconcileError,
     leader: bool,
@@ -999,7 +965,7 @@ struct AppliedPass {
 /// NVIDIADriver that is invalid or cannot be rendered keeps what it has; a driver DaemonSet no longer
 /// rendered leaves its pods to the upgrade controller when an upgrade pool will replace them.
 async fn apply_rendered(
-    context: &Context,
+    context: &Reconciler,
     policy: &ClusterPolicy,
     rendered: &Arc<Rendered>,
     drivers: &[DriverPlan],
@@ -1032,6 +998,9 @@ async fn apply_rendered(
             .iter()
             .map(|plan| (plan.driver.name_any(), plan.rendered.clone()))
             .collect(),
+        owners: std::iter::once(apply::owner_reference(policy))
+            .chain(drivers.iter().map(|plan| apply::owner_reference(&*plan.driver)))
+            .collect(),
         objects,
         live,
         orphan_drivers: pools.iter().any(|pool| pool.policy.is_some()),
@@ -1055,11 +1024,6 @@ async fn apply_rendered(
             refused: Vec::new(),
         });
     }
-    let owner = apply::owner_reference(policy);
-    let driver_owners: Vec<_> = drivers
-        .iter()
-        .map(|plan| apply::owner_reference(&*plan.driver))
-        .collect();
     let mut rendered = (**rendered).clone();
     keep_live_driver_digests(context, &mut rendered).await?;
     let mut driver_rendered = Vec::with_capacity(drivers.len());
@@ -1068,16 +1032,11 @@ async fn apply_rendered(
         keep_live_driver_digests(context, &mut objects).await?;
         driver_rendered.push(objects);
     }
-    let mut owned = vec![Owned {
-        rendered: &rendered,
-        owner: &owner,
-    }];
-    owned.extend(
-        driver_rendered
-            .iter()
-            .zip(&driver_owners)
-            .map(|(rendered, owner)| Owned { rendered, owner }),
-    );
+    let owned: Vec<Owned<'_>> = std::iter::once(&rendered)
+        .chain(&driver_rendered)
+        .zip(&inputs.owners)
+        .map(|(rendered, owner)| Owned { rendered, owner })
+        .collect();
     let live = &inputs.live;
     let rules = Prune {
         orphan_drivers: inputs.orphan_drivers,
@@ -1136,7 +1095,7 @@ async fn apply_rendered(
     for (key, object, _) in plan.apply.iter().filter(|(key, _, _)| applied.contains(key)) {
         if let (Some(drift), Some(current)) = (plan.drift.get(key), live.get(key)) {
             let recorder = context.recent().repairs.recorder(key, drift, &context.client);
-            drift::report(&recorder, key, object, current, drift).await;
+            apply::report_drift(&recorder, key, object, current, drift).await;
             context.recent().repairs.record(key, Some(current));
         }
     }
@@ -1178,7 +1137,10 @@ async fn apply_rendered(
 /// configuration. The live DaemonSet comes from the cache; one the cache does not hold (not labelled as
 /// ours yet: NVIDIA's, when the policy's `daemonsets.labels` lack our managed-by label; or not created yet)
 /// is read, which stops once the operator's apply has labelled or created it.
-async fn keep_live_driver_digests(context: &Context, rendered: &mut Rendered) -> Result<(), ReconcileError> {
+async fn keep_live_driver_digests(
+    context: &Reconciler,
+    rendered: &mut Rendered,
+) -> Result<(), ReconcileError> {
     for manifest in rendered
         .objects
         .iter_mut()
@@ -1269,7 +1231,7 @@ impl<'a> Target<'a> {
 
 /// Writes a policy's status when it differs from the stored one, at most once per [`STATUS_INTERVAL`].
 async fn write_status(
-    context: &Context,
+    context: &Reconciler,
     policy: &Target<'_>,
     outcome: &Outcome,
     leader: bool,
@@ -1353,7 +1315,12 @@ fn condition_reason<'a>(status: Option<&'a PolicyStatus>, type_: &str) -> Option
 }
 
 /// Publishes an event when a policy's state changes, with the condition's reason and a short note.
-async fn transition_event(context: &Context, policy: &Target<'_>, outcome: &Outcome, status: &PolicyStatus) {
+async fn transition_event(
+    context: &Reconciler,
+    policy: &Target<'_>,
+    outcome: &Outcome,
+    status: &PolicyStatus,
+) {
     let transition = transition(outcome, status);
     info!(policy = %policy.name, state = ?status.state, reason = %transition.reason, "policy state changed");
     let event = Event {
@@ -1400,7 +1367,7 @@ pub(crate) fn policy_config_maps(spec: &gpuop_api::ClusterPolicySpec) -> Vec<Str
 /// cache; a missing ConfigMap has no entry. Without the cache (the API refuses to list ConfigMaps) a policy
 /// that names any cannot be rendered right.
 fn config_map_keys(
-    context: &Context,
+    context: &Reconciler,
     names: Vec<String>,
 ) -> Result<BTreeMap<String, Vec<String>>, Box<crate::caches::Unavailable>> {
     if names.is_empty() {

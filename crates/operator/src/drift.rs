@@ -12,24 +12,16 @@
 //!
 //! The API server records no field for an empty list, so an empty list never counts. The writer named is
 //! the manager that owns a drifted field now, else (a field removed, which leaves no owner) the last other
-//! manager that wrote the object after the operator's last apply, if one did. [`Repairs`] makes at most one
-//! repair per version of the object, so a field the server would never record as the operator's (none is
-//! known) costs one write, not a loop.
+//! manager that wrote the object after the operator's last apply, if one did. [`crate::apply::Repairs`]
+//! makes at most one repair per version of the object, so a field the server would never record as the
+//! operator's (none is known) costs one write, not a loop.
 //!
 //! The cache keeps of `managedFields` only what this needs ([`trim_managed_fields`]): the main resource's
 //! entries, without their `apiVersion` and `fieldsType`. Managed objects are counted in operands, not nodes.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use gpuop_api::labels::FIELD_MANAGER;
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
-use kube::Client;
-use kube::runtime::events::{Event, EventType, Recorder};
 use serde_json::{Map, Value};
-use tracing::{info, warn};
-
-use crate::apply::{ApplyPlan, LiveObject, MANAGED_KINDS, ObjectKey};
 
 /// Event reason of a repaired drift.
 pub const REASON: &str = "DriftRepaired";
@@ -277,111 +269,6 @@ fn spell(path: &[Step<'_>]) -> String {
         }
     }
     out
-}
-
-/// Repairs made, by object: the live `resourceVersion` each was made at. An object is repaired at most once
-/// per version: if the repair changed nothing the API server keeps the version, and the drift, which then
-/// cannot be the work of another writer, is not repaired again until the object changes.
-///
-/// Also the event recorder of each repaired object: kube's recorder counts a repeated event (same object,
-/// reason and action) on the first one, note and all, so a repair of other fields or by another manager gets
-/// a recorder, and an event, of its own, while the same repair repeated adds to its event's count.
-#[derive(Default)]
-pub struct Repairs {
-    made: BTreeMap<ObjectKey, String>,
-    recorders: BTreeMap<ObjectKey, (String, Recorder)>,
-}
-
-impl std::fmt::Debug for Repairs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Repairs")
-            .field("made", &self.made)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Repairs {
-    /// Whether a drift of this live object may be repaired now.
-    pub fn due(&self, key: &ObjectKey, live: Option<&LiveObject>) -> bool {
-        let version = live.and_then(|l| l.resource_version.as_ref());
-        version.is_none() || self.made.get(key) != version
-    }
-
-    /// Records a repair made at the live object's version; forgets objects that are no longer live.
-    pub fn record(&mut self, key: &ObjectKey, live: Option<&LiveObject>) {
-        if let Some(version) = live.and_then(|l| l.resource_version.clone()) {
-            self.made.insert(key.clone(), version);
-        }
-    }
-
-    /// Forgets repairs of objects no longer live.
-    pub fn retain_live(&mut self, live: &BTreeMap<ObjectKey, LiveObject>) {
-        self.made.retain(|key, _| live.contains_key(key));
-        self.recorders.retain(|key, _| live.contains_key(key));
-    }
-
-    /// The recorder for the event of this repair (see [`Repairs`]).
-    pub fn recorder(&mut self, key: &ObjectKey, drift: &Drift, client: &Client) -> Recorder {
-        let note = drift.note(key.0, &key.2);
-        match self.recorders.get(key) {
-            Some((last, recorder)) if *last == note => recorder.clone(),
-            _ => {
-                let recorder = Recorder::new(client.clone(), "gpu-operator".into());
-                self.recorders.insert(key.clone(), (note, recorder.clone()));
-                recorder
-            }
-        }
-    }
-
-    /// Takes out of `plan` the repairs already made at the live version.
-    pub fn skip_made(&self, plan: &mut ApplyPlan, live: &BTreeMap<ObjectKey, LiveObject>) {
-        let made: BTreeSet<ObjectKey> = plan
-            .drift
-            .keys()
-            .filter(|key| !self.due(key, live.get(*key)))
-            .cloned()
-            .collect();
-        plan.drift.retain(|key, _| !made.contains(key));
-        plan.apply.retain(|(key, _, _)| !made.contains(key));
-    }
-}
-
-/// Logs a repaired drift and publishes a Warning event about it on the object (where `kubectl describe`
-/// of the object shows it), related to the object's owner (the ClusterPolicy or NVIDIADriver).
-pub async fn report(recorder: &Recorder, key: &ObjectKey, applied: &Value, live: &LiveObject, drift: &Drift) {
-    let (kind, namespace, name) = key;
-    let note = drift.note(kind, name);
-    info!(kind, name = %name, manager = drift.manager.as_deref().unwrap_or_default(), fields = ?drift.fields, "drift repaired");
-    let Some(managed) = MANAGED_KINDS.iter().find(|k| k.kind == *kind) else {
-        return;
-    };
-    let regarding = ObjectReference {
-        api_version: Some(managed.api_version.to_owned()),
-        kind: Some(managed.kind.to_owned()),
-        name: Some(name.clone()),
-        namespace: managed.namespaced.then(|| namespace.clone()),
-        uid: live.uid.clone(),
-        ..ObjectReference::default()
-    };
-    let owner = &applied["metadata"]["ownerReferences"][0];
-    let text = |field: &str| owner[field].as_str().map(str::to_owned);
-    let related = text("kind").map(|kind| ObjectReference {
-        api_version: text("apiVersion"),
-        kind: Some(kind),
-        name: text("name"),
-        uid: text("uid"),
-        ..ObjectReference::default()
-    });
-    let event = Event {
-        type_: EventType::Warning,
-        reason: REASON.into(),
-        note: Some(crate::status::bounded_note(&note)),
-        action: "Apply".into(),
-        secondary: related,
-    };
-    if let Err(error) = recorder.publish(&event, &regarding).await {
-        warn!(%error, "cannot publish an event");
-    }
 }
 
 #[cfg(test)]
@@ -658,21 +545,5 @@ mod tests {
         }]);
         trim_managed_fields(&mut status_only);
         assert_eq!(status_only, None);
-    }
-
-    #[test]
-    fn a_repair_is_made_once_per_version() {
-        let key: ObjectKey = ("DaemonSet", "gpu-operator".into(), "ds".into());
-        let at = |version: &str| LiveObject {
-            resource_version: Some(version.into()),
-            ..LiveObject::default()
-        };
-        let mut repairs = Repairs::default();
-        assert!(repairs.due(&key, Some(&at("1"))));
-        repairs.record(&key, Some(&at("1")));
-        assert!(!repairs.due(&key, Some(&at("1"))), "the repair changed nothing");
-        assert!(repairs.due(&key, Some(&at("2"))), "someone wrote again");
-        repairs.retain_live(&BTreeMap::new());
-        assert!(repairs.due(&key, Some(&at("1"))));
     }
 }

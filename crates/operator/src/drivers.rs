@@ -20,9 +20,9 @@ use gpuop_render::{ContainerRuntime, NvidiaDriverFacts, Rendered, render_nvidia_
 use kube::ResourceExt;
 
 use crate::facts::{FactsInput, cluster_facts};
+use crate::handoff::UpgradePool;
 use crate::index::Judgements;
 use crate::projection::NodeRecord;
-use crate::upgrade::UpgradePool;
 
 /// What became of one NVIDIADriver this pass, before its pods are judged.
 #[derive(Clone, Debug, PartialEq)]

@@ -34,8 +34,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::caches::lock;
-use crate::controller::{Context, IN_FLIGHT};
+use crate::caches::{NodeEvent, lock};
+use crate::context::{Context, IN_FLIGHT};
 use crate::labeler::{DesiredPatches, LabelPolicy, NodePatch};
 use crate::projection::{NodeRecord, WatchedNode};
 
@@ -49,17 +49,6 @@ pub const BACKOFF_BASE: Duration = Duration::from_millis(200);
 pub const BACKOFF_CAP: Duration = Duration::from_secs(300);
 /// Writes of one node tried at once, each after a 409 on the node as a GET returns it, before it backs off.
 pub const CONFLICT_ATTEMPTS: usize = 3;
-
-/// What the node cache tells the labeller.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NodeEvent {
-    /// This node was added, changed or deleted.
-    Changed(String),
-    /// The cache listed every node anew (at start, or after its watch expired) and its store now holds the
-    /// new list: every node is judged again. Nodes seen during the list are not sent one by one, because
-    /// until the list ends the store still holds the old ones.
-    Relisted,
-}
 
 /// What became of processing one node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -491,7 +480,7 @@ async fn label(
 }
 
 fn failed(name: &str, error: &kube::Error, sent: Option<Sent>) -> (String, Outcome, Option<Sent>) {
-    if crate::lease::is_not_leader(error) {
+    if crate::api_client::is_not_leader(error) {
         // Leadership ended while the node was being labelled: the leader labels it; the queue is cleared
         // as this replica hears of it.
         return (name.to_owned(), Outcome::Done { recheck_at: None }, None);

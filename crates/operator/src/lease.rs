@@ -181,25 +181,6 @@ impl Term {
 )]
 pub struct NotLeader;
 
-/// Whether `error`, or any error it was caused by, is [`NotLeader`] (a write this replica did not send
-/// because it does not lead) or a write abandoned when its leadership ended: no failure to log or retry.
-pub fn is_not_leader(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut current = Some(error);
-    while let Some(error) = current {
-        if error.is::<NotLeader>() {
-            return true;
-        }
-        // A write cut off because the leadership ended while it waited for its answer.
-        if let Some(timed_out) = error.downcast_ref::<crate::api_client::TimedOut>()
-            && timed_out.leadership_ended
-        {
-            return true;
-        }
-        current = error.source();
-    }
-    false
-}
-
 /// Whether this replica may write, and until when; cloned freely.
 #[derive(Clone, Debug)]
 pub struct Leadership {
@@ -689,27 +670,6 @@ mod tests {
         set(Some(Duration::from_secs(10)));
         let (again, _) = wait(&mut leadership).await;
         assert_eq!(again, Ok(true), "lost and won again while busy");
-    }
-
-    #[test]
-    fn a_refused_write_is_recognised_through_the_errors_that_wrap_it() {
-        let wrapped = kube::Error::Service(Box::new(NotLeader));
-        assert!(is_not_leader(&wrapped));
-        let other = kube::Error::Service("connection reset".into());
-        assert!(!is_not_leader(&other));
-        let cut_off = |leadership_ended| {
-            kube::Error::Service(Box::new(crate::api_client::TimedOut {
-                method: "PATCH".into(),
-                path: "/api/v1/nodes/gpu-0".into(),
-                limit: Duration::from_secs(3),
-                leadership_ended,
-            }))
-        };
-        assert!(
-            is_not_leader(&cut_off(true)),
-            "abandoned when the leadership ended"
-        );
-        assert!(!is_not_leader(&cut_off(false)), "a plain timeout is a failure");
     }
 
     /// Two replicas elect on the fake server; the leader's lease requests then hang. Sampled every 100 ms

@@ -19,6 +19,7 @@ pub mod caches;
 pub mod changes;
 pub mod check;
 pub mod cli;
+pub mod context;
 pub mod controller;
 pub mod crd_install;
 pub mod diff_live;
@@ -26,6 +27,7 @@ pub mod drift;
 pub mod drivers;
 pub mod facts;
 pub mod gulps;
+pub mod handoff;
 pub mod index;
 pub mod label_queue;
 pub mod labeler;
@@ -56,9 +58,8 @@ mod tests {
     #[test]
     fn the_steady_state_window_outlasts_every_retry_and_trust_window() {
         let windows = [
-            ("controller in-flight trust", crate::controller::IN_FLIGHT),
+            ("in-flight trust", crate::context::IN_FLIGHT),
             ("status interval", crate::controller::STATUS_INTERVAL),
-            ("upgrade in-flight trust", crate::upgrade::IN_FLIGHT),
             ("idle upgrade pass", crate::upgrade::IDLE_PASS_INTERVAL),
             ("lease retry", crate::lease::Timing::default().retry_period),
         ];

@@ -19,7 +19,8 @@ use tracing::{info, warn};
 
 use crate::api_client;
 use crate::caches::{Caches, Changes, Readiness};
-use crate::controller::{Context, run_policies};
+use crate::context::Context;
+use crate::controller::run_policies;
 use crate::label_queue::run_labeller;
 use crate::lease::{self, Leadership, Timing};
 use crate::metrics::Metrics;

@@ -19,8 +19,7 @@ use gpuop_api::labels::{UPGRADE_ENABLED_ANNOTATION, UPGRADE_STATE};
 use gpuop_api::read::NodeRead;
 use gpuop_api::upgrade::observe::{DriverPods, PoolScope, node_view, validators, workload_pod};
 use gpuop_api::upgrade::{
-    Decision, EVICTION_RETRY_SECONDS, NodeView, Step, UpgradeCounts, UpgradePolicy, UpgradeState,
-    WorkloadPod, decide,
+    Decision, EVICTION_RETRY_SECONDS, NodeView, Step, UpgradeCounts, UpgradeState, WorkloadPod, decide,
 };
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetSpec};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -30,13 +29,13 @@ use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Map, Value, json};
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::changes::{Changed, NodeSource, PodSource};
-use crate::controller::Context;
+use crate::context::{Context, IN_FLIGHT};
+use crate::handoff::{UpgradePool, Upgrades};
 use crate::projection::{NodeRecord, WatchedNode};
 
 /// The shortest time between the starts of two passes while nodes are being upgraded: each of a node's
@@ -49,37 +48,10 @@ pub(crate) const IDLE_PASS_INTERVAL: Duration = Duration::from_secs(1);
 /// one's own computing (its writes not counted) after it, so that the controller takes at most a
 /// twentieth of a core however large the cluster.
 const PACE: u32 = 20;
-/// How long a patched node stands in for its cached copy, or a deleted driver pod is not deleted again.
-pub(crate) const IN_FLIGHT: Duration = Duration::from_secs(10);
 /// How often a pass runs with nothing changed.
 const RESYNC: Duration = Duration::from_secs(300);
 /// Moves carried out at once.
 const CONCURRENCY: usize = 16;
-
-/// Nodes upgraded under one policy.
-#[derive(Clone, Debug, PartialEq)]
-pub struct UpgradePool {
-    /// `ClusterPolicy/<name>` or `NVIDIADriver/<name>`, for logs.
-    pub owner: String,
-    /// Its nodes and driver DaemonSets.
-    pub scope: PoolScope,
-    /// The policy; `None` when automatic upgrades are off (the state labels are then removed, as NVIDIA's
-    /// operator does, and drivers change only when a person deletes their pods).
-    pub policy: Option<UpgradePolicy>,
-}
-
-/// What the policy reconciler tells the upgrade controller.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Upgrades {
-    /// The pools of the active ClusterPolicy and its NVIDIADrivers.
-    Pools(Vec<UpgradePool>),
-    /// No ClusterPolicy is active (it was deleted: the operator is being uninstalled): every node's upgrade
-    /// state goes, and nodes the upgrade cordoned are uncordoned ([`gpuop_api::upgrade::release`]).
-    NoPolicy,
-}
-
-/// What the policy reconciler tells the upgrade controller; `None` until its first pass.
-pub type Pools = watch::Sender<Option<Upgrades>>;
 
 /// What a pass remembers for the next.
 #[derive(Debug, Default)]
@@ -598,7 +570,7 @@ async fn carry_out(
                     }
                 }
                 // No longer the leader: the leader carries the upgrade on.
-                Err(error) if crate::lease::is_not_leader(&error) => return RESYNC,
+                Err(error) if crate::api_client::is_not_leader(&error) => return RESYNC,
                 Err(error) => {
                     warn!(node = %step.node, pool = %pool.owner, %error, "driver upgrade step failed; retrying");
                     next = next.min(Duration::from_secs(2));
