@@ -209,7 +209,53 @@ pub enum GpuDetection {
     NfdOrSelector(crate::selector::LabelSelector),
 }
 
+/// Why [`GpuDetection`] says a node has a GPU, or has none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuEvidence {
+    /// NFD's NVIDIA PCI label, this one, is `true`.
+    Nfd(&'static str),
+    /// The node matches `--gpu-node-selector`.
+    Selector,
+    /// NFD labels the node and found no NVIDIA PCI device.
+    NfdFoundNone,
+    /// No NFD label at all, and no selector that matches.
+    NoNfd,
+}
+
+impl GpuEvidence {
+    /// Whether the evidence is of a GPU.
+    pub fn has_gpu(self) -> bool {
+        matches!(self, GpuEvidence::Nfd(_) | GpuEvidence::Selector)
+    }
+}
+
 impl GpuDetection {
+    /// By NFD's labels, or also by this selector when one is given (`--gpu-node-selector`).
+    pub fn from_selector(selector: Option<crate::selector::LabelSelector>) -> Self {
+        selector.map_or(GpuDetection::Nfd, GpuDetection::NfdOrSelector)
+    }
+
+    /// Why a node with these labels has an NVIDIA GPU or not; its [`GpuEvidence::has_gpu`] is
+    /// [`GpuDetection::has_gpu`].
+    pub fn evidence(&self, labels: &(impl crate::read::Labels + ?Sized)) -> GpuEvidence {
+        if let Some(key) = NFD_NVIDIA_PCI
+            .iter()
+            .find(|key| labels.get_label(key) == Some("true"))
+        {
+            return GpuEvidence::Nfd(key);
+        }
+        if let GpuDetection::NfdOrSelector(selector) = self
+            && selector.matches(labels)
+        {
+            return GpuEvidence::Selector;
+        }
+        if labels.each_label().any(|(key, _)| key.starts_with(NFD_PREFIX)) {
+            GpuEvidence::NfdFoundNone
+        } else {
+            GpuEvidence::NoNfd
+        }
+    }
+
     /// Whether a node with these labels has an NVIDIA GPU.
     pub fn has_gpu(&self, labels: &(impl crate::read::Labels + ?Sized)) -> bool {
         let nfd = NFD_NVIDIA_PCI
@@ -307,6 +353,47 @@ fn name_problem(name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_evidence_and_the_verdict_agree() {
+        use std::collections::BTreeMap;
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let selector = GpuDetection::from_selector(Some("pool=gpu".parse().unwrap()));
+        let cases = [
+            (
+                labels(&[(NFD_NVIDIA_PCI[1], "true")]),
+                GpuEvidence::Nfd(NFD_NVIDIA_PCI[1]),
+                GpuEvidence::Nfd(NFD_NVIDIA_PCI[1]),
+            ),
+            (
+                labels(&[(NFD_KERNEL_VERSION, "6.8")]),
+                GpuEvidence::NfdFoundNone,
+                GpuEvidence::NfdFoundNone,
+            ),
+            (
+                labels(&[(NFD_KERNEL_VERSION, "6.8"), ("pool", "gpu")]),
+                GpuEvidence::NfdFoundNone,
+                GpuEvidence::Selector,
+            ),
+            (
+                labels(&[("pool", "gpu"), (GPU_PRESENT, "true")]),
+                GpuEvidence::NoNfd,
+                GpuEvidence::Selector,
+            ),
+            (labels(&[]), GpuEvidence::NoNfd, GpuEvidence::NoNfd),
+        ];
+        for (labels, nfd, with_selector) in cases {
+            assert_eq!(GpuDetection::Nfd.evidence(&labels), nfd, "{labels:?}");
+            assert_eq!(selector.evidence(&labels), with_selector, "{labels:?}");
+            assert_eq!(nfd.has_gpu(), GpuDetection::Nfd.has_gpu(&labels), "{labels:?}");
+            assert_eq!(with_selector.has_gpu(), selector.has_gpu(&labels), "{labels:?}");
+        }
+    }
 
     #[test]
     fn group_constants_match_the_resources() {

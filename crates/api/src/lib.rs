@@ -16,6 +16,7 @@ pub mod manifest;
 pub mod nvidia_driver;
 pub mod placement;
 pub mod read;
+pub mod rollout;
 pub mod routing;
 pub mod schema;
 pub mod selector;

@@ -99,13 +99,16 @@ impl PodRead for Pod {
 
     fn ready_since(&self) -> Option<i64> {
         let status = self.status.as_ref()?;
-        let ready = status
-            .conditions
-            .iter()
-            .flatten()
-            .find(|c| c.type_ == "Ready" && c.status == "True")?;
-        (status.phase.as_deref() == Some("Running"))
-            .then(|| ready.last_transition_time.as_ref().map_or(0, |t| t.0.as_second()))
+        pod_ready_since(
+            status.phase.as_deref(),
+            status.conditions.iter().flatten().map(|c| {
+                (
+                    c.type_.as_str(),
+                    c.status.as_str(),
+                    c.last_transition_time.as_ref().map(|t| t.0.as_second()),
+                )
+            }),
+        )
     }
 
     fn daemonset_uid(&self) -> Option<&str> {
@@ -134,6 +137,22 @@ impl PodRead for Pod {
             .and_then(|statuses| statuses.iter().map(|s| s.restart_count).max())
             .unwrap_or(0)
     }
+}
+
+/// The pod-ready rule: the pod runs (phase `Running`) and its `Ready` condition is `True`. Returns since when
+/// (that condition's last transition in seconds, 0 when it has none). `conditions` are `(type, status, last
+/// transition)`; every reader of pods ([`PodRead::ready_since`]) answers with this.
+pub fn pod_ready_since<'c>(
+    phase: Option<&str>,
+    conditions: impl IntoIterator<Item = (&'c str, &'c str, Option<i64>)>,
+) -> Option<i64> {
+    if phase != Some("Running") {
+        return None;
+    }
+    conditions
+        .into_iter()
+        .find(|&(kind, status, _)| kind == "Ready" && status == "True")
+        .map(|(_, _, since)| since.unwrap_or(0))
 }
 
 macro_rules! forward {

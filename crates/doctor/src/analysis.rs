@@ -13,8 +13,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use gpuop_api::catalogue::status_file;
 use gpuop_api::choice::{SandboxMode, WorkloadConfig};
-use gpuop_api::labels::{self, COMPONENT, GPU_PRESENT, NFD_NVIDIA_PCI, NFD_PREFIX};
+use gpuop_api::labels::{self, COMPONENT, GPU_PRESENT, GpuDetection, GpuEvidence};
 use gpuop_api::placement::{Misfit, daemon_pod_fits};
+use gpuop_api::rollout::{latest_revision, ready_on_latest, revision_of};
 use gpuop_api::validate::Sandbox;
 use gpuop_api::{ClusterPolicy, ClusterPolicySpec, OPERANDS, Operand};
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -29,9 +30,15 @@ use crate::report::{
 use crate::resources::{Side, node_gpu_resources};
 use crate::snapshot::{PodFacts, Snapshot};
 
-/// Judges every node of the snapshot.
+/// Judges every node of the snapshot, GPU nodes recognised by NFD's labels.
 pub fn analyze(snapshot: &Snapshot) -> Report {
-    let cluster = Cluster::new(snapshot);
+    analyze_with(snapshot, &GpuDetection::Nfd)
+}
+
+/// Judges every node of the snapshot, GPU nodes recognised as the operator recognises them with this
+/// detection (`--gpu-node-selector`).
+pub fn analyze_with(snapshot: &Snapshot, detection: &GpuDetection) -> Report {
+    let cluster = Cluster::new(snapshot, detection);
     let mut nodes = cluster.judge_all(&snapshot.nodes);
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     let findings = cluster.stray_pod_findings();
@@ -84,11 +91,15 @@ pub(crate) struct OperandSet<'a> {
     /// `namespace/name`.
     pub key: String,
     pub spec: &'a PodSpec,
+    /// The hash of its latest ControllerRevision, when the snapshot holds its revisions.
+    pub latest: Option<String>,
 }
 
 /// Cluster-wide facts, computed once.
 pub(crate) struct Cluster<'a> {
     pub snapshot: &'a Snapshot,
+    /// How GPU nodes are recognised.
+    pub detection: &'a GpuDetection,
     pub policy: Option<&'a ClusterPolicy>,
     pub sets: Vec<OperandSet<'a>>,
     /// Pods of operand DaemonSets per node: (index into `sets`, pod).
@@ -105,7 +116,7 @@ static EMPTY_SPEC: std::sync::LazyLock<PodSpec> = std::sync::LazyLock::new(PodSp
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
 impl<'a> Cluster<'a> {
-    fn new(snapshot: &'a Snapshot) -> Self {
+    fn new(snapshot: &'a Snapshot, detection: &'a GpuDetection) -> Self {
         let policy = active_policy(&snapshot.cluster_policies);
         let mut sets: Vec<(OperandSet<'a>, &'a DaemonSet)> = snapshot
             .daemon_sets
@@ -122,7 +133,20 @@ impl<'a> Cluster<'a> {
                     daemon_set.metadata.namespace.as_deref().unwrap_or_default(),
                     daemon_set.metadata.name.as_deref().unwrap_or_default()
                 );
-                Some((OperandSet { operand, key, spec }, daemon_set))
+                let latest = daemon_set
+                    .metadata
+                    .uid
+                    .as_deref()
+                    .and_then(|uid| latest_revision(uid, &snapshot.controller_revisions));
+                Some((
+                    OperandSet {
+                        operand,
+                        key,
+                        spec,
+                        latest,
+                    },
+                    daemon_set,
+                ))
             })
             .collect();
         sets.sort_by(|(a, _), (b, _)| a.operand.cmp(&b.operand).then_with(|| a.key.cmp(&b.key)));
@@ -187,6 +211,7 @@ impl<'a> Cluster<'a> {
         });
         Cluster {
             snapshot,
+            detection,
             policy,
             sets: sets.into_iter().map(|(set, _)| set).collect(),
             pods_by_node,
@@ -276,7 +301,7 @@ impl<'a> Cluster<'a> {
     fn context<'r>(&'r self, node: &'r Node) -> NodeContext<'r> {
         let name = node.metadata.name.as_deref().unwrap_or_default();
         let labels = node.metadata.labels.as_ref().unwrap_or(&NO_LABELS);
-        let (gpu, evidence, nfd_says_none) = gpu_hardware(labels);
+        let (gpu, evidence, nfd_says_none) = gpu_hardware(labels, self.detection);
         let (workload, mode) = Sandbox::node_workload(self.policy_spec().and_then(Sandbox::of), labels);
 
         let here = self.pods_by_node.get(name).map(Vec::as_slice).unwrap_or_default();
@@ -455,8 +480,23 @@ impl Row<'_> {
         self.expectation != Expectation::NotSelected
     }
 
+    /// Whether the operand is ready here, by the operator's own rule ([`ready_on_latest`]): its pod is
+    /// Ready, not being deleted, and of its DaemonSet's latest revision. The status counts it the same way.
     pub fn is_ready(&self) -> bool {
-        self.state.as_ref().is_some_and(PodState::is_ready)
+        self.pod.is_some_and(|pod| ready_on_latest(pod, self.latest()))
+    }
+
+    /// The latest revision of the row's DaemonSet, when known.
+    fn latest(&self) -> Option<&str> {
+        self.set.and_then(|set| set.latest.as_deref())
+    }
+
+    /// The pod's revision, when it is not its DaemonSet's latest: its rollout has not replaced it yet.
+    pub fn outdated(&self) -> Option<&str> {
+        let pod = self.pod?;
+        let latest = self.latest()?;
+        let revision = revision_of(pod);
+        (revision != Some(latest)).then_some(revision.unwrap_or("none"))
     }
 
     /// The state in a few words: `CrashLoopBackOff`, `missing`, `excluded by a taint`.
@@ -528,23 +568,26 @@ impl<'r> NodeContext<'r> {
 
 /// Whether a node has an NVIDIA GPU, on what evidence, and whether NFD positively says it has none.
 ///
-/// NFD's PCI label is hardware evidence; `nvidia.com/gpu.present` is the operator's conclusion, trusted only
-/// where NFD is absent (a person may have set it on a node NFD labels as GPU-less).
-fn gpu_hardware(labels: &BTreeMap<String, String>) -> (bool, String, bool) {
-    if let Some(key) = NFD_NVIDIA_PCI
-        .iter()
-        .find(|key| labels.get(**key).map(String::as_str) == Some("true"))
-    {
-        return (true, format!("NFD: {key}=true"), false);
+/// The operator's rule decides ([`GpuDetection::evidence`]): NFD's PCI label, or the selector. Without a
+/// selector and without NFD, `nvidia.com/gpu.present` (the operator's earlier conclusion) is trusted, so that
+/// a cluster whose NFD went away is still judged as a GPU cluster.
+fn gpu_hardware(labels: &BTreeMap<String, String>, detection: &GpuDetection) -> (bool, String, bool) {
+    match (detection.evidence(labels), detection) {
+        (GpuEvidence::Nfd(key), _) => (true, format!("NFD: {key}=true"), false),
+        (GpuEvidence::Selector, GpuDetection::NfdOrSelector(selector)) => {
+            (true, format!("matches --gpu-node-selector {selector}"), false)
+        }
+        (GpuEvidence::NfdFoundNone, _) => (false, "NFD found no NVIDIA PCI device".to_owned(), true),
+        (_, GpuDetection::NfdOrSelector(selector)) => (
+            false,
+            format!("no NFD labels and no match of --gpu-node-selector {selector}"),
+            false,
+        ),
+        (_, GpuDetection::Nfd) if labels.get(GPU_PRESENT).map(String::as_str) == Some("true") => {
+            (true, format!("{GPU_PRESENT}=true (no NFD labels)"), false)
+        }
+        (_, GpuDetection::Nfd) => (false, format!("no NFD labels and no {GPU_PRESENT}=true"), false),
     }
-    let nfd = labels.keys().any(|key| key.starts_with(NFD_PREFIX));
-    if nfd {
-        return (false, "NFD found no NVIDIA PCI device".to_owned(), true);
-    }
-    if labels.get(GPU_PRESENT).map(String::as_str) == Some("true") {
-        return (true, format!("{GPU_PRESENT}=true (no NFD labels)"), false);
-    }
-    (false, format!("no NFD labels and no {GPU_PRESENT}=true"), false)
 }
 
 /// Of several pods of one DaemonSet on one node, the one that says most: a live one over one being deleted,
@@ -663,6 +706,21 @@ fn operand_findings(context: &NodeContext<'_>, findings: &mut Vec<Finding>, note
                     operand.info().daemonset
                 ),
             )),
+            (Expectation::Expected, Some(pod), Some(state)) if state.is_ready() && !row.is_ready() => {
+                let message = match row.outdated() {
+                    Some(revision) => format!(
+                        "{operand} pod {} is ready but runs revision {revision}, not DaemonSet {set_key}'s latest \
+                         {}: its rollout has not replaced it yet",
+                        pod.key(),
+                        row.latest().unwrap_or_default()
+                    ),
+                    None => format!(
+                        "{operand} pod {} runs, but its Ready condition is not True: it is not counted ready",
+                        pod.key()
+                    ),
+                };
+                findings.push(base(FindingKind::NotReady, message));
+            }
             (Expectation::Expected, Some(pod), Some(state)) if !state.is_ready() => {
                 let mut finding = base(
                     FindingKind::NotReady,

@@ -21,13 +21,15 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
+use gpuop_api::labels::GpuDetection;
+use gpuop_api::selector::LabelSelector;
 use gpuop_api::{ClusterPolicy, NVIDIADriver};
 use kube::Resource;
 use kube::api::{ApiResource, DynamicObject, ListParams, LogParams};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::analysis::{analyze, operand_of};
+use crate::analysis::{analyze_with, operand_of};
 use crate::live::{Connection, DEFAULT_REQUEST_TIMEOUT, Live, LiveError, Reads, RequestTimeout};
 use crate::snapshot::{ContainerStatusFacts, PodFacts, Snapshot};
 use crate::{table, upgrade_plan};
@@ -54,6 +56,10 @@ pub struct BundleArgs {
     /// (500ms, 30s, 1m); 0 waits forever.
     #[arg(long, value_name = "DURATION", default_value = DEFAULT_REQUEST_TIMEOUT)]
     pub request_timeout: RequestTimeout,
+    /// Also take nodes matching this label selector as GPU nodes, as the operator's `--gpu-node-selector`
+    /// does (clusters without NFD); give the operator's value, so the two judge the same nodes.
+    #[arg(long, value_name = "SELECTOR")]
+    pub gpu_node_selector: Option<LabelSelector>,
 }
 
 /// How much of each log is kept. Logs are the bulk of a bundle; the ends of logs are what explain a crash.
@@ -393,10 +399,17 @@ fn list_of(mut items: Vec<Value>, api_version: &str, kind: &str) -> Value {
 }
 
 /// Reads everything a bundle holds from the live cluster. Fails only when nothing at all could be read.
-pub async fn collect(live: &Live, namespace: &str, bounds: Bounds) -> anyhow::Result<Bundle> {
+pub async fn collect(
+    live: &Live,
+    namespace: &str,
+    detection: &GpuDetection,
+    bounds: Bounds,
+) -> anyhow::Result<Bundle> {
     let mut bundle = Bundle::new(namespace, bounds, jiff::Timestamp::now());
     let mut read_any = false;
 
+    // Why what only the upgrade plan reads is missing, when it is.
+    let mut plan_refused = None;
     let read = match live.snapshot(Reads::UpgradePlan).await {
         Ok(snapshot) => Ok(snapshot),
         // What only the upgrade plan reads (NVIDIADrivers, ControllerRevisions, PodDisruptionBudgets) may be
@@ -407,6 +420,7 @@ pub async fn collect(live: &Live, namespace: &str, bounds: Bounds) -> anyhow::Re
                     "NVIDIADrivers, ControllerRevisions and PodDisruptionBudgets in snapshot.json (what upgrade-plan reads)",
                     why(&error),
                 );
+                plan_refused = Some(why(&error));
                 Ok(snapshot)
             }
             Err(_) => Err(error),
@@ -423,7 +437,7 @@ pub async fn collect(live: &Live, namespace: &str, bounds: Bounds) -> anyhow::Re
                 json,
                 None,
             );
-            let report = analyze(&snapshot);
+            let report = analyze_with(&snapshot, detection);
             bundle.add(
                 "doctor.txt",
                 "`kubectl gpu doctor`",
@@ -436,7 +450,10 @@ pub async fn collect(live: &Live, namespace: &str, bounds: Bounds) -> anyhow::Re
                 pretty(&report),
                 None,
             );
-            match upgrade_plan::upgrade_plan(&snapshot) {
+            match plan_refused.map_or_else(
+                || upgrade_plan::upgrade_plan_with(&snapshot, detection).map_err(|e| e.to_string()),
+                Err,
+            ) {
                 Ok(plan) => {
                     bundle.add(
                         "upgrade-plan.txt",
@@ -451,7 +468,7 @@ pub async fn collect(live: &Live, namespace: &str, bounds: Bounds) -> anyhow::Re
                         None,
                     );
                 }
-                Err(error) => bundle.miss("the upgrade plan", error.to_string()),
+                Err(why) => bundle.miss("the upgrade plan", why),
             }
             Some(snapshot)
         }
@@ -495,7 +512,7 @@ pub async fn collect(live: &Live, namespace: &str, bounds: Bounds) -> anyhow::Re
     }
 
     let gpu_nodes = nodes_known.then(|| {
-        analyze(&snapshot)
+        analyze_with(&snapshot, detection)
             .nodes
             .into_iter()
             .filter(|node| node.gpu)
@@ -692,7 +709,8 @@ pub fn run(args: &BundleArgs) -> anyhow::Result<ExitCode> {
     };
     let bundle = runtime.block_on(async {
         let live = Live::connect(&connection).await?;
-        collect(&live, &args.namespace, Bounds::default()).await
+        let detection = GpuDetection::from_selector(args.gpu_node_selector.clone());
+        collect(&live, &args.namespace, &detection, Bounds::default()).await
     })?;
     let output = args
         .output

@@ -14,14 +14,17 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
-use crate::analysis::analyze;
+use gpuop_api::labels::GpuDetection;
+use gpuop_api::selector::LabelSelector;
+
+use crate::analysis::analyze_with;
 use crate::completion::{self, Shell};
-use crate::explain::explain;
+use crate::explain::explain_with;
 use crate::live::{Connection, DEFAULT_REQUEST_TIMEOUT, Live, Reads, RequestTimeout};
 use crate::load::load_paths;
 use crate::report::Report;
 use crate::snapshot::Snapshot;
-use crate::upgrade_plan::upgrade_plan;
+use crate::upgrade_plan::upgrade_plan_with;
 use crate::{bench, table, upgrade_plan as plan_view};
 
 /// The GPU operator's doctor: is every operand that should run on every node really running, in the right
@@ -57,6 +60,17 @@ pub struct Source {
     /// (500ms, 30s, 1m); 0 waits forever.
     #[arg(long, value_name = "DURATION", default_value = DEFAULT_REQUEST_TIMEOUT)]
     pub request_timeout: RequestTimeout,
+    /// Also take nodes matching this label selector as GPU nodes, as the operator's `--gpu-node-selector`
+    /// does (clusters without NFD); give the operator's value, so the two judge the same nodes.
+    #[arg(long, value_name = "SELECTOR")]
+    pub gpu_node_selector: Option<LabelSelector>,
+}
+
+impl Source {
+    /// How GPU nodes are recognised: as the operator does with the same `--gpu-node-selector`.
+    fn detection(&self) -> GpuDetection {
+        GpuDetection::from_selector(self.gpu_node_selector.clone())
+    }
 }
 
 /// Output format.
@@ -259,7 +273,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 return runtime()?.block_on(watch_doctor(&source, output, node.as_deref(), interval));
             }
             let snapshot = read(&source, Reads::Doctor)?;
-            let report = doctor_report(&snapshot, node.as_deref())?;
+            let report = doctor_report(&snapshot, &source.detection(), node.as_deref())?;
             // A large cluster's JSON report is tens of MiB: written as it is made, never held whole.
             let rendered = match output {
                 Output::Json => {
@@ -302,7 +316,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 )
             };
             let (namespace, snapshot) = snapshot;
-            let explanation = explain(&snapshot, &namespace, &name)?;
+            let explanation = explain_with(&snapshot, &source.detection(), &namespace, &name)?;
             let text = match output {
                 Output::Table | Output::Wide => table::explanation(&explanation),
                 Output::Json => serde_json::to_string_pretty(&explanation)? + "\n",
@@ -313,7 +327,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::UpgradePlan { source, output } => {
             let snapshot = read(&source, Reads::UpgradePlan)?;
-            let plan = upgrade_plan(&snapshot)?;
+            let plan = upgrade_plan_with(&snapshot, &source.detection())?;
             let text = match output {
                 Output::Table | Output::Wide => plan_view::table(&plan),
                 Output::Json => serde_json::to_string_pretty(&plan_view::json(&plan))? + "\n",
@@ -421,8 +435,12 @@ fn read_files(paths: &[PathBuf]) -> anyhow::Result<Snapshot> {
     Ok(snapshot)
 }
 
-fn doctor_report(snapshot: &Snapshot, node: Option<&str>) -> anyhow::Result<Report> {
-    let mut report = analyze(snapshot);
+fn doctor_report(
+    snapshot: &Snapshot,
+    detection: &GpuDetection,
+    node: Option<&str>,
+) -> anyhow::Result<Report> {
+    let mut report = analyze_with(snapshot, detection);
     if let Some(node) = node
         && !report.retain_node(node)
     {
@@ -459,7 +477,7 @@ async fn watch_doctor(
     let mut code = ExitCode::SUCCESS;
     loop {
         let text = match live.snapshot(Reads::Doctor).await {
-            Ok(snapshot) => match doctor_report(&snapshot, node) {
+            Ok(snapshot) => match doctor_report(&snapshot, &source.detection(), node) {
                 Ok(report) => {
                     code = verdict(report.has_findings());
                     match output {

@@ -206,6 +206,7 @@ mod tests {
             "--kubeconfig",
             "--context",
             "--request-timeout",
+            "--gpu-node-selector",
             "--output",
             "--node",
         ] {

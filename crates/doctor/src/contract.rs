@@ -14,6 +14,7 @@ use gpuop_api::labels::{
     GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, GPU_REPLICAS, MIG_CONFIG, MIG_CONFIG_STATE, MIG_STRATEGY,
     PAUSED_FOR_DRIVER_UPGRADE, PAUSED_FOR_MIG_CHANGE, RESOURCE_GPU, RESOURCE_MIG_PREFIX, UPGRADE_STATE,
 };
+use gpuop_api::upgrade::UpgradeState;
 use gpuop_api::{OPERANDS, Operand};
 
 use crate::analysis::{NodeContext, Validation, not_applicable, validation};
@@ -22,8 +23,6 @@ use crate::report::{Check, CheckResult, CheckStatus, Finding, FindingKind, Link}
 use crate::resources::Side;
 
 /// Upgrade states in which nothing is in progress.
-const UPGRADE_DONE: &str = "upgrade-done";
-const UPGRADE_FAILED: &str = "upgrade-failed";
 /// MIG manager states.
 const MIG_FAILED: &str = "failed";
 const MIG_IN_PROGRESS: &[&str] = &["pending", "rebooting"];
@@ -496,10 +495,12 @@ fn mig_capable(context: &NodeContext<'_>) -> bool {
     gpuop_api::labels::is_mig_capable(context.labels)
 }
 
+/// The node's upgrade state label, while the upgrade holds the node (the API's rule: a failed upgrade holds
+/// it too, cordoned, until a person acts).
 fn upgrade_in_progress<'r>(context: &NodeContext<'r>) -> Option<&'r str> {
     context
         .label(UPGRADE_STATE)
-        .filter(|state| !state.is_empty() && *state != UPGRADE_DONE && *state != UPGRADE_FAILED)
+        .filter(|state| UpgradeState::from_label(Some(state)).is_in_progress())
 }
 
 fn labels(context: &NodeContext<'_>, findings: &mut Vec<Finding>, notes: &mut Vec<String>) -> CheckResult {
@@ -745,15 +746,22 @@ fn operations(
         )),
         (false, _) => parts.push("schedulable".to_owned()),
     }
-    match context.label(UPGRADE_STATE) {
-        Some(UPGRADE_FAILED) => findings.push(contract(
+    let label = context.label(UPGRADE_STATE).filter(|state| !state.is_empty());
+    match (UpgradeState::from_label(label), label) {
+        (UpgradeState::Failed, Some(state)) => findings.push(contract(
             Check::Operations,
             Link::Driver,
             Some(Operand::Driver),
-            format!("the driver upgrade failed on this node ({UPGRADE_STATE}={UPGRADE_FAILED})"),
+            format!("the driver upgrade failed on this node ({UPGRADE_STATE}={state})"),
         )),
-        Some(state) if !state.is_empty() && state != UPGRADE_DONE && !cordoned => {
-            notes.push(format!("driver upgrade in progress ({UPGRADE_STATE}={state})"));
+        (UpgradeState::Required, Some(state)) => notes.push(format!(
+            "driver upgrade waiting for a slot of maxParallelUpgrades ({UPGRADE_STATE}={state})"
+        )),
+        (UpgradeState::Unknown, Some(state)) => notes.push(format!(
+            "{UPGRADE_STATE}={state} is no state of the driver upgrade: the operator treats the node as not looked at yet"
+        )),
+        (state, Some(label)) if state.is_in_progress() && !cordoned => {
+            notes.push(format!("driver upgrade in progress ({UPGRADE_STATE}={label})"));
         }
         _ => {}
     }

@@ -12,11 +12,11 @@
 use std::collections::{BTreeMap, HashMap};
 
 use gpuop_api::choice::MigStrategy;
-use gpuop_api::labels::{RESOURCE_GPU, RESOURCE_MIG_PREFIX, is_gpu_resource};
+use gpuop_api::labels::{GpuDetection, RESOURCE_GPU, RESOURCE_MIG_PREFIX, is_gpu_resource};
 use gpuop_api::placement::pod_fits;
 use serde::Serialize;
 
-use crate::analysis::{active_policy, analyze};
+use crate::analysis::{active_policy, analyze_with};
 use crate::pod_state::PodState;
 use crate::report::{Link, NodeReport, Report};
 use crate::resources::{
@@ -104,8 +104,18 @@ pub struct Explanation {
     pub limits: Vec<String>,
 }
 
-/// Explains a pod of the snapshot.
+/// Explains a pod of the snapshot, GPU nodes recognised by NFD's labels.
 pub fn explain(snapshot: &Snapshot, namespace: &str, name: &str) -> Result<Explanation, ExplainError> {
+    explain_with(snapshot, &GpuDetection::Nfd, namespace, name)
+}
+
+/// Explains a pod of the snapshot, GPU nodes recognised with this detection (`--gpu-node-selector`).
+pub fn explain_with(
+    snapshot: &Snapshot,
+    detection: &GpuDetection,
+    namespace: &str,
+    name: &str,
+) -> Result<Explanation, ExplainError> {
     let pod = snapshot
         .pod(namespace, name)
         .ok_or_else(|| ExplainError::PodNotFound {
@@ -113,7 +123,7 @@ pub fn explain(snapshot: &Snapshot, namespace: &str, name: &str) -> Result<Expla
             name: name.to_owned(),
             pods: snapshot.pods.len(),
         })?;
-    let report = analyze(snapshot);
+    let report = analyze_with(snapshot, detection);
     let used = gpus_in_use(snapshot, pod);
     let requests = pod_gpu_requests(pod);
     let state = PodState::of(pod);

@@ -27,8 +27,8 @@ use crate::load::{LoadError, Loader, Location, pod_from_json};
 use crate::resources::pod_gpu_requests;
 use crate::snapshot::{PodFacts, Snapshot};
 use crate::upgrade_plan::may_be_upgraded;
-use gpuop_api::labels::COMPONENT;
-use gpuop_api::{ClusterPolicy, NVIDIADriver, Operand};
+use gpuop_api::labels::{MANAGED_BY, MANAGED_BY_VALUE};
+use gpuop_api::{ClusterPolicy, NVIDIADriver};
 use kube::Resource;
 
 /// Objects per page of a list.
@@ -335,15 +335,6 @@ impl Live {
                 }) if status.code == 404 => {}
                 other => other?,
             }
-            // A DaemonSet's ControllerRevisions carry its pod template's labels, the component among them.
-            self.add_listed(
-                &mut loader,
-                "/apis/apps/v1/controllerrevisions",
-                ListParams::default().labels(&format!("{COMPONENT}={}", Operand::Driver.info().component)),
-                "ControllerRevision",
-                "controllerrevisions",
-            )
-            .await?;
             self.add_all(
                 &mut loader,
                 "/apis/policy/v1/poddisruptionbudgets",
@@ -351,7 +342,29 @@ impl Live {
                 "poddisruptionbudgets",
             )
             .await?;
-            listed.extend(["NVIDIADriver", "ControllerRevision", "PodDisruptionBudget"]);
+            listed.extend(["NVIDIADriver", "PodDisruptionBudget"]);
+        }
+        // The operand DaemonSets' latest revisions: a pod of an earlier one does not count as ready. A
+        // DaemonSet's ControllerRevisions carry its pod template's labels, `managed-by` among them. Without
+        // the permission to list them (only `upgrade-plan` needs it), every pod counts as current.
+        match self
+            .add_listed(
+                &mut loader,
+                "/apis/apps/v1/controllerrevisions",
+                ListParams::default().labels(&format!("{MANAGED_BY}={MANAGED_BY_VALUE}")),
+                "ControllerRevision",
+                "controllerrevisions",
+            )
+            .await
+        {
+            Err(LiveError::Request {
+                source: kube::Error::Api(status),
+                ..
+            }) if status.code == 403 && reads != Reads::UpgradePlan => {}
+            other => {
+                other?;
+                listed.push("ControllerRevision");
+            }
         }
         let mut snapshot = loader.finish();
         snapshot

@@ -18,7 +18,7 @@ use std::fmt;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
-use gpuop_api::{ClusterPolicy, NVIDIADriver, Operand};
+use gpuop_api::{ClusterPolicy, NVIDIADriver};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use serde::Deserialize;
 use serde::de::value::{BorrowedStrDeserializer, MapAccessDeserializer, StringDeserializer};
@@ -589,11 +589,12 @@ impl Loader {
     /// than the driver's are dropped: nothing reads them.
     pub fn finish(mut self) -> Snapshot {
         self.snapshot.dedup_pods();
-        let drivers: std::collections::BTreeSet<&str> = self
+        // Only the operand DaemonSets' revisions matter: their latest says which operand pods are current.
+        let operands: std::collections::BTreeSet<&str> = self
             .snapshot
             .daemon_sets
             .iter()
-            .filter(|ds| operand_of(ds) == Some(Operand::Driver))
+            .filter(|ds| operand_of(ds).is_some())
             .filter_map(|ds| ds.metadata.uid.as_deref())
             .collect();
         let revisions = std::mem::take(&mut self.snapshot.controller_revisions);
@@ -604,7 +605,7 @@ impl Loader {
                     .owner_references
                     .iter()
                     .flatten()
-                    .any(|o| drivers.contains(o.uid.as_str()))
+                    .any(|o| operands.contains(o.uid.as_str()))
             })
             .collect();
         if !self.ignored.is_empty() {

@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
 use gpuop_api::labels::NVIDIA_PREFIX;
+use gpuop_api::read::{PodRead, pod_ready_since};
 use gpuop_api::{ClusterPolicy, NVIDIADriver};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetSpec};
 use k8s_openapi::api::core::v1::{
@@ -546,6 +547,64 @@ pub struct TerminatedFacts {
     /// Details.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// The pod as the API crate's rules read it (readiness, revisions), straight from the facts kept.
+impl PodRead for PodFacts {
+    fn name(&self) -> &str {
+        &self.metadata.name
+    }
+
+    fn node_name(&self) -> Option<&str> {
+        self.spec.node_name.as_deref()
+    }
+
+    fn label(&self, key: &str) -> Option<&str> {
+        self.metadata.labels.get(key).map(String::as_str)
+    }
+
+    fn terminating(&self) -> bool {
+        self.is_terminating()
+    }
+
+    fn ready_since(&self) -> Option<i64> {
+        pod_ready_since(
+            self.status.phase.as_deref(),
+            self.status.conditions.iter().map(|c| {
+                (
+                    c.type_.as_str(),
+                    c.status.as_str(),
+                    c.last_transition_time.as_ref().map(|t| t.0.as_second()),
+                )
+            }),
+        )
+    }
+
+    fn daemonset_uid(&self) -> Option<&str> {
+        self.metadata
+            .owner_references
+            .iter()
+            .find(|o| o.kind == "DaemonSet" && o.controller == Some(true))
+            .map(|o| o.uid.as_str())
+    }
+
+    fn driver_digest(&self) -> Option<&str> {
+        self.spec
+            .containers
+            .iter()
+            .flat_map(|c| &c.env)
+            .find(|e| e.name == DRIVER_CONFIG_DIGEST)
+            .and_then(|e| e.value.as_deref())
+    }
+
+    fn restarts(&self) -> i32 {
+        self.status
+            .container_statuses
+            .iter()
+            .map(|s| s.restart_count)
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 impl PodFacts {
@@ -1134,7 +1193,7 @@ mod tests {
         assert_eq!(seen.labels["app"], "train");
         pod.metadata.deletion_timestamp = None;
         assert_eq!(
-            gpuop_api::upgrade::observe::ready_since(&pod.to_pod()),
+            gpuop_api::read::PodRead::ready_since(&pod.to_pod()),
             Some(1_767_225_610)
         );
     }

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use gpuop_api::driver::{ClusterPolicyUpgradePolicy, NvidiaDriverUpgradePolicy};
-use gpuop_api::labels::{DRIVER_OWNER, NVIDIA_DRIVER_NAME, UPGRADE_STATE};
+use gpuop_api::labels::{DRIVER_OWNER, GpuDetection, NVIDIA_DRIVER_NAME, UPGRADE_STATE};
 use gpuop_api::upgrade::observe::{
     DriverPods, PoolScope, disruption, is_driver, node_view, validators, workload_pod,
 };
@@ -96,12 +96,18 @@ struct Pool {
     policy: Result<UpgradePolicy, String>,
 }
 
-/// Plans every pool of the snapshot.
+/// Plans every pool of the snapshot, GPU nodes recognised by NFD's labels.
 pub fn upgrade_plan(snapshot: &Snapshot) -> Result<UpgradePlan, PlanError> {
+    upgrade_plan_with(snapshot, &GpuDetection::Nfd)
+}
+
+/// Plans every pool of the snapshot, GPU nodes recognised with this detection (`--gpu-node-selector`), as
+/// the operator routes them to NVIDIADrivers.
+pub fn upgrade_plan_with(snapshot: &Snapshot, detection: &GpuDetection) -> Result<UpgradePlan, PlanError> {
     if !snapshot.knows_all("ClusterPolicy") && !snapshot.knows_all("NVIDIADriver") {
         return Err(PlanError::NoPolicy);
     }
-    let pools = pools(snapshot);
+    let pools = pools(snapshot, detection);
     let has_drivers = pools.iter().any(|p| !p.daemon_sets.is_empty());
     if has_drivers && !snapshot.knows_all("ControllerRevision") {
         return Err(PlanError::NoRevisions);
@@ -180,7 +186,7 @@ pub fn upgrade_plan(snapshot: &Snapshot) -> Result<UpgradePlan, PlanError> {
 
 /// The pools the operator upgrades: the active ClusterPolicy's driver unless NVIDIADriver objects manage
 /// it, and each NVIDIADriver.
-fn pools(snapshot: &Snapshot) -> Vec<Pool> {
+fn pools(snapshot: &Snapshot, detection: &GpuDetection) -> Vec<Pool> {
     let mut pools = Vec::new();
     let active = ClusterPolicy::active(&snapshot.cluster_policies);
     let uses_crd = active.is_some_and(|p| p.spec.driver.use_nvidia_driver_crd());
@@ -227,7 +233,8 @@ fn pools(snapshot: &Snapshot) -> Vec<Pool> {
     let routing = gpuop_api::route_nodes(
         snapshot.nodes.iter().filter_map(|node| {
             let labels = node.metadata.labels.as_ref()?;
-            (labels.get(gpuop_api::labels::GPU_PRESENT).map(String::as_str) == Some("true"))
+            detection
+                .has_gpu(labels)
                 .then(|| (node.metadata.name.as_deref().unwrap_or_default(), labels))
         }),
         &drivers.iter().map(|d| &**d).collect::<Vec<_>>(),

@@ -78,6 +78,62 @@ mod faults {
         );
     }
 
+    /// Mid-rollout the operator does not count a pod of an earlier revision as ready, and neither does the
+    /// doctor: it names the revision the pod runs and the DaemonSet's latest.
+    #[test]
+    fn a_ready_pod_of_an_earlier_revision_is_not_ready() {
+        let mut snapshot = cluster();
+        snapshot.new_driver_revision();
+        let report = analyze(&snapshot);
+        for name in ["a100-01", "a100-02", "h100-01"] {
+            let outdated = finding(&report, name, FindingKind::NotReady, Operand::Driver);
+            assert!(
+                outdated.message.contains("is ready but runs revision")
+                    && outdated.message.contains("its rollout has not replaced it yet"),
+                "{}",
+                outdated.message
+            );
+        }
+        assert!(node(&report, "cpu-01").findings.is_empty());
+        // The pod replaced by one of the new revision: ready again.
+        let driver = snapshot.daemon_set_of(Operand::Driver).unwrap().clone();
+        snapshot.remove_pod_of(Operand::Driver, "a100-01").unwrap();
+        snapshot
+            .pods
+            .push(gpuop_doctor::fixture::daemon_pod(&driver, "a100-01"));
+        let report = analyze(&snapshot);
+        assert!(
+            !kinds(&report, "a100-01").contains(&(FindingKind::NotReady, Some("driver"))),
+            "{:#?}",
+            node(&report, "a100-01").findings
+        );
+    }
+
+    /// Without NFD, the operator's `--gpu-node-selector` makes a node a GPU node; the doctor given the same
+    /// selector judges the same nodes, and without it does not.
+    #[test]
+    fn the_gpu_node_selector_decides_as_the_operators_does() {
+        use gpuop_api::labels::{GpuDetection, NFD_NVIDIA_PCI};
+        let mut snapshot = cluster();
+        let bare = snapshot.node_mut("a100-02").unwrap();
+        *bare = bare
+            .clone()
+            .without_label(NFD_NVIDIA_PCI[0])
+            .with_label("pool", "gpu");
+        let nfd_only = analyze(&snapshot);
+        assert!(
+            !node(&nfd_only, "a100-02").gpu,
+            "NFD says the node has no NVIDIA device"
+        );
+        let detection = GpuDetection::from_selector(Some("pool=gpu".parse().unwrap()));
+        let report = gpuop_doctor::analysis::analyze_with(&snapshot, &detection);
+        let judged = node(&report, "a100-02");
+        assert!(judged.gpu);
+        assert_eq!(judged.gpu_evidence, "matches --gpu-node-selector pool=gpu");
+        assert!(judged.findings.is_empty(), "{:#?}", judged.findings);
+        assert_eq!(report.summary.gpu_nodes, 3);
+    }
+
     #[test]
     fn a_missing_pod_is_missing_on_its_node_only() {
         let mut snapshot = cluster();
@@ -3326,7 +3382,9 @@ timeline:
             total_log_bytes: bounds.limit_bytes + 1_000,
             ..bounds
         };
-        let bundle = collect(&live, NAMESPACE, small).await.unwrap();
+        let bundle = collect(&live, NAMESPACE, &gpuop_api::labels::GpuDetection::Nfd, small)
+            .await
+            .unwrap();
         let log_bytes: usize = bundle
             .index
             .files

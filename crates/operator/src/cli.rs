@@ -202,7 +202,7 @@ fn diff_live(namespace: &str, selector: Option<gpuop_api::selector::LabelSelecto
             return ExitCode::from(EXIT_ERROR);
         }
     };
-    let detection = selector.map_or(GpuDetection::Nfd, GpuDetection::NfdOrSelector);
+    let detection = GpuDetection::from_selector(selector);
     let image_defaults = check::image_defaults_from_env();
     let report = runtime.block_on(async {
         let client = kube::Client::try_default()
@@ -391,9 +391,7 @@ pub fn pod_owner(name: &str, uid: &str) -> k8s_openapi::apimachinery::pkg::apis:
 pub fn run_config(args: RunArgs, identity: String, image_defaults: ImageDefaults) -> run::Config {
     run::Config {
         namespace: args.namespace,
-        detection: args
-            .gpu_node_selector
-            .map_or(GpuDetection::Nfd, GpuDetection::NfdOrSelector),
+        detection: GpuDetection::from_selector(args.gpu_node_selector),
         image_defaults,
         leader_election: args.leader_elect.then(|| LeaderElection {
             lease_name: args.lease_name,

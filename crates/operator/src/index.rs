@@ -17,6 +17,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use gpuop_api::labels::GpuDetection;
+use gpuop_api::rollout::DaemonSetRevision;
 use gpuop_api::status::MAX_LISTED_NODES;
 use gpuop_render::ClusterFacts;
 use k8s_openapi::api::core::v1::PodSpec;
@@ -24,7 +25,7 @@ use k8s_openapi::api::core::v1::PodSpec;
 use crate::changes::{ByName, Changed, Named, NodeSource, PodSource};
 use crate::facts::{Census, FactSums, FactsInput, NodeFacts, judge_node};
 use crate::labeler::{DesiredPatches, LabelPolicy};
-use crate::projection::{NodeRecord, PodRecord, Text};
+use crate::projection::{NodeRecord, Text};
 
 /// Where an operand's pods go on one node, against its rendered templates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,28 +37,6 @@ pub enum Placement {
     Excluded,
     /// Not the operand's node.
     Elsewhere,
-}
-
-/// A DaemonSet as readiness reads it: its uid (its pods' owner) and its latest revision's hash, if known.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Owner {
-    /// `metadata.uid`.
-    pub uid: String,
-    /// The `controller-revision-hash` of its latest ControllerRevision.
-    pub latest: Option<String>,
-}
-
-impl Owner {
-    /// Whether one of `pods` is this DaemonSet's, of its latest revision (when known), Ready and not being
-    /// deleted.
-    pub fn ready_among(&self, pods: &[Arc<PodRecord>]) -> bool {
-        pods.iter().any(|pod| {
-            pod.kind.daemonset_uid.as_deref() == Some(self.uid.as_str())
-                && !pod.terminating
-                && pod.ready_since.is_some()
-                && (self.latest.is_none() || pod.kind.revision.as_deref() == self.latest.as_deref())
-        })
-    }
 }
 
 /// One operand's nodes as the status counts them.
@@ -107,7 +86,7 @@ struct ClusterMemo {
 struct Scope {
     templates: Vec<(String, PodSpec)>,
     /// Per template, its DaemonSet as last read (`None`: not created yet).
-    owners: Vec<Option<Owner>>,
+    owners: Vec<Option<DaemonSetRevision>>,
     node_mark: u64,
     pod_mark: u64,
     /// By node name (an entry is found by its record's name: the name is not kept twice).
@@ -159,7 +138,7 @@ impl Scope {
                 .owners
                 .get(usize::from(template))
                 .and_then(Option::as_ref)
-                .is_some_and(|owner| owner.ready_among(&pods.on_node(name))),
+                .is_some_and(|owner| pods.on_node(name).iter().any(|pod| owner.counts_ready(&**pod))),
             Placement::Excluded | Placement::Elsewhere => false,
         };
         let entry = Entry {
@@ -359,7 +338,7 @@ impl Judgements {
         &mut self,
         scope: &str,
         templates: &[(String, PodSpec)],
-        owners: Vec<Option<Owner>>,
+        owners: Vec<Option<DaemonSetRevision>>,
         nodes: &(impl NodeSource + ?Sized),
         pods: &(impl PodSource + ?Sized),
         judge: impl Fn(&NodeRecord) -> Placement,

@@ -12,14 +12,14 @@ use gpuop_api::OPERANDS;
 use gpuop_api::labels::GpuDetection;
 use gpuop_api::placement::{Misfit, daemon_pod_fits};
 use gpuop_api::read::NodeRead;
-use gpuop_api::upgrade::observe::latest_revision;
+use gpuop_api::rollout::DaemonSetRevision;
 use gpuop_api::{Operand, OperandInfo};
 use gpuop_render::Rendered;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec};
 
 use crate::changes::{NodeSource, PodSource};
-use crate::index::{Judgements, Owner, Placement};
+use crate::index::{Judgements, Placement};
 use crate::projection::{NodeKeys, NodeRecord};
 use crate::status::OperandObservation;
 
@@ -32,27 +32,19 @@ pub struct Observed<'a, N: ?Sized, P: ?Sized> {
     /// The pods, by node.
     pub pods: &'a P,
     /// Per DaemonSet name, its uid and latest revision ([`owners`]).
-    pub owners: &'a HashMap<String, Owner>,
+    pub owners: &'a HashMap<String, DaemonSetRevision>,
 }
 
 /// Per DaemonSet name, its uid and the hash of its latest revision.
 pub fn owners<'a>(
     daemonsets: impl IntoIterator<Item = &'a DaemonSet>,
     revisions: &[&ControllerRevision],
-) -> HashMap<String, Owner> {
+) -> HashMap<String, DaemonSetRevision> {
     daemonsets
         .into_iter()
         .filter_map(|ds| {
-            let uid = ds.metadata.uid.as_deref()?;
-            let name = ds.metadata.name.clone()?;
-            let latest = latest_revision(uid, revisions.iter().copied());
-            Some((
-                name,
-                Owner {
-                    uid: uid.to_owned(),
-                    latest,
-                },
-            ))
+            let owner = DaemonSetRevision::of(ds, revisions.iter().copied())?;
+            Some((ds.metadata.name.clone()?, owner))
         })
         .collect()
 }
@@ -172,6 +164,7 @@ pub(crate) mod tests {
     use crate::changes::{NodeSet, PodSet};
     use crate::projection::{Interner, PodRecord};
     use gpuop_api::read::PodRead;
+    use gpuop_api::rollout::latest_revision;
     use gpuop_api::status::MAX_LISTED_NODES;
     use gpuop_api::upgrade::observe::REVISION_HASH;
     use gpuop_api::upgrade::observe::revision_of;
@@ -464,7 +457,7 @@ pub(crate) mod tests {
         let mut indexed = BTreeSet::new();
         for (name, owner) in &owners {
             for node in (0..50).map(|i| format!("gpu-{i}")) {
-                if owner.ready_among(&set.on_node(&node)) {
+                if set.on_node(&node).iter().any(|pod| owner.counts_ready(&**pod)) {
                     indexed.insert((name.clone(), node));
                 }
             }
@@ -593,19 +586,21 @@ pub(crate) mod tests {
         }
         // A pass with the kept judgements, a fresh judgement of the same cluster, and how many nodes the
         // pass judged anew.
-        let pass =
-            |nodes: &NodeSet, pods: &PodSet, owners: &HashMap<String, Owner>, kept: &mut Judgements| {
-                let observed = Observed { nodes, pods, owners };
-                let templates = Templates::of(&rendered);
-                let (incremental, judged) = observe(&templates, &observed, &GpuDetection::Nfd, kept);
-                let (fresh, _) = observe(
-                    &templates,
-                    &observed,
-                    &GpuDetection::Nfd,
-                    &mut Judgements::default(),
-                );
-                (incremental, fresh, judged)
-            };
+        let pass = |nodes: &NodeSet,
+                    pods: &PodSet,
+                    owners: &HashMap<String, DaemonSetRevision>,
+                    kept: &mut Judgements| {
+            let observed = Observed { nodes, pods, owners };
+            let templates = Templates::of(&rendered);
+            let (incremental, judged) = observe(&templates, &observed, &GpuDetection::Nfd, kept);
+            let (fresh, _) = observe(
+                &templates,
+                &observed,
+                &GpuDetection::Nfd,
+                &mut Judgements::default(),
+            );
+            (incremental, fresh, judged)
+        };
         let mut kept = Judgements::default();
         for round in 0..200 {
             for _ in 0..next(4) + 1 {

@@ -16,37 +16,8 @@ use crate::labels::{
     UPGRADE_WAIT_FOR_COMPLETION_START, UPGRADE_WAIT_FOR_SAFE_LOAD,
 };
 use crate::read::{NodeRead, PodRead};
+pub use crate::rollout::{REVISION_HASH, latest_revision, revision_of};
 use crate::selector::{LabelSelector, SelectorError};
-
-/// Label naming the revision a DaemonSet pod or ControllerRevision belongs to.
-pub const REVISION_HASH: &str = "controller-revision-hash";
-
-/// The `controller-revision-hash` of the newest ControllerRevision of the DaemonSet with this uid.
-pub fn latest_revision<'a>(
-    uid: &str,
-    revisions: impl IntoIterator<Item = &'a ControllerRevision>,
-) -> Option<String> {
-    revisions
-        .into_iter()
-        .filter(|r| r.metadata.owner_references.iter().flatten().any(|o| o.uid == uid))
-        .max_by_key(|r| r.revision)
-        .and_then(|r| r.metadata.labels.as_ref()?.get(REVISION_HASH).cloned())
-}
-
-/// The pod's revision hash.
-pub fn revision_of<P: PodRead + ?Sized>(pod: &P) -> Option<&str> {
-    pod.label(REVISION_HASH)
-}
-
-/// Running with its Ready condition True.
-pub fn is_pod_ready(pod: &(impl PodRead + ?Sized)) -> bool {
-    pod.ready_since().is_some()
-}
-
-/// Since when the pod has been Ready (seconds), if it is.
-pub fn ready_since(pod: &(impl PodRead + ?Sized)) -> Option<i64> {
-    pod.ready_since()
-}
 
 /// Whether an object's labels make it a driver's: the catalogue's `app.kubernetes.io/component` of the
 /// driver, which NVIDIA's driver pods carry for ClusterPolicy and NVIDIADriver alike.
@@ -106,7 +77,7 @@ impl DriverPods {
                         .uid
                         .as_deref()
                         .and_then(|uid| latest_revision(uid, revisions.iter().copied()));
-                    let in_sync = latest.is_none() || latest.as_deref() == revision_of(pod);
+                    let in_sync = crate::rollout::is_current_revision(revision_of(pod), latest.as_deref());
                     let wanted = ds
                         .spec
                         .as_ref()
