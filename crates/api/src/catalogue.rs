@@ -523,6 +523,34 @@ impl Operand {
             .map(|info| info.operand)
     }
 
+    /// The operand a DaemonSet runs, recognised by the catalogue: its name, or its `app.kubernetes.io/component`
+    /// label (the DaemonSet's or its pod template's), which is how per-kernel driver DaemonSets are known.
+    pub fn of_daemonset(daemon_set: &k8s_openapi::api::apps::v1::DaemonSet) -> Option<Operand> {
+        if let Some(operand) = daemon_set
+            .metadata
+            .name
+            .as_deref()
+            .and_then(Operand::from_daemonset)
+        {
+            return Some(operand);
+        }
+        let template_labels = daemon_set
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.template.metadata.as_ref())
+            .and_then(|meta| meta.labels.as_ref());
+        [daemon_set.metadata.labels.as_ref(), template_labels]
+            .into_iter()
+            .flatten()
+            .filter_map(|labels| labels.get(crate::labels::COMPONENT))
+            .find_map(|component| {
+                OPERANDS
+                    .iter()
+                    .find(|info| info.component == component || info.id == component)
+                    .map(|info| info.operand)
+            })
+    }
+
     /// The operand whose DaemonSet has this name.
     pub fn from_daemonset(name: &str) -> Option<Operand> {
         OPERANDS
@@ -589,6 +617,41 @@ pub fn deploy_labels_for(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn operand_daemon_sets_are_known_by_name_or_component_label() {
+        let named = |name: &str, labels: &[(&str, &str)]| k8s_openapi::api::apps::v1::DaemonSet {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(name.to_owned()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ),
+                ..k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta::default()
+            },
+            ..k8s_openapi::api::apps::v1::DaemonSet::default()
+        };
+        assert_eq!(
+            Operand::of_daemonset(&named("nvidia-dcgm-exporter", &[])),
+            Some(Operand::DcgmExporter)
+        );
+        // Precompiled drivers get one DaemonSet per kernel; the component label names the operand.
+        let precompiled = named(
+            "nvidia-driver-daemonset-5.15.0-122-generic-ubuntu22.04",
+            &[(crate::labels::COMPONENT, "nvidia-driver")],
+        );
+        assert_eq!(Operand::of_daemonset(&precompiled), Some(Operand::Driver));
+        assert_eq!(
+            Operand::of_daemonset(&named("mine", &[(crate::labels::COMPONENT, "device-plugin")])),
+            Some(Operand::DevicePlugin)
+        );
+        assert_eq!(
+            Operand::of_daemonset(&named("kube-proxy", &[(crate::labels::COMPONENT, "proxy")])),
+            None
+        );
+    }
     use crate::labels::DEPLOY_PREFIX;
 
     #[test]

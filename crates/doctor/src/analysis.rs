@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use gpuop_api::catalogue::status_file;
 use gpuop_api::choice::{SandboxMode, WorkloadConfig};
-use gpuop_api::labels::{self, COMPONENT, GPU_PRESENT, GpuDetection, GpuEvidence};
+use gpuop_api::labels::{self, GPU_PRESENT, GpuDetection, GpuEvidence};
 use gpuop_api::placement::{Misfit, daemon_pod_fits};
 use gpuop_api::rollout::{latest_revision, ready_on_latest, revision_of};
 use gpuop_api::validate::Sandbox;
@@ -50,34 +50,6 @@ pub fn analyze_with(snapshot: &Snapshot, detection: &GpuDetection) -> Report {
         notes: cluster.notes(),
         nodes,
     }
-}
-
-/// The operand a DaemonSet runs, recognised by the catalogue: its name, or its `app.kubernetes.io/component`
-/// label (the DaemonSet's or its pod template's), which is how per-kernel driver DaemonSets are known.
-pub fn operand_of(daemon_set: &DaemonSet) -> Option<Operand> {
-    if let Some(operand) = daemon_set
-        .metadata
-        .name
-        .as_deref()
-        .and_then(Operand::from_daemonset)
-    {
-        return Some(operand);
-    }
-    let template_labels = daemon_set
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.template.metadata.as_ref())
-        .and_then(|meta| meta.labels.as_ref());
-    [daemon_set.metadata.labels.as_ref(), template_labels]
-        .into_iter()
-        .flatten()
-        .filter_map(|labels| labels.get(COMPONENT))
-        .find_map(|component| {
-            OPERANDS
-                .iter()
-                .find(|info| info.component == component || info.id == component)
-                .map(|info| info.operand)
-        })
 }
 
 /// The ClusterPolicy the operator acts on (the operator's own rule).
@@ -122,7 +94,7 @@ impl<'a> Cluster<'a> {
             .daemon_sets
             .iter()
             .filter_map(|daemon_set| {
-                let operand = operand_of(daemon_set)?;
+                let operand = Operand::of_daemonset(daemon_set)?;
                 let spec = daemon_set
                     .spec
                     .as_ref()
@@ -518,6 +490,7 @@ impl Row<'_> {
             daemon_set: self.set.map(|set| set.key.clone()),
             placement: self.expectation,
             state: self.state.as_ref().map_or(StateName::Absent, PodState::name),
+            ready: self.is_ready(),
             status: self.state.as_ref().map(ToString::to_string),
             pod: self.pod.map(PodFacts::key),
             detail: self.state.as_ref().and_then(PodState::detail),
@@ -958,39 +931,7 @@ pub(crate) fn not_applicable(check: Check, why: &str) -> CheckResult {
 mod tests {
     use super::*;
     use crate::fixture::{ClusterBuilder, NodeFixture};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-
-    #[test]
-    fn operand_daemon_sets_are_known_by_name_or_component_label() {
-        let named = |name: &str, labels: &[(&str, &str)]| DaemonSet {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                        .collect(),
-                ),
-                ..ObjectMeta::default()
-            },
-            ..DaemonSet::default()
-        };
-        assert_eq!(
-            operand_of(&named("nvidia-dcgm-exporter", &[])),
-            Some(Operand::DcgmExporter)
-        );
-        // Precompiled drivers get one DaemonSet per kernel; the component label names the operand.
-        let precompiled = named(
-            "nvidia-driver-daemonset-5.15.0-122-generic-ubuntu22.04",
-            &[(COMPONENT, "nvidia-driver")],
-        );
-        assert_eq!(operand_of(&precompiled), Some(Operand::Driver));
-        assert_eq!(
-            operand_of(&named("mine", &[(COMPONENT, "device-plugin")])),
-            Some(Operand::DevicePlugin)
-        );
-        assert_eq!(operand_of(&named("kube-proxy", &[(COMPONENT, "proxy")])), None);
-    }
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     #[test]
     fn the_oldest_cluster_policy_not_being_deleted_is_active() {

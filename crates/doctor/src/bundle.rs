@@ -23,13 +23,13 @@ use anyhow::Context;
 use clap::Args;
 use gpuop_api::labels::GpuDetection;
 use gpuop_api::selector::LabelSelector;
-use gpuop_api::{ClusterPolicy, NVIDIADriver};
+use gpuop_api::{ClusterPolicy, NVIDIADriver, Operand};
 use kube::Resource;
 use kube::api::{ApiResource, DynamicObject, ListParams, LogParams};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::analysis::{analyze_with, operand_of};
+use crate::analysis::analyze_with;
 use crate::live::{Connection, DEFAULT_REQUEST_TIMEOUT, Live, LiveError, Reads, RequestTimeout};
 use crate::snapshot::{ContainerStatusFacts, PodFacts, Snapshot};
 use crate::{table, upgrade_plan};
@@ -220,7 +220,8 @@ pub fn log_targets(namespace_pods: &[PodFacts], snapshot: &Snapshot) -> Vec<LogT
         pod.metadata.owner_references.iter().any(|owner| {
             owner.kind == "DaemonSet"
                 && snapshot.daemon_sets.iter().any(|ds| {
-                    ds.metadata.uid.as_deref() == Some(owner.uid.as_str()) && operand_of(ds).is_some()
+                    ds.metadata.uid.as_deref() == Some(owner.uid.as_str())
+                        && Operand::of_daemonset(ds).is_some()
                 })
         })
     });

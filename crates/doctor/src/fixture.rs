@@ -322,7 +322,7 @@ impl ClusterBuilder {
 }
 
 fn is_driver(daemon_set: &DaemonSet) -> bool {
-    crate::analysis::operand_of(daemon_set) == Some(Operand::Driver)
+    Operand::of_daemonset(daemon_set) == Some(Operand::Driver)
 }
 
 /// The `controller-revision-hash` of a DaemonSet's latest revision: the fixtures number revisions by the

@@ -22,13 +22,12 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::analysis::operand_of;
 use crate::load::{LoadError, Loader, Location, pod_from_json};
 use crate::resources::pod_gpu_requests;
 use crate::snapshot::{PodFacts, Snapshot};
 use crate::upgrade_plan::may_be_upgraded;
 use gpuop_api::labels::{MANAGED_BY, MANAGED_BY_VALUE};
-use gpuop_api::{ClusterPolicy, NVIDIADriver};
+use gpuop_api::{ClusterPolicy, NVIDIADriver, Operand};
 use kube::Resource;
 
 /// Objects per page of a list.
@@ -375,7 +374,7 @@ impl Live {
         let mut selectors: Vec<(String, LabelSelector)> = snapshot
             .daemon_sets
             .iter()
-            .filter(|daemon_set| operand_of(daemon_set).is_some())
+            .filter(|daemon_set| Operand::of_daemonset(daemon_set).is_some())
             .filter_map(|daemon_set| {
                 Some((
                     daemon_set.metadata.namespace.clone()?,

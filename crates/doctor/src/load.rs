@@ -18,7 +18,7 @@ use std::fmt;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
-use gpuop_api::{ClusterPolicy, NVIDIADriver};
+use gpuop_api::{ClusterPolicy, NVIDIADriver, Operand};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use serde::Deserialize;
 use serde::de::value::{BorrowedStrDeserializer, MapAccessDeserializer, StringDeserializer};
@@ -28,7 +28,6 @@ use serde_json::value::RawValue;
 
 mod halves;
 
-use crate::analysis::operand_of;
 use crate::snapshot::{
     KINDS, NodeIn, PodFacts, SNAPSHOT_FIELD, Snapshot, trim_daemon_set, trim_disruption_budget, trim_pod,
     trim_revision,
@@ -594,7 +593,7 @@ impl Loader {
             .snapshot
             .daemon_sets
             .iter()
-            .filter(|ds| operand_of(ds).is_some())
+            .filter(|ds| Operand::of_daemonset(ds).is_some())
             .filter_map(|ds| ds.metadata.uid.as_deref())
             .collect();
         let revisions = std::mem::take(&mut self.snapshot.controller_revisions);

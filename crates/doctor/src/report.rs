@@ -255,6 +255,9 @@ pub struct OperandOnNode {
     pub placement: Expectation,
     /// The state of its pod here (`absent` when there is none).
     pub state: StateName,
+    /// Whether it counts as ready here, by the rule of the ClusterPolicy's status: its pod is Ready, not
+    /// being deleted, and of its DaemonSet's latest revision.
+    pub ready: bool,
     /// The state as `kubectl get pods` shows it (`Init:1/4`, `CrashLoopBackOff`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,

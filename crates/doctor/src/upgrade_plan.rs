@@ -24,7 +24,6 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
-use crate::analysis::operand_of;
 use crate::snapshot::Snapshot;
 
 /// The JSON schema of `upgrade-plan -o json`.
@@ -280,12 +279,12 @@ fn policy_of_cluster(section: &ClusterPolicyUpgradePolicy) -> Result<UpgradePoli
         .map_err(|error| format!("spec.driver.upgradePolicy.{error}"))
 }
 
-/// The driver DaemonSets (the doctor's rule: [`operand_of`]) that `belongs` accepts, as (namespace, name).
+/// The driver DaemonSets ([`Operand::of_daemonset`]) that `belongs` accepts, as (namespace, name).
 fn driver_daemon_sets(snapshot: &Snapshot, belongs: impl Fn(&DaemonSet) -> bool) -> Vec<(String, String)> {
     let mut found: Vec<(String, String)> = snapshot
         .daemon_sets
         .iter()
-        .filter(|ds| operand_of(ds) == Some(Operand::Driver) && belongs(ds))
+        .filter(|ds| Operand::of_daemonset(ds) == Some(Operand::Driver) && belongs(ds))
         .map(|ds| {
             (
                 ds.metadata.namespace.clone().unwrap_or_default(),

@@ -2569,6 +2569,13 @@ struct Converged {
 
 impl Converged {
     async fn start(scenario: &gpuop_sim::scenario::Scenario) -> Self {
+        Self::start_with(scenario, gpuop_sim::kubelet::Timing::instant()).await
+    }
+
+    async fn start_with(
+        scenario: &gpuop_sim::scenario::Scenario,
+        timing: gpuop_sim::kubelet::Timing,
+    ) -> Self {
         use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install};
         let server = gpuop_fakeserver::FakeServer::new();
         let served = server
@@ -2580,13 +2587,9 @@ impl Converged {
         served.write_kubeconfig(&kubeconfig).unwrap();
         let client = server.client_as(gpuop_sim::USER_AGENT);
         install(&client).await.expect("CRDs and namespace install");
-        let simulation = gpuop_sim::simulation::Simulation::start(
-            client.clone(),
-            scenario.cluster(),
-            gpuop_sim::kubelet::Timing::instant(),
-        )
-        .await
-        .expect("the simulation starts");
+        let simulation = gpuop_sim::simulation::Simulation::start(client.clone(), scenario.cluster(), timing)
+            .await
+            .expect("the simulation starts");
         let operator = gpuop_operator::run::start(
             server.client_as(gpuop_operator::USER_AGENT),
             gpuop_operator::run::Config::in_process(NAMESPACE),
@@ -2740,6 +2743,205 @@ timeline:
             node(&report, "gpu-3").findings
         );
 
+        operator.stop().await;
+        simulation.stop().await;
+    }
+}
+
+mod agreement {
+    //! The doctor and the ClusterPolicy's status judge one snapshot alike. The operator converges six
+    //! simulated nodes; then a device plugin rollout, a driver upgrade node by node and a node failing play,
+    //! and at every moment sampled meanwhile one read of the cluster is judged twice: by the doctor, and by
+    //! the operator's own readiness judge as the status computes it. Per operand, the nodes it should run on
+    //! and the nodes where it is not ready must be the same.
+
+    use super::*;
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    use gpuop_api::labels::{GpuDetection, UPGRADE_STATE};
+    use gpuop_api::upgrade::UpgradeState;
+    use gpuop_doctor::live::{Live, Reads};
+    use gpuop_doctor::report::Expectation;
+    use gpuop_operator::readiness::{Templates, observe_objects};
+    use gpuop_sim::kubelet::Timing;
+    use gpuop_sim::scenario::Scenario;
+
+    /// A failure guard on a loaded two-core machine, not a performance assertion.
+    const PATIENCE: Duration = Duration::from_secs(120);
+
+    const SCENARIO: &str = r#"
+cluster:
+  nfd: true
+  nodePools:
+    - name: gpu
+      count: 6
+      gpu: {model: T4, count: 4}
+      os: ubuntu-22.04
+      runtime: containerd-1.7
+timeline:
+  # A rollout: the device plugin's pod template changes.
+  - at: 0s
+    patch:
+      apiVersion: nvidia.com/v1
+      kind: ClusterPolicy
+      name: cluster-policy
+      merge: {spec: {devicePlugin: {env: [{name: FAIL_ON_INIT_ERROR, value: "false"}]}}}
+  # A driver upgrade, one node at a time (the sample policy's maxParallelUpgrades).
+  - at: 0s
+    patch:
+      apiVersion: nvidia.com/v1
+      kind: ClusterPolicy
+      name: cluster-policy
+      merge: {spec: {driver: {version: 580.95.05}}}
+  # A node fails.
+  - at: 0s
+    nodeNotReady: gpu-3
+"#;
+
+    /// One moment of the cluster: one read, the doctor's report of it, and how many operand placements
+    /// the status counts not ready.
+    struct Moment {
+        snapshot: Snapshot,
+        report: Report,
+        not_ready: usize,
+    }
+
+    /// Reads the cluster once and judges the read both ways; panics when the two disagree.
+    async fn moment(live: &Live) -> Moment {
+        let snapshot = live
+            .snapshot(Reads::Doctor)
+            .await
+            .expect("the doctor reads the cluster");
+        let report = analyze(&snapshot);
+        let pods: Vec<_> = snapshot.pods.iter().map(PodFacts::to_pod).collect();
+        let status = observe_objects(
+            &Templates::of_daemonsets(&snapshot.daemon_sets),
+            &snapshot.nodes,
+            &pods,
+            &snapshot.daemon_sets,
+            &snapshot.controller_revisions,
+            &GpuDetection::Nfd,
+        );
+        let nodes_where = |operand: Operand, ready: Option<bool>| -> BTreeSet<String> {
+            report
+                .nodes
+                .iter()
+                .filter(|node| {
+                    let rows: Vec<_> = node
+                        .operands
+                        .iter()
+                        .filter(|o| o.operand == operand && o.placement == Expectation::Expected)
+                        .collect();
+                    !rows.is_empty() && ready.is_none_or(|ready| rows.iter().any(|o| o.ready) == ready)
+                })
+                .map(|node| node.name.clone())
+                .collect()
+        };
+        // Per operand, the nodes where it is not ready (the status lists them all below 20 nodes), where it
+        // should run, and where it is ready.
+        for observation in &status {
+            let operand = observation.operand.expect("a policy operand");
+            let listed: BTreeSet<String> = observation.not_ready.iter().cloned().collect();
+            assert_eq!(
+                nodes_where(operand, Some(false)),
+                listed,
+                "{operand}: the doctor and the status disagree on one snapshot"
+            );
+            assert_eq!(
+                observation.expected,
+                nodes_where(operand, None).len(),
+                "{operand}: the nodes it should run on"
+            );
+            assert_eq!(
+                observation.ready,
+                nodes_where(operand, Some(true)).len(),
+                "{operand}: the nodes where it is ready"
+            );
+        }
+        let not_ready = status.iter().map(|o| o.not_ready.len()).sum();
+        Moment {
+            snapshot,
+            report,
+            not_ready,
+        }
+    }
+
+    /// Judges moments until `done` holds for one.
+    async fn until(live: &Live, what: &str, done: impl Fn(&Moment) -> bool) {
+        let started = tokio::time::Instant::now();
+        loop {
+            let moment = moment(live).await;
+            if done(&moment) {
+                return;
+            }
+            assert!(
+                started.elapsed() < PATIENCE,
+                "{what}: not so after {PATIENCE:?}: {:#?}",
+                moment.report
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Every operand ready wherever it should run, on all six nodes.
+    fn all_ready(moment: &Moment) -> bool {
+        moment.report.summary.gpu_nodes == 6 && moment.not_ready == 0
+    }
+
+    /// Every node's driver upgrade is done.
+    fn upgraded(moment: &Moment) -> bool {
+        moment.snapshot.nodes.iter().all(|node| {
+            let state = node
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(UPGRADE_STATE));
+            UpgradeState::from_label(state.map(String::as_str)) == UpgradeState::Done
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_doctor_and_the_status_agree_through_a_rollout_an_upgrade_and_a_node_failure() {
+        let scenario = Scenario::from_yaml(SCENARIO).expect("the scenario parses");
+        let timing = Timing {
+            image_pull: Duration::from_millis(150),
+            ready_after: Duration::from_millis(100),
+            crash_backoff: Duration::from_secs(1),
+            poll: Duration::from_millis(50),
+            heartbeats: None,
+        };
+        let Converged {
+            server: _server,
+            served: _served,
+            dir: _dir,
+            kubeconfig: _kubeconfig,
+            client: _client,
+            simulation,
+            operator,
+            live,
+        } = Converged::start_with(&scenario, timing).await;
+        until(&live, "the cluster converges", |m| all_ready(m) && upgraded(m)).await;
+
+        // Each change is judged from the moment it reaches a node (something not ready) until it is done.
+        let [rollout, upgrade, failure] = [0, 1, 2].map(|i| &scenario.timeline[i].action);
+        simulation.apply(rollout).await.expect("the rollout starts");
+        until(&live, "the rollout reaches a node", |m| m.not_ready > 0).await;
+        until(&live, "the rollout finishes", all_ready).await;
+
+        simulation.apply(upgrade).await.expect("the upgrade starts");
+        until(&live, "the upgrade reaches a node", |m| m.not_ready > 0).await;
+        until(&live, "the upgrade finishes", |m| all_ready(m) && upgraded(m)).await;
+
+        simulation.apply(failure).await.expect("the node fails");
+        until(&live, "the doctor sees the failed node", |m| {
+            !node(&m.report, "gpu-3").findings.is_empty()
+        })
+        .await;
+        // The failed node stays failed: more moments, judged alike.
+        for _ in 0..20 {
+            moment(&live).await;
+        }
         operator.stop().await;
         simulation.stop().await;
     }

@@ -7,6 +7,7 @@
 //! DaemonSet's latest revision: a node still running an outdated driver is not counted as done.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use gpuop_api::OPERANDS;
 use gpuop_api::labels::GpuDetection;
@@ -16,11 +17,11 @@ use gpuop_api::rollout::DaemonSetRevision;
 use gpuop_api::{Operand, OperandInfo};
 use gpuop_render::Rendered;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodTemplateSpec};
 
-use crate::changes::{NodeSource, PodSource};
+use crate::changes::{NodeSet, NodeSource, PodSet, PodSource};
 use crate::index::{Judgements, Placement};
-use crate::projection::{NodeKeys, NodeRecord};
+use crate::projection::{Interner, NodeKeys, NodeRecord, PodRecord};
 use crate::status::OperandObservation;
 
 /// What the cluster looks like to the judge: the caches (their records and what changed in them), and the
@@ -80,6 +81,30 @@ impl Templates {
         templates
     }
 
+    /// The pod templates of DaemonSets read from the cluster, each known as its operand's by the catalogue
+    /// ([`Operand::of_daemonset`]): once applied, the rendered templates themselves.
+    pub fn of_daemonsets<'a>(daemonsets: impl IntoIterator<Item = &'a DaemonSet>) -> Self {
+        let mut templates = Self::default();
+        for daemonset in daemonsets {
+            let (Some(operand), Some(name)) = (Operand::of_daemonset(daemonset), &daemonset.metadata.name)
+            else {
+                continue;
+            };
+            let spec = daemonset
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.template.spec.clone())
+                .unwrap_or_default();
+            templates.keys.extend_from_pod_spec(&spec);
+            templates
+                .by_operand
+                .entry(operand)
+                .or_default()
+                .push((name.clone(), spec));
+        }
+        templates
+    }
+
     /// The NFD label keys the templates select on (node selector, required node affinity): the node cache
     /// must keep them before the pods are judged.
     pub fn keys(&self) -> &NodeKeys {
@@ -126,6 +151,35 @@ pub fn observe<N: NodeSource + ?Sized, P: PodSource + ?Sized>(
         })
         .collect();
     (observations, judged)
+}
+
+/// What [`observe`] reports for caches that hold exactly these objects, judged afresh: the status's readiness
+/// of one snapshot of a cluster, for a check that compares it with another judge of the same snapshot.
+pub fn observe_objects(
+    templates: &Templates,
+    nodes: &[Node],
+    pods: &[Pod],
+    daemonsets: &[DaemonSet],
+    revisions: &[ControllerRevision],
+    detection: &GpuDetection,
+) -> Vec<OperandObservation> {
+    let mut interner = Interner::default();
+    let keys = NodeKeys::of_detection(detection).union(templates.keys());
+    let nodes: NodeSet = nodes
+        .iter()
+        .map(|node| Arc::new(NodeRecord::project(node, &keys, &mut interner)))
+        .collect();
+    let mut pod_set = PodSet::default();
+    for pod in pods {
+        pod_set.put(PodRecord::project(pod, &mut interner));
+    }
+    let owners = owners(daemonsets, &revisions.iter().collect::<Vec<_>>());
+    let observed = Observed {
+        nodes: &nodes,
+        pods: &pod_set,
+        owners: &owners,
+    };
+    observe(templates, &observed, detection, &mut Judgements::default()).0
 }
 
 /// Where an operand's pods go on a node: the first template whose pods fit; else excluded when the node
@@ -285,25 +339,8 @@ pub(crate) mod tests {
         pods: &[Pod],
         revisions: &[ControllerRevision],
     ) -> Vec<OperandObservation> {
-        let mut interner = Interner::default();
-        let nodes: NodeSet = project_nodes(nodes, &mut interner).into_iter().collect();
-        let mut pod_set = PodSet::default();
-        for pod in pods {
-            pod_set.put(PodRecord::project(pod, &mut interner));
-        }
-        let owners = owners(daemonsets, &revisions.iter().collect::<Vec<_>>());
-        let observed = Observed {
-            nodes: &nodes,
-            pods: &pod_set,
-            owners: &owners,
-        };
-        observe(
-            &Templates::of(rendered),
-            &observed,
-            &GpuDetection::Nfd,
-            &mut Judgements::default(),
-        )
-        .0
+        let templates = Templates::of(rendered);
+        observe_objects(&templates, nodes, pods, daemonsets, revisions, &GpuDetection::Nfd)
     }
 
     fn project_nodes(nodes: &[Node], interner: &mut Interner) -> Vec<Arc<NodeRecord>> {
