@@ -14,6 +14,7 @@
 
 use crate::choice::{SandboxMode, WorkloadConfig};
 use crate::cluster_policy::ClusterPolicySpec;
+use crate::image_section::ImageSection;
 
 /// An operand the operator can deploy as a DaemonSet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -97,7 +98,7 @@ pub struct OperandInfo {
     /// Status files its pods wait for before they start.
     pub waits_for: &'static [&'static str],
     /// ClusterPolicy section its image comes from.
-    pub image_section: &'static str,
+    pub image_section: ImageSection,
     /// Operator environment variable with the image used when the policy names none.
     pub image_env: &'static str,
 }
@@ -168,7 +169,7 @@ pub const OPERANDS: &[OperandInfo] = &[
         requires: &[],
         proves: Some(DRIVER_READY),
         waits_for: &[],
-        image_section: "spec.driver",
+        image_section: ImageSection::Driver,
         image_env: "DRIVER_IMAGE",
     },
     OperandInfo {
@@ -187,7 +188,7 @@ pub const OPERANDS: &[OperandInfo] = &[
         requires: &[Driver],
         proves: Some(TOOLKIT_READY),
         waits_for: &[DRIVER_READY],
-        image_section: "spec.toolkit",
+        image_section: ImageSection::Toolkit,
         image_env: "CONTAINER_TOOLKIT_IMAGE",
     },
     OperandInfo {
@@ -206,7 +207,7 @@ pub const OPERANDS: &[OperandInfo] = &[
         requires: &[Driver, ContainerToolkit, DevicePlugin],
         proves: Some(CUDA_READY),
         waits_for: &[],
-        image_section: "spec.validator",
+        image_section: ImageSection::Validator,
         image_env: "VALIDATOR_IMAGE",
     },
     OperandInfo {
@@ -225,7 +226,7 @@ pub const OPERANDS: &[OperandInfo] = &[
         requires: &[Driver, ContainerToolkit],
         proves: Some(PLUGIN_READY),
         waits_for: &[TOOLKIT_READY],
-        image_section: "spec.devicePlugin",
+        image_section: ImageSection::DevicePlugin,
         image_env: "DEVICE_PLUGIN_IMAGE",
     },
     OperandInfo {
@@ -244,7 +245,7 @@ pub const OPERANDS: &[OperandInfo] = &[
         requires: &[Driver, ContainerToolkit],
         proves: None,
         waits_for: &[TOOLKIT_READY],
-        image_section: "spec.devicePlugin",
+        image_section: ImageSection::DevicePlugin,
         image_env: "DEVICE_PLUGIN_IMAGE",
     },
     OperandInfo {
@@ -263,7 +264,7 @@ pub const OPERANDS: &[OperandInfo] = &[
         requires: &[Driver, ContainerToolkit],
         proves: None,
         waits_for: &[TOOLKIT_READY],
-        image_section: "spec.dcgm",
+        image_section: ImageSection::Dcgm,
         image_env: "DCGM_IMAGE",
     },
     OperandInfo {
@@ -282,7 +283,7 @@ pub const OPERANDS: &[OperandInfo] = &[
         requires: &[Driver, ContainerToolkit],
         proves: None,
         waits_for: &[TOOLKIT_READY],
-        image_section: "spec.dcgmExporter",
+        image_section: ImageSection::DcgmExporter,
         image_env: "DCGM_EXPORTER_IMAGE",
     },
     OperandInfo {
@@ -301,7 +302,7 @@ pub const OPERANDS: &[OperandInfo] = &[
         requires: &[Driver, ContainerToolkit],
         proves: None,
         waits_for: &[TOOLKIT_READY],
-        image_section: "spec.gfd",
+        image_section: ImageSection::Gfd,
         image_env: "GFD_IMAGE",
     },
     OperandInfo {
@@ -320,7 +321,7 @@ pub const OPERANDS: &[OperandInfo] = &[
         requires: &[Driver, ContainerToolkit],
         proves: None,
         waits_for: &[DRIVER_READY, TOOLKIT_READY],
-        image_section: "spec.migManager",
+        image_section: ImageSection::MigManager,
         image_env: "MIG_MANAGER_IMAGE",
     },
     OperandInfo {
@@ -339,7 +340,7 @@ pub const OPERANDS: &[OperandInfo] = &[
         requires: &[],
         proves: None,
         waits_for: &[],
-        image_section: "spec.nodeStatusExporter",
+        image_section: ImageSection::NodeStatusExporter,
         image_env: "VALIDATOR_IMAGE",
     },
     OperandInfo {
@@ -360,7 +361,7 @@ pub const OPERANDS: &[OperandInfo] = &[
         requires: &[],
         proves: Some(VGPU_MANAGER_READY),
         waits_for: &[],
-        image_section: "spec.vgpuManager",
+        image_section: ImageSection::VgpuManager,
         image_env: "VGPU_MANAGER_IMAGE",
     },
     OperandInfo {
@@ -379,7 +380,7 @@ pub const OPERANDS: &[OperandInfo] = &[
         requires: &[VgpuManager],
         proves: Some(VGPU_DEVICES_READY),
         waits_for: &[VGPU_MANAGER_READY],
-        image_section: "spec.vgpuDeviceManager",
+        image_section: ImageSection::VgpuDeviceManager,
         image_env: "VGPU_DEVICE_MANAGER_IMAGE",
     },
     OperandInfo {
@@ -398,7 +399,7 @@ pub const OPERANDS: &[OperandInfo] = &[
         requires: &[VfioManager, VgpuManager],
         proves: Some(VFIO_PCI_READY),
         waits_for: &[],
-        image_section: "spec.validator",
+        image_section: ImageSection::Validator,
         image_env: "VALIDATOR_IMAGE",
     },
     OperandInfo {
@@ -417,7 +418,7 @@ pub const OPERANDS: &[OperandInfo] = &[
         requires: &[],
         proves: None,
         waits_for: &[],
-        image_section: "spec.vfioManager",
+        image_section: ImageSection::VfioManager,
         image_env: "VFIO_MANAGER_IMAGE",
     },
     OperandInfo {
@@ -449,7 +450,7 @@ pub const OPERANDS: &[OperandInfo] = &[
         requires: &[SandboxValidator],
         proves: None,
         waits_for: &[],
-        image_section: "spec.sandboxDevicePlugin",
+        image_section: ImageSection::SandboxDevicePlugin,
         image_env: "SANDBOX_DEVICE_PLUGIN_IMAGE",
     },
     OperandInfo {
@@ -475,7 +476,7 @@ pub const OPERANDS: &[OperandInfo] = &[
         requires: &[SandboxValidator],
         proves: None,
         waits_for: &[],
-        image_section: "spec.kataSandboxDevicePlugin",
+        image_section: ImageSection::KataSandboxDevicePlugin,
         image_env: "KATA_SANDBOX_DEVICE_PLUGIN_IMAGE",
     },
     OperandInfo {
@@ -498,7 +499,7 @@ pub const OPERANDS: &[OperandInfo] = &[
         requires: &[],
         proves: Some(CC_MANAGER_READY),
         waits_for: &[],
-        image_section: "spec.ccManager",
+        image_section: ImageSection::CcManager,
         image_env: "CC_MANAGER_IMAGE",
     },
 ];

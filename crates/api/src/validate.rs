@@ -21,6 +21,7 @@ use crate::cluster_policy::{ClusterPolicy, ClusterPolicySpec, ServiceMonitorConf
 use crate::component::{ContainerSpec, EnvVar, ImageRef, ImageSpec, non_empty};
 use crate::driver::{ContainerProbeSpec, DriverAddonSpec, UpgradeRules};
 use crate::field::{FieldError, child, item};
+use crate::image_section::ImageSection;
 use crate::labels::{
     DRIVER_OWNER, WORKLOAD_CONFIG, dns_subdomain_problem, label_key_problem, label_value_problem,
 };
@@ -156,14 +157,14 @@ pub struct ValidatedPolicy {
     pub sandbox: Option<Sandbox>,
     /// Layout stamped on MIG-capable nodes without one.
     pub mig_default_layout: Option<String>,
-    /// Resolved image of every enabled section, by section path (`spec.devicePlugin`, `spec.driver.manager`).
-    pub images: BTreeMap<String, String>,
+    /// Resolved image of every enabled section.
+    pub images: BTreeMap<ImageSection, String>,
 }
 
 impl ValidatedPolicy {
     /// The resolved image of a section (see [`OperandInfo::image_section`](crate::OperandInfo::image_section)).
-    pub fn image(&self, section: &str) -> Option<&str> {
-        self.images.get(section).map(String::as_str)
+    pub fn image(&self, section: ImageSection) -> Option<&str> {
+        self.images.get(&section).map(String::as_str)
     }
 }
 
@@ -301,7 +302,10 @@ pub fn warnings(policy: &ClusterPolicy) -> Vec<FieldError> {
             .is_some_and(|l| non_empty(&l.config_map_name).is_some()),
         "use spec.driver.licensingConfig.secretName",
     );
-    for (section, image) in all_image_sections(spec) {
+    for (section, image) in ImageSection::ALL
+        .into_iter()
+        .filter_map(|section| Some((section.path(), section.image(spec)?)))
+    {
         if let Some(policy) = image.image_pull_policy.as_deref()
             && !["Always", "Never", "IfNotPresent", ""].contains(&policy)
         {
@@ -777,60 +781,10 @@ fn check_upgrade_rules(path: &str, rules: &UpgradeRules, errors: &mut Vec<FieldE
 }
 
 fn check_containers(spec: &ClusterPolicySpec, errors: &mut Vec<FieldError>) {
-    let mut sections: Vec<(&str, &ContainerSpec)> = vec![
-        ("spec.driver", &spec.driver.container),
-        ("spec.toolkit", &spec.toolkit.component.container),
-        ("spec.devicePlugin", &spec.device_plugin.component.container),
-        ("spec.dcgmExporter", &spec.dcgm_exporter.component.container),
-        ("spec.dcgm", &spec.dcgm.component.container),
-        (
-            "spec.nodeStatusExporter",
-            &spec.node_status_exporter.component.container,
-        ),
-        ("spec.gfd", &spec.gpu_feature_discovery.component.container),
-    ];
-    let optional = [
-        (
-            "spec.migManager",
-            spec.mig_manager.as_ref().map(|s| &s.component.container),
-        ),
-        ("spec.validator", spec.validator.as_ref().map(|s| &s.container)),
-        (
-            "spec.vfioManager",
-            spec.vfio_manager.as_ref().map(|s| &s.component.container),
-        ),
-        (
-            "spec.sandboxDevicePlugin",
-            spec.sandbox_device_plugin.as_ref().map(|s| &s.container),
-        ),
-        (
-            "spec.vgpuManager",
-            spec.vgpu_manager.as_ref().map(|s| &s.component.container),
-        ),
-        (
-            "spec.vgpuDeviceManager",
-            spec.vgpu_device_manager.as_ref().map(|s| &s.component.container),
-        ),
-        (
-            "spec.kataManager",
-            spec.kata_manager.as_ref().map(|s| &s.component.container),
-        ),
-        (
-            "spec.ccManager",
-            spec.cc_manager.as_ref().map(|s| &s.component.container),
-        ),
-        (
-            "spec.kataSandboxDevicePlugin",
-            spec.kata_sandbox_device_plugin.as_ref().map(|s| &s.container),
-        ),
-    ];
-    sections.extend(
-        optional
-            .into_iter()
-            .filter_map(|(path, container)| container.map(|c| (path, c))),
-    );
-    for (path, container) in sections {
-        check_container(path, container, errors);
+    for section in ImageSection::ALL {
+        if let Some(container) = section.container(spec) {
+            check_container(section.path(), container, errors);
+        }
     }
     let env_lists = [
         (
@@ -1165,91 +1119,10 @@ fn check_tolerations(path: &str, tolerations: Option<&[Toleration]>, errors: &mu
 }
 
 impl ClusterPolicySpec {
-    /// The image part of a policy section, by its path (`spec.devicePlugin`, `spec.driver.manager`).
-    pub fn image_spec(&self, section: &str) -> Option<&ImageSpec> {
-        all_image_sections(self)
-            .into_iter()
-            .find_map(|(path, image)| (path == section).then_some(image))
+    /// The image part of a policy section.
+    pub fn image_spec(&self, section: ImageSection) -> Option<&ImageSpec> {
+        section.image(self)
     }
-}
-
-/// Every section of the policy that names an image, with its path.
-fn all_image_sections(spec: &ClusterPolicySpec) -> Vec<(&'static str, &ImageSpec)> {
-    let mut sections: Vec<(&str, Option<&ImageSpec>)> = vec![
-        ("spec.driver", Some(&spec.driver.image)),
-        (
-            "spec.driver.manager",
-            spec.driver.manager.as_ref().map(|m| &m.image),
-        ),
-        ("spec.toolkit", Some(&spec.toolkit.component.image)),
-        ("spec.devicePlugin", Some(&spec.device_plugin.component.image)),
-        ("spec.dcgmExporter", Some(&spec.dcgm_exporter.component.image)),
-        ("spec.dcgm", Some(&spec.dcgm.component.image)),
-        (
-            "spec.nodeStatusExporter",
-            Some(&spec.node_status_exporter.component.image),
-        ),
-        ("spec.gfd", Some(&spec.gpu_feature_discovery.component.image)),
-        (
-            "spec.operator.initContainer",
-            spec.operator.init_container.as_ref(),
-        ),
-    ];
-    sections.extend([
-        (
-            "spec.migManager",
-            spec.mig_manager.as_ref().map(|s| &s.component.image),
-        ),
-        ("spec.validator", spec.validator.as_ref().map(|s| &s.image)),
-        ("spec.gds", spec.gds.as_ref().map(|s| &s.image)),
-        ("spec.gdrcopy", spec.gdrcopy.as_ref().map(|s| &s.image)),
-        (
-            "spec.vfioManager",
-            spec.vfio_manager.as_ref().map(|s| &s.component.image),
-        ),
-        (
-            "spec.vfioManager.driverManager",
-            spec.vfio_manager
-                .as_ref()
-                .and_then(|s| s.driver_manager.as_ref())
-                .map(|m| &m.image),
-        ),
-        (
-            "spec.sandboxDevicePlugin",
-            spec.sandbox_device_plugin.as_ref().map(|s| &s.image),
-        ),
-        (
-            "spec.vgpuManager",
-            spec.vgpu_manager.as_ref().map(|s| &s.component.image),
-        ),
-        (
-            "spec.vgpuManager.driverManager",
-            spec.vgpu_manager
-                .as_ref()
-                .and_then(|s| s.driver_manager.as_ref())
-                .map(|m| &m.image),
-        ),
-        (
-            "spec.vgpuDeviceManager",
-            spec.vgpu_device_manager.as_ref().map(|s| &s.component.image),
-        ),
-        (
-            "spec.kataManager",
-            spec.kata_manager.as_ref().map(|s| &s.component.image),
-        ),
-        (
-            "spec.ccManager",
-            spec.cc_manager.as_ref().map(|s| &s.component.image),
-        ),
-        (
-            "spec.kataSandboxDevicePlugin",
-            spec.kata_sandbox_device_plugin.as_ref().map(|s| &s.image),
-        ),
-    ]);
-    sections
-        .into_iter()
-        .filter_map(|(path, image)| image.map(|image| (path, image)))
-        .collect()
 }
 
 /// Resolves the image of every section an enabled operand needs, recording why one cannot be resolved.
@@ -1257,31 +1130,30 @@ fn resolve_images(
     spec: &ClusterPolicySpec,
     defaults: &ImageDefaults,
     errors: &mut Vec<FieldError>,
-) -> BTreeMap<String, String> {
+) -> BTreeMap<ImageSection, String> {
     // (section, environment fallback, what needs it)
-    let mut needed: Vec<(&str, &str, &str)> = Vec::new();
+    let mut needed: Vec<(ImageSection, &str, &str)> = Vec::new();
     for info in OPERANDS.iter().filter(|info| (info.enabled)(spec)) {
         needed.push((info.image_section, info.image_env, info.id));
         match info.operand {
             crate::Operand::Driver => {
-                needed.push(("spec.driver.manager", "DRIVER_MANAGER_IMAGE", "driver"));
+                needed.push((ImageSection::DriverManager, "DRIVER_MANAGER_IMAGE", "driver"));
                 if spec.gds_enabled() {
-                    needed.push(("spec.gds", "GDS_IMAGE", "GPUDirect Storage"));
+                    needed.push((ImageSection::Gds, "GDS_IMAGE", "GPUDirect Storage"));
                 }
                 if spec.gdrcopy_enabled() {
-                    needed.push(("spec.gdrcopy", "GDRCOPY_IMAGE", "GDRCopy"));
+                    needed.push((ImageSection::Gdrcopy, "GDRCOPY_IMAGE", "GDRCopy"));
                 }
             }
             crate::Operand::VfioManager => {
-                needed.push(("spec.vfioManager.driverManager", "DRIVER_MANAGER_IMAGE", info.id))
+                needed.push((ImageSection::VfioDriverManager, "DRIVER_MANAGER_IMAGE", info.id))
             }
             crate::Operand::VgpuManager => {
-                needed.push(("spec.vgpuManager.driverManager", "DRIVER_MANAGER_IMAGE", info.id))
+                needed.push((ImageSection::VgpuDriverManager, "DRIVER_MANAGER_IMAGE", info.id))
             }
             _ => {}
         }
     }
-    let sections: BTreeMap<&str, &ImageSpec> = all_image_sections(spec).into_iter().collect();
     let mut images = BTreeMap::new();
     let mut seen = Vec::new();
     for (section, variable, user) in needed {
@@ -1290,18 +1162,18 @@ fn resolve_images(
             continue;
         }
         seen.push(section);
-        let image = sections.get(section).copied().cloned().unwrap_or_default();
+        let image = section.image(spec).cloned().unwrap_or_default();
         let resolved = match image.reference() {
             ImageRef::Resolved(reference) => Some(reference),
             ImageRef::Partial => {
-                partial_image_errors(section, &image, errors);
+                partial_image_errors(section.path(), &image, errors);
                 None
             }
             ImageRef::Unset => {
                 let fallback = defaults.get(variable).map(str::to_owned);
                 if fallback.is_none() {
                     errors.push(FieldError::required_because(
-                        child(section, "image"),
+                        child(section.path(), "image"),
                         format!(
                             "(with repository and version) because {user} is enabled, unless {variable} is set in the operator's environment"
                         ),
@@ -1311,7 +1183,7 @@ fn resolve_images(
             }
         };
         if let Some(resolved) = resolved {
-            images.insert(section.to_owned(), resolved);
+            images.insert(section, resolved);
         }
     }
     images
@@ -1383,7 +1255,7 @@ mod tests {
         let images: Vec<(&str, &str)> = validated
             .images
             .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .map(|(k, v)| (k.path(), v.as_str()))
             .collect();
         assert_eq!(
             images,
@@ -1408,7 +1280,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            validated.image("spec.devicePlugin"),
+            validated.image(ImageSection::DevicePlugin),
             Some("nvcr.io/nvidia/k8s-device-plugin:v0.20.0")
         );
         assert!(warnings(&policy(DEFAULT_POLICY)).is_empty());
@@ -1425,7 +1297,10 @@ mod tests {
         );
         let defaults = ImageDefaults::from_pairs([("CONTAINER_TOOLKIT_IMAGE", "registry.local/toolkit:1")]);
         let validated = validate_with(&without, &defaults).unwrap();
-        assert_eq!(validated.image("spec.toolkit"), Some("registry.local/toolkit:1"));
+        assert_eq!(
+            validated.image(ImageSection::Toolkit),
+            Some("registry.local/toolkit:1")
+        );
         // A disabled operand needs no image.
         assert!(validate(&tweaked("{toolkit: {enabled: false, image: ''}}")).is_ok());
     }

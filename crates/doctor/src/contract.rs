@@ -17,7 +17,7 @@ use gpuop_api::labels::{
 use gpuop_api::upgrade::UpgradeState;
 use gpuop_api::{OPERANDS, Operand};
 
-use crate::analysis::{NodeContext, Validation, not_applicable, validation};
+use crate::node_view::{NodeContext, Validation, not_applicable, validation};
 use crate::pod_state::PodState;
 use crate::report::{Check, CheckResult, CheckStatus, Finding, FindingKind, Link};
 use crate::resources::Side;

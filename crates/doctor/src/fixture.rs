@@ -35,7 +35,8 @@ use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec,
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference, Time};
 
-use crate::analysis::{prover_of, validation_container};
+use crate::analysis::prover_of;
+use crate::node_view::validation_container;
 use crate::report::Link;
 use crate::snapshot::{
     ContainerFacts, ContainerStateFacts, ContainerStatusFacts, KINDS, PodConditionFacts, PodFacts, PodMeta,

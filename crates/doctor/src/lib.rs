@@ -19,6 +19,7 @@ pub mod explain;
 pub mod fixture;
 pub mod live;
 pub mod load;
+mod node_view;
 pub mod pod_state;
 pub mod report;
 pub mod resources;

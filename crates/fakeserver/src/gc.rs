@@ -14,27 +14,10 @@ use serde_json::Value;
 use crate::object::{Owner, Stored};
 use crate::registry::ResourceInfo;
 use crate::ssa::Scope;
-use crate::store::{DeleteOptions, Propagation, State};
+use crate::store::{DeleteOptions, Propagation, State, Work};
 
 const COLLECTOR: &str = "generic-garbage-collector";
 const NAMESPACE_CONTROLLER: &str = "namespace-controller";
-
-/// Something the controllers must look at.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Work {
-    /// An object went: its dependents may have lost their last owner.
-    OwnerGone { uid: String },
-    /// An object with owner references was written: its owners may not exist.
-    Dependent { uid: String },
-    /// An object may be waiting for its dependents (`foregroundDeletion`).
-    Foreground { uid: String },
-    /// An object is being deleted with `orphan` propagation.
-    Orphan { uid: String },
-    /// A namespace may be terminating and may now be empty.
-    Namespace { name: String },
-    /// A CRD may be terminating and may now have no custom resources left.
-    Definition { name: String },
-}
 
 /// What the collector does with a dependent, given which of its owners still exist.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -479,7 +479,7 @@ impl ResourceRequest<'_> {
         let force = self.params.flag("force");
         // Any `force`, even false, is a `*bool` set on a patch that is not an apply.
         if patching && !apply && self.params.get("force").is_some() {
-            causes.push(crate::validation::forbidden(
+            causes.push(crate::causes::forbidden(
                 "force",
                 "may not be specified for non-apply patch",
             ));
@@ -493,7 +493,7 @@ impl ResourceRequest<'_> {
             });
         }
         if manager.chars().any(char::is_control) {
-            causes.push(crate::validation::invalid(
+            causes.push(crate::causes::invalid(
                 "fieldManager",
                 &json!(manager),
                 "must only contain printable characters",
@@ -516,7 +516,7 @@ impl ResourceRequest<'_> {
             Some("Ignore") => FieldValidation::Ignore,
             Some("Strict") => FieldValidation::Strict,
             Some(other) => {
-                causes.push(crate::validation::unsupported(
+                causes.push(crate::causes::unsupported(
                     "fieldValidation",
                     &json!(other),
                     &["", "Ignore", "Strict", "Warn"],
@@ -664,37 +664,37 @@ impl ResourceRequest<'_> {
         let mut causes = Vec::new();
         if watching {
             if self.params.get("sendInitialEvents").is_none() {
-                causes.push(crate::validation::forbidden(
+                causes.push(crate::causes::forbidden(
                     field,
                     "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
                 ));
             }
             if parsed != Some(VersionMatch::NotOlderThan) {
-                causes.push(crate::validation::unsupported(field, &value, &["NotOlderThan"]));
+                causes.push(crate::causes::unsupported(field, &value, &["NotOlderThan"]));
             }
         } else {
             let version = self.params.get("resourceVersion").unwrap_or_default();
             if version.is_empty() {
-                causes.push(crate::validation::forbidden(
+                causes.push(crate::causes::forbidden(
                     field,
                     "resourceVersionMatch is forbidden unless resourceVersion is provided",
                 ));
             }
             if self.params.get("continue").is_some_and(|c| !c.is_empty()) {
-                causes.push(crate::validation::forbidden(
+                causes.push(crate::causes::forbidden(
                     field,
                     "resourceVersionMatch is forbidden when continue is provided",
                 ));
             }
             if parsed.is_none() {
-                causes.push(crate::validation::unsupported(
+                causes.push(crate::causes::unsupported(
                     field,
                     &value,
                     &["Exact", "NotOlderThan", ""],
                 ));
             }
             if parsed == Some(VersionMatch::Exact) && version == "0" {
-                causes.push(crate::validation::forbidden(
+                causes.push(crate::causes::forbidden(
                     field,
                     "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
                 ));
@@ -1012,7 +1012,7 @@ fn delete_options(request: &ResourceRequest<'_>, body: &Value) -> Result<DeleteO
         Some("Background") => Some(Propagation::Background),
         Some("Foreground") => Some(Propagation::Foreground),
         Some(other) => {
-            causes.push(crate::validation::unsupported(
+            causes.push(crate::causes::unsupported(
                 "propagationPolicy",
                 &json!(other),
                 &["Foreground", "Background", "Orphan", "nil"],
@@ -1094,14 +1094,14 @@ fn log_query(params: &Params, pod: &str) -> Result<crate::logs::LogQuery, ApiErr
     let limit_bytes = params.integer("limitBytes")?;
     let mut causes = Vec::new();
     if let Some(tail) = tail_lines.filter(|tail| *tail < 0) {
-        causes.push(crate::validation::invalid(
+        causes.push(crate::causes::invalid(
             "tailLines",
             &json!(tail),
             "must be greater than or equal to 0",
         ));
     }
     if let Some(limit) = limit_bytes.filter(|limit| *limit < 1) {
-        causes.push(crate::validation::invalid(
+        causes.push(crate::causes::invalid(
             "limitBytes",
             &json!(limit),
             "must be greater than 0",

@@ -40,6 +40,7 @@
 
 pub mod accounting;
 pub mod authz;
+mod causes;
 mod clock;
 mod defaults;
 mod discovery;

@@ -89,7 +89,7 @@ pub(crate) fn bind(pod: &mut Value, binding: &Value, now: &str) -> Result<(), Ap
                 kind: "Binding".into(),
             },
             &name,
-            vec![crate::validation::required("target.name", "")],
+            vec![crate::causes::required("target.name", "")],
         ));
     }
     if let Some(current) = pod

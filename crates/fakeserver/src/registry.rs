@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use crate::causes::{dns_subdomain_problem, forbidden, invalid, required, unsupported};
 use crate::error::Cause;
-use crate::validation::{dns_subdomain_problem, forbidden, invalid, required, unsupported};
 
 /// A field label usable in a field selector, and where its value lives in the object.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -360,7 +360,7 @@ impl Parser {
         if token != Token::Identifier {
             return Err(format!("found '{literal}', expected: identifier"));
         }
-        let problems = crate::validation::qualified_name_problems(&literal);
+        let problems = crate::causes::qualified_name_problems(&literal);
         if !problems.is_empty() {
             // Go validates the key with an empty field path here, hence the leading ": ".
             return Err(format!(": Invalid value: {literal:?}: {}", problems.join("; ")));
@@ -473,7 +473,7 @@ fn new_requirement(key: String, operator: Operator, values: Vec<String>) -> Resu
     values.sort();
     values.dedup();
     let mut problems: Vec<String> = Vec::new();
-    let key_problems = crate::validation::qualified_name_problems(&key);
+    let key_problems = crate::causes::qualified_name_problems(&key);
     if !key_problems.is_empty() {
         problems.push(format!(
             "key: Invalid value: {key:?}: {}",
@@ -490,7 +490,7 @@ fn new_requirement(key: String, operator: Operator, values: Vec<String>) -> Resu
         }
     }
     for (i, value) in values.iter().enumerate() {
-        let value_problems = crate::validation::label_value_problems(value);
+        let value_problems = crate::causes::label_value_problems(value);
         if !value_problems.is_empty() {
             problems.push(format!(
                 "values[{i}][{key}]: Invalid value: {value:?}: {}",

@@ -24,9 +24,9 @@ use tokio::sync::broadcast;
 
 use crate::authz::rbac::{RbacIndex, RbacKind};
 use crate::authz::{CreateOnApply, Escalation};
+use crate::causes;
 use crate::clock::{Clock, format_time};
 use crate::error::{ApiError, GroupKind};
-use crate::gc::Work;
 use crate::object::Stored;
 use crate::patch::PatchType;
 use crate::pods;
@@ -35,7 +35,6 @@ use crate::registry::{Registry, ResourceInfo, StorageKey};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::shape::Shape;
 use crate::ssa::Scope;
-use crate::validation;
 
 /// Namespace and name; the namespace is empty for cluster-scoped objects.
 pub(crate) type ObjectKey = (String, String);
@@ -294,6 +293,39 @@ struct Snapshot {
     items: Arc<Vec<Arc<Stored>>>,
 }
 
+/// Something the controllers must look at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Work {
+    /// An object went: its dependents may have lost their last owner.
+    OwnerGone { uid: String },
+    /// An object with owner references was written: its owners may not exist.
+    Dependent { uid: String },
+    /// An object may be waiting for its dependents (`foregroundDeletion`).
+    Foreground { uid: String },
+    /// An object is being deleted with `orphan` propagation.
+    Orphan { uid: String },
+    /// A namespace may be terminating and may now be empty.
+    Namespace { name: String },
+    /// A CRD may be terminating and may now have no custom resources left.
+    Definition { name: String },
+}
+
+/// The request a write comes from: the API server decodes each differently, so unknown fields are refused
+/// (under `fieldValidation=Strict`) in each one's own words.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Source<'a> {
+    /// POST or PUT: the body is the object; 400 `... cannot be handled as a ...: strict decoding error`.
+    Body,
+    /// A JSON, merge or strategic merge patch (the patch as sent): the patched object is decoded, and the
+    /// refusal is a 422 about the field `patch`.
+    Patch(PatchType, &'a Value),
+    /// Server-side apply: unknown fields of the configuration were refused before merging (see
+    /// [`State::refuse_undeclared`]); `fieldValidation` only checks the configuration for duplicates.
+    Apply,
+    /// The server's own writes (fixtures, bootstrap, controllers): unknown fields are dropped.
+    Server,
+}
+
 /// The mutable state, behind the store's lock.
 #[derive(Debug)]
 pub(crate) struct State {
@@ -320,6 +352,15 @@ pub(crate) struct Store {
     committed: Arc<AtomicU64>,
     /// The state's clock, readable without its lock (ages in `Table` output).
     clock: Arc<dyn Clock>,
+}
+
+impl crate::authz::ServiceAccounts for Store {
+    fn service_account_uid(&self, namespace: &str, name: &str) -> Result<String, ApiError> {
+        let info = self
+            .resolve("", "v1", "serviceaccounts")
+            .ok_or(ApiError::NoSuchPath)?;
+        Ok(self.get(&info, namespace, name)?.meta.uid.clone())
+    }
 }
 
 impl Store {
@@ -500,7 +541,7 @@ impl Store {
         body: Value,
         opts: &WriteOptions,
     ) -> Result<Written, ApiError> {
-        self.write(|state| state.create(info, namespace, body, opts, crate::write::Source::Body))
+        self.write(|state| state.create(info, namespace, body, opts, Source::Body))
     }
 
     pub(crate) fn update(
@@ -774,7 +815,7 @@ impl Store {
         if query.send_initial_events == Some(true) {
             let mut causes = Vec::new();
             if query.version_match != Some(VersionMatch::NotOlderThan) {
-                causes.push(validation::forbidden(
+                causes.push(causes::forbidden(
                     "resourceVersionMatch",
                     "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
                 ));

@@ -10,39 +10,23 @@ use gpuop_api::field::FieldErrorKind;
 use gpuop_api::schema;
 use serde_json::{Map, Value, json};
 
+use crate::causes;
 use crate::clock::format_time;
 use crate::defaults;
 use crate::error::{ApiError, Cause, GroupKind, GroupResource};
-use crate::gc::Work;
 use crate::object::Stored;
 use crate::patch::{self, PatchType};
 use crate::pods;
 use crate::registry::ResourceInfo;
 use crate::ssa::{self, Applier, Scope, Updater};
 use crate::store::{
-    DeleteOptions, Deleted, FieldValidation, PodTermination, Propagation, State, WriteOptions, Written,
-    finalizers, metadata_mut, not_found, shape_of, text,
+    DeleteOptions, Deleted, FieldValidation, PodTermination, Propagation, Source, State, Work, WriteOptions,
+    Written, finalizers, metadata_mut, not_found, shape_of, text,
 };
 use crate::typed;
 use crate::validation;
 
 const CRD_CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
-
-/// The request a write comes from: the API server decodes each differently, so unknown fields are refused
-/// (under `fieldValidation=Strict`) in each one's own words.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Source<'a> {
-    /// POST or PUT: the body is the object; 400 `... cannot be handled as a ...: strict decoding error`.
-    Body,
-    /// A JSON, merge or strategic merge patch (the patch as sent): the patched object is decoded, and the
-    /// refusal is a 422 about the field `patch`.
-    Patch(PatchType, &'a Value),
-    /// Server-side apply: unknown fields of the configuration were refused before merging (see
-    /// [`State::refuse_undeclared`]); `fieldValidation` only checks the configuration for duplicates.
-    Apply,
-    /// The server's own writes (fixtures, bootstrap, controllers): unknown fields are dropped.
-    Server,
-}
 
 /// The 400 a POST or PUT gets for unknown fields under `fieldValidation=Strict`.
 fn strict_body_error(info: &ResourceInfo, fields: &[String]) -> ApiError {
@@ -67,7 +51,7 @@ fn strict_patch_error(kind: PatchType, patch: &Value, patched: &Value, fields: &
             kind: String::new(),
         },
         "",
-        vec![validation::invalid(
+        vec![causes::invalid(
             "patch",
             &Value::from(shown),
             format!("strict decoding error: {}", fields.join(", ")),
@@ -628,7 +612,7 @@ impl State {
                 .filter(|f| !before.contains(f))
                 .collect();
             if !added.is_empty() {
-                causes.push(validation::forbidden(
+                causes.push(causes::forbidden(
                     "metadata.finalizers",
                     &format!("no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"),
                 ));
@@ -807,7 +791,7 @@ impl State {
             return Err(ApiError::invalid_causes(
                 info.group_kind(),
                 name,
-                vec![validation::invalid(
+                vec![causes::invalid(
                     "metadata.name",
                     &Value::from(text(&new, "/metadata/name")),
                     "field is immutable",
@@ -835,10 +819,7 @@ impl State {
             return Err(ApiError::invalid_causes(
                 kind,
                 "",
-                vec![validation::required(
-                    "fieldManager",
-                    "is required for apply patch",
-                )],
+                vec![causes::required("fieldManager", "is required for apply patch")],
             ));
         }
         if !config.is_object() {

@@ -1,36 +1,13 @@
 //! Image sections of the policy and driver image tags.
 //!
-//! Images themselves are resolved by validation (`ValidatedPolicy::image`); this module finds the rest of a
-//! section (pull policy, pull secrets, container settings) and builds the OS-specific driver tags:
+//! Images themselves are resolved by validation (`ValidatedPolicy::image`), and a section's other settings
+//! are `gpuop_api::ImageSection`'s; this module builds the OS-specific driver tags:
 //! `<image>-<osTag>` for driver, GPUDirect Storage, GDRCopy and vGPU manager images, and
 //! `<image>-<kernel>-<osTag>` for precompiled drivers. A digest gets no suffix.
 
-use gpuop_api::ClusterPolicySpec;
-use gpuop_api::component::ContainerSpec;
+use gpuop_api::ImageSection;
 
 use crate::{OsPool, RenderError};
-
-/// The container settings (resources, args, env, hostNetwork) of a policy section, by its path.
-pub(crate) fn container_spec<'a>(spec: &'a ClusterPolicySpec, section: &str) -> Option<&'a ContainerSpec> {
-    Some(match section {
-        "spec.driver" => &spec.driver.container,
-        "spec.toolkit" => &spec.toolkit.component.container,
-        "spec.devicePlugin" => &spec.device_plugin.component.container,
-        "spec.dcgmExporter" => &spec.dcgm_exporter.component.container,
-        "spec.dcgm" => &spec.dcgm.component.container,
-        "spec.nodeStatusExporter" => &spec.node_status_exporter.component.container,
-        "spec.gfd" => &spec.gpu_feature_discovery.component.container,
-        "spec.migManager" => &spec.mig_manager.as_ref()?.component.container,
-        "spec.validator" => &spec.validator.as_ref()?.container,
-        "spec.vfioManager" => &spec.vfio_manager.as_ref()?.component.container,
-        "spec.sandboxDevicePlugin" => &spec.sandbox_device_plugin.as_ref()?.container,
-        "spec.vgpuManager" => &spec.vgpu_manager.as_ref()?.component.container,
-        "spec.vgpuDeviceManager" => &spec.vgpu_device_manager.as_ref()?.component.container,
-        "spec.ccManager" => &spec.cc_manager.as_ref()?.component.container,
-        "spec.kataSandboxDevicePlugin" => &spec.kata_sandbox_device_plugin.as_ref()?.container,
-        _ => return None,
-    })
-}
 
 /// The OS part of driver image tags: `<ID><VERSION_ID>`, with only the major version for RHEL, Rocky Linux
 /// and Oracle Linux (`rhel9`, `ubuntu22.04`), as NVIDIA publishes its driver images.
@@ -61,7 +38,7 @@ pub(crate) fn is_digest(image: &str) -> bool {
 }
 
 /// The OS tag of a pool, or why it has none.
-pub(crate) fn pool_os_tag(pool: &OsPool, section: &'static str) -> Result<String, RenderError> {
+pub(crate) fn pool_os_tag(pool: &OsPool, section: ImageSection) -> Result<String, RenderError> {
     if pool.os_id.is_empty() || pool.os_version.is_empty() {
         return Err(RenderError::PoolWithoutOs {
             section,
@@ -126,7 +103,7 @@ mod tests {
             kernel: None,
         };
         assert!(matches!(
-            pool_os_tag(&pool, "spec.driver"),
+            pool_os_tag(&pool, ImageSection::Driver),
             Err(RenderError::PoolWithoutOs { .. })
         ));
     }

@@ -6,11 +6,10 @@ use gpuop_api::choice::MigStrategy;
 use gpuop_api::cluster_policy::{ClusterPolicySpec, HostPathsSpec};
 use gpuop_api::component::{ContainerSpec, EnvVar as PolicyEnvVar, ImageSpec};
 use gpuop_api::labels::CDI_MANAGEMENT_GPU;
-use gpuop_api::{OperandInfo, ValidatedPolicy};
+use gpuop_api::{ImageSection, OperandInfo, ValidatedPolicy};
 use k8s_openapi::api::core::v1::{Container, LocalObjectReference, PodSpec, ResourceRequirements};
 
 use crate::daemonset::OperandPod;
-use crate::image::container_spec;
 use crate::pod::set_env;
 use crate::{ClusterFacts, ContainerRuntime, RenderError};
 
@@ -48,7 +47,7 @@ impl<'a> Inputs<'a> {
     }
 
     /// The resolved image of a section an operand needs.
-    pub fn image(&self, section: &'static str, info: &OperandInfo) -> Result<PulledImage, RenderError> {
+    pub fn image(&self, section: ImageSection, info: &OperandInfo) -> Result<PulledImage, RenderError> {
         let image = self
             .policy
             .image(section)
@@ -65,18 +64,18 @@ impl<'a> Inputs<'a> {
 
     /// The validator image (status-file waits and validations run it).
     pub fn validator_image(&self, info: &OperandInfo) -> Result<PulledImage, RenderError> {
-        self.image("spec.validator", info)
+        self.image(ImageSection::Validator, info)
     }
 
     /// The pull policy of a section: `Always`, `Never`, else `IfNotPresent` (as NVIDIA maps it).
-    pub fn pull_policy(&self, section: &str) -> &'static str {
+    pub fn pull_policy(&self, section: ImageSection) -> &'static str {
         self.spec
             .image_spec(section)
             .map_or("IfNotPresent", ImageSpec::pull_policy)
     }
 
     /// The pull secrets of a section.
-    pub fn pull_secrets(&self, section: &str) -> &'a [String] {
+    pub fn pull_secrets(&self, section: ImageSection) -> &'a [String] {
         self.spec
             .image_spec(section)
             .and_then(|image| image.image_pull_secrets.as_deref())
@@ -84,8 +83,8 @@ impl<'a> Inputs<'a> {
     }
 
     /// The container settings of a section (empty when the section is absent).
-    pub fn container(&self, section: &str) -> ContainerSettings<'a> {
-        ContainerSettings(container_spec(self.spec, section))
+    pub fn container(&self, section: ImageSection) -> ContainerSettings<'a> {
+        ContainerSettings(section.container(self.spec))
     }
 
     /// The RuntimeClass operand pods that need GPUs run with, or `None` when they must not name one:

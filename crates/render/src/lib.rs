@@ -25,7 +25,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuop_api::{OPERANDS, Operand, ValidatedPolicy};
+use gpuop_api::{ImageSection, OPERANDS, Operand, ValidatedPolicy};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -154,7 +154,7 @@ pub enum RenderError {
     #[error("no image resolved for {section}, which {operand} needs; validate the policy before rendering")]
     ImageMissing {
         /// Policy section, e.g. `spec.devicePlugin`.
-        section: &'static str,
+        section: ImageSection,
         /// The operand that needs it.
         operand: Operand,
     },
@@ -165,7 +165,7 @@ pub enum RenderError {
     )]
     PoolWithoutOs {
         /// The section whose image needs the tag.
-        section: &'static str,
+        section: ImageSection,
         /// The pool's OS id, possibly empty.
         os_id: String,
         /// The pool's OS version, possibly empty.

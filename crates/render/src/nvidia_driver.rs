@@ -39,7 +39,7 @@ use gpuop_api::labels::{
     PRECOMPILED_KERNEL_VERSION, label_value_problem,
 };
 use gpuop_api::validate::ValidatedDriver;
-use gpuop_api::{Operand, ValidatedPolicy};
+use gpuop_api::{ImageSection, Operand, ValidatedPolicy};
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{
     Affinity, PodAffinityTerm, PodAntiAffinity, PodTemplateSpec, Toleration, VolumeMount,
@@ -165,15 +165,21 @@ pub fn render_nvidia_driver(
         )
     })?;
     let mut images = BTreeMap::from([
-        ("spec.driver".to_owned(), driver.image.clone()),
-        ("spec.driver.manager".to_owned(), manager_image),
+        (ImageSection::Driver, driver.image.clone()),
+        (ImageSection::DriverManager, manager_image),
     ]);
     for (on, image, section, field, variable) in [
-        (gds, &driver.gds_image, "spec.gds", "spec.gds.image", "GDS_IMAGE"),
+        (
+            gds,
+            &driver.gds_image,
+            ImageSection::Gds,
+            "spec.gds.image",
+            "GDS_IMAGE",
+        ),
         (
             gdrcopy,
             &driver.gdrcopy_image,
-            "spec.gdrcopy",
+            ImageSection::Gdrcopy,
             "spec.gdrcopy.image",
             "GDRCOPY_IMAGE",
         ),
@@ -188,7 +194,7 @@ pub fn render_nvidia_driver(
                     ),
                 )
             })?;
-            images.insert(section.to_owned(), image);
+            images.insert(section, image);
         }
     }
 
@@ -207,7 +213,7 @@ pub fn render_nvidia_driver(
     };
     let inputs = Inputs::new(&policy, &cluster);
     let info = Operand::Driver.info();
-    let image = inputs.image("spec.driver", info)?;
+    let image = inputs.image(ImageSection::Driver, info)?;
     let owner = Owner {
         state: info.state,
         operand: Some(flavour.operand),
@@ -403,7 +409,7 @@ fn account_name(flavour: &Flavour, driver: &str, os_tag: &str) -> String {
 fn as_policy(
     driver: &ValidatedDriver,
     facts: &NvidiaDriverFacts,
-    images: BTreeMap<String, String>,
+    images: BTreeMap<ImageSection, String>,
 ) -> ValidatedPolicy {
     let spec = &driver.spec;
     // NVIDIA's NVIDIADriver keeps `init` and appends the arguments (a ClusterPolicy's replace them).

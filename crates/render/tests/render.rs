@@ -707,11 +707,11 @@ mod objects {
     #[test]
     fn render_refuses_a_policy_whose_images_were_not_resolved() {
         let mut policy = default_policy();
-        policy.images.remove("spec.devicePlugin");
+        policy.images.remove(&gpuop_api::ImageSection::DevicePlugin);
         assert_eq!(
             render(&policy, &Facts::ubuntu().0),
             Err(gpuop_render::RenderError::ImageMissing {
-                section: "spec.devicePlugin",
+                section: gpuop_api::ImageSection::DevicePlugin,
                 operand: Operand::DevicePlugin
             })
         );
@@ -1629,7 +1629,7 @@ mod driver {
                 default_policy(),
                 Facts::ubuntu().pools(vec![pool("ubuntu", "", None)]),
                 RenderError::PoolWithoutOs {
-                    section: "spec.driver",
+                    section: gpuop_api::ImageSection::Driver,
                     os_id: "ubuntu".into(),
                     os_version: String::new(),
                 },

@@ -11,14 +11,14 @@ use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 
 use gpuop_api::placement::{Misfit, daemon_pod_fits};
+use gpuop_api::read::PodRead;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-/// Label on DaemonSet pods and ControllerRevisions naming the template revision.
-pub const REVISION_HASH: &str = "controller-revision-hash";
+pub use gpuop_api::rollout::REVISION_HASH;
 
 /// What the controller does for one DaemonSet.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -420,18 +420,10 @@ fn phase(pod: &Pod) -> &str {
         .unwrap_or("Pending")
 }
 
-/// Whether a pod is Running with its `Ready` condition true.
+/// Whether a pod is Running with its `Ready` condition true: the API crate's rule
+/// ([`PodRead::ready_since`]).
 pub fn is_ready(pod: &Pod) -> bool {
-    phase(pod) == "Running"
-        && pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|conditions| {
-                conditions
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True")
-            })
+    pod.ready_since().is_some()
 }
 
 fn scaled(value: &IntOrString, total: i32) -> i32 {

@@ -32,9 +32,15 @@ use crate::clock::{Clock, format_time};
 use crate::error::{ApiError, Cause, GroupKind, GroupResource};
 use crate::random::Random;
 use crate::registry::ResourceInfo;
-use crate::store::Store;
 use rbac::{Attributes, PolicyRule, RbacIndex, RoleId, RoleKind, UserInfo, service_account_user};
 use report::{AuthorizationReport, ReportLog};
+
+/// The one question authentication asks of the store: a service account's uid (its tokens die with it). A
+/// trait, so that authorization does not depend on the store that depends on it.
+pub(crate) trait ServiceAccounts {
+    /// The uid of the service account `namespace/name`, or the API's answer when there is none.
+    fn service_account_uid(&self, namespace: &str, name: &str) -> Result<String, ApiError>;
+}
 
 /// The API group of Roles and bindings.
 pub(crate) const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
@@ -128,7 +134,12 @@ impl Authz {
     }
 
     /// The user a request's credentials name; `None` answers 401.
-    pub(crate) fn authenticate(&self, store: &Store, headers: &HeaderMap, path: &str) -> Option<UserInfo> {
+    pub(crate) fn authenticate(
+        &self,
+        store: &dyn ServiceAccounts,
+        headers: &HeaderMap,
+        path: &str,
+    ) -> Option<UserInfo> {
         let Some(value) = headers.get(AUTHORIZATION) else {
             return ANONYMOUS_PATHS.contains(&path).then(|| UserInfo {
                 name: "system:anonymous".into(),
@@ -151,9 +162,8 @@ impl Authz {
                 return None;
             }
             // A deleted (or deleted and recreated) service account's tokens are no longer valid.
-            let info = store.resolve("", "v1", "serviceaccounts")?;
-            let account = store.get(&info, &minted.namespace, &minted.name).ok()?;
-            if account.meta.uid != minted.uid {
+            let uid = store.service_account_uid(&minted.namespace, &minted.name).ok()?;
+            if uid != minted.uid {
                 return None;
             }
             (minted.namespace.clone(), minted.name.clone())
@@ -257,7 +267,7 @@ impl Authz {
     /// Answers a TokenRequest for the service account `namespace/name` (`POST .../token`).
     pub(crate) fn token_request(
         &self,
-        store: &Store,
+        store: &dyn ServiceAccounts,
         namespace: &str,
         name: &str,
         body: &Value,
@@ -307,15 +317,12 @@ impl Authz {
     /// A token for an existing service account, valid for `seconds`.
     pub(crate) fn mint(
         &self,
-        store: &Store,
+        store: &dyn ServiceAccounts,
         namespace: &str,
         name: &str,
         seconds: i64,
     ) -> Result<(String, Timestamp), ApiError> {
-        let info = store
-            .resolve("", "v1", "serviceaccounts")
-            .ok_or(ApiError::NoSuchPath)?;
-        let account = store.get(&info, namespace, name)?;
+        let uid = store.service_account_uid(namespace, name)?;
         let expires = self
             .clock
             .now()
@@ -330,7 +337,7 @@ impl Authz {
             Minted {
                 namespace: namespace.into(),
                 name: name.into(),
-                uid: account.meta.uid.clone(),
+                uid,
                 expires,
             },
         );

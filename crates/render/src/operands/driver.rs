@@ -18,11 +18,11 @@
 
 use std::collections::BTreeMap;
 
-use gpuop_api::OperandInfo;
 use gpuop_api::choice::KernelModuleType;
 use gpuop_api::labels::{
     COMPONENT, NFD_KERNEL_VERSION, NFD_OS_ID, NFD_OS_VERSION, NFD_OS_VERSION_MAJOR, PRECOMPILED,
 };
+use gpuop_api::{ImageSection, OperandInfo};
 use k8s_openapi::api::core::v1::{
     Affinity, Container, EnvFromSource, ExecAction, KeyToPath, Lifecycle, LifecycleHandler, PodAffinityTerm,
     PodAntiAffinity, PodSpec, Probe, SecretEnvSource, SecretVolumeSource, Volume, VolumeMount,
@@ -76,7 +76,7 @@ pub(crate) struct OsTarget {
 /// an OS node selector when there are several.
 pub(crate) fn os_targets(
     base: &str,
-    section: &'static str,
+    section: ImageSection,
     pools: &[OsPool],
 ) -> Result<Vec<OsTarget>, RenderError> {
     let mut sorted: Vec<&OsPool> = pools.iter().collect();
@@ -130,7 +130,7 @@ fn kernel_targets(base: &str, pools: &[OsPool]) -> Result<Vec<OsTarget>, RenderE
                 os_version: pool.os_version.clone(),
             }
         })?;
-        let os_tag = pool_os_tag(pool, "spec.driver")?;
+        let os_tag = pool_os_tag(pool, ImageSection::Driver)?;
         let os = format!("{}{}", pool.os_id, pool.os_version);
         match by_kernel.get(kernel) {
             Some((seen, _)) if format!("{}{}", seen.os_id, seen.os_version) != os => {
@@ -178,7 +178,7 @@ pub(crate) fn render(
             &[("startup-probe.sh", STARTUP_PROBE.to_owned())],
         ),
     );
-    let image = inputs.image("spec.driver", info)?;
+    let image = inputs.image(ImageSection::Driver, info)?;
     let pools = &inputs.facts.driver_pools;
     let precompiled = inputs.spec.driver.use_precompiled();
     let targets = if precompiled {
@@ -187,7 +187,7 @@ pub(crate) fn render(
         }
         kernel_targets(info.daemonset, pools)?
     } else {
-        os_targets(info.daemonset, "spec.driver", pools)?
+        os_targets(info.daemonset, ImageSection::Driver, pools)?
     };
     targets
         .iter()
@@ -205,7 +205,7 @@ pub(crate) fn driver_pod(
 ) -> Result<OperandPod, RenderError> {
     let spec = inputs.spec;
     let driver = &spec.driver;
-    let settings = inputs.container("spec.driver");
+    let settings = inputs.container(ImageSection::Driver);
     let precompiled = target.kernel.is_some();
     let driver_image = PulledImage {
         image: match &target.kernel {
@@ -230,7 +230,7 @@ pub(crate) fn driver_pod(
         pod.containers.push(peermem_container(&driver_image));
     }
     if spec.gds_enabled() {
-        let gds = inputs.image("spec.gds", info)?;
+        let gds = inputs.image(ImageSection::Gds, info)?;
         pod.containers.push(module_container(
             "nvidia-fs-ctr",
             &gds,
@@ -240,7 +240,7 @@ pub(crate) fn driver_pod(
         ));
     }
     if spec.gdrcopy_enabled() {
-        let gdrcopy = inputs.image("spec.gdrcopy", info)?;
+        let gdrcopy = inputs.image(ImageSection::Gdrcopy, info)?;
         pod.containers.push(module_container(
             "nvidia-gdrcopy-ctr",
             &gdrcopy,
@@ -275,10 +275,10 @@ pub(crate) fn driver_pod(
                 .unwrap_or_default(),
         );
     }
-    add_pull_secrets(&mut pod, inputs.pull_secrets("spec.driver.manager"));
+    add_pull_secrets(&mut pod, inputs.pull_secrets(ImageSection::DriverManager));
 
     // The driver container.
-    add_pull_secrets(&mut pod, inputs.pull_secrets("spec.driver"));
+    add_pull_secrets(&mut pod, inputs.pull_secrets(ImageSection::Driver));
     let mut extra_volumes: Vec<Volume> = Vec::new();
     {
         let ctr = &mut pod.containers[0];
@@ -442,10 +442,10 @@ pub(crate) fn driver_pod(
         apply_resources(ctr, resources.as_ref());
     }
     if spec.gds_enabled() {
-        add_pull_secrets(&mut pod, inputs.pull_secrets("spec.gds"));
+        add_pull_secrets(&mut pod, inputs.pull_secrets(ImageSection::Gds));
     }
     if spec.gdrcopy_enabled() {
-        add_pull_secrets(&mut pod, inputs.pull_secrets("spec.gdrcopy"));
+        add_pull_secrets(&mut pod, inputs.pull_secrets(ImageSection::Gdrcopy));
     }
     if let Some(volumes) = pod.volumes.as_mut() {
         if host_mofed {
@@ -516,7 +516,7 @@ fn one_driver_per_node() -> Affinity {
 
 /// The driver manager: before the driver (re)installs, it evicts GPU pods and unloads the old modules.
 pub(crate) fn manager_container(inputs: &Inputs<'_>, info: &OperandInfo) -> Result<Container, RenderError> {
-    let image = inputs.image("spec.driver.manager", info)?;
+    let image = inputs.image(ImageSection::DriverManager, info)?;
     Ok(Container {
         command: Some(vec!["driver-manager".to_owned()]),
         args: Some(vec!["uninstall_driver".to_owned()]),
@@ -1038,7 +1038,7 @@ mod tests {
     fn one_os_keeps_nvidias_name_and_several_get_one_daemonset_each() {
         let one = os_targets(
             "nvidia-driver-daemonset",
-            "spec.driver",
+            ImageSection::Driver,
             &[pool("ubuntu", "22.04", None)],
         )
         .unwrap();
@@ -1048,7 +1048,7 @@ mod tests {
 
         let two = os_targets(
             "nvidia-driver-daemonset",
-            "spec.driver",
+            ImageSection::Driver,
             &[
                 pool("ubuntu", "22.04", None),
                 pool("rhel", "9.4", None),

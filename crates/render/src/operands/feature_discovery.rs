@@ -5,7 +5,7 @@
 //! It runs from the device plugin's image, takes the same per-node configuration (config-manager, so its
 //! sharing labels follow the plugin's configuration) and the same MIG environment.
 
-use gpuop_api::OperandInfo;
+use gpuop_api::{ImageSection, OperandInfo};
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
 use crate::RenderError;
@@ -68,10 +68,10 @@ pub(crate) fn render(inputs: &Inputs<'_>, info: &OperandInfo) -> Result<OperandP
     }
     apply_env(&mut pod.spec.containers[0], settings.env());
     // The config-manager comes from the device plugin's image, as in NVIDIA's operator.
-    let manager_image = match inputs.policy.image("spec.devicePlugin") {
+    let manager_image = match inputs.policy.image(ImageSection::DevicePlugin) {
         Some(plugin) => PulledImage {
             image: plugin.to_owned(),
-            pull_policy: inputs.pull_policy("spec.devicePlugin"),
+            pull_policy: inputs.pull_policy(ImageSection::DevicePlugin),
         },
         None => image,
     };

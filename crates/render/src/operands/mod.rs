@@ -5,7 +5,7 @@
 //! then `hostPaths` rewrites, then the operand's policy settings in NVIDIA's order (so where both set a
 //! variable, the same one wins), then the settings every DaemonSet shares ([`crate::daemonset`]).
 
-use gpuop_api::{Operand, OperandInfo};
+use gpuop_api::{ImageSection, Operand, OperandInfo};
 use k8s_openapi::api::core::v1::{ConfigMap, Container};
 
 use crate::RenderError;
@@ -93,5 +93,5 @@ pub(crate) fn container(name: &str, image: &PulledImage) -> Container {
 /// Adds the validator's pull secrets to a pod whose init containers run the validator image (NVIDIA adds
 /// them before the operand's own).
 pub(crate) fn add_validator_pull_secrets(inputs: &Inputs<'_>, pod: &mut OperandPod) {
-    add_pull_secrets(&mut pod.spec, inputs.pull_secrets("spec.validator"));
+    add_pull_secrets(&mut pod.spec, inputs.pull_secrets(ImageSection::Validator));
 }

@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use gpuop_api::OperandInfo;
 use gpuop_api::cluster_policy::DEFAULT_VGPU_DEVICES_CONFIG;
+use gpuop_api::{ImageSection, OperandInfo};
 use k8s_openapi::api::core::v1::{
     Container, ExecAction, Lifecycle, LifecycleHandler, PodSpec, ResourceRequirements,
 };
@@ -41,7 +41,7 @@ pub(crate) const DEFAULT_VGPU_DEVICES_CONFIG_MAP: &str = "default-vgpu-devices-c
 fn sandbox_driver_manager(
     inputs: &Inputs<'_>,
     info: &OperandInfo,
-    section: &'static str,
+    section: ImageSection,
 ) -> Result<Container, RenderError> {
     let image = inputs.image(section, info)?;
     Ok(Container {
@@ -78,8 +78,8 @@ fn sandbox_driver_manager(
 fn configure_driver_manager(
     inputs: &Inputs<'_>,
     pod: &mut PodSpec,
-    section: &'static str,
-    manager_section: &'static str,
+    section: ImageSection,
+    manager_section: ImageSection,
     env: &[gpuop_api::component::EnvVar],
 ) {
     let resources = inputs.container(section).resources();
@@ -143,7 +143,7 @@ pub(crate) fn vgpu_manager(
             init_containers: Some(vec![sandbox_driver_manager(
                 inputs,
                 info,
-                "spec.vgpuManager.driverManager",
+                ImageSection::VgpuDriverManager,
             )?]),
             containers: vec![manager_ctr],
             volumes: Some(vec![
@@ -178,7 +178,7 @@ pub(crate) fn vgpu_manager(
             inputs,
             &mut pod,
             info.image_section,
-            "spec.vgpuManager.driverManager",
+            ImageSection::VgpuDriverManager,
             &manager_env,
         );
         add_pull_secrets(&mut pod, inputs.pull_secrets(info.image_section));
@@ -384,7 +384,7 @@ pub(crate) fn vfio_manager(inputs: &Inputs<'_>, info: &OperandInfo) -> Result<Op
         init_containers: Some(vec![sandbox_driver_manager(
             inputs,
             info,
-            "spec.vfioManager.driverManager",
+            ImageSection::VfioDriverManager,
         )?]),
         containers: vec![manager],
         volumes: Some(vec![
@@ -407,7 +407,7 @@ pub(crate) fn vfio_manager(inputs: &Inputs<'_>, info: &OperandInfo) -> Result<Op
         inputs,
         &mut spec,
         info.image_section,
-        "spec.vfioManager.driverManager",
+        ImageSection::VfioDriverManager,
         &manager_env,
     );
     add_pull_secrets(&mut spec, inputs.pull_secrets(info.image_section));
@@ -474,7 +474,10 @@ fn workload_wait(inputs: &Inputs<'_>, validator: &PulledImage, name: &str, wait:
         )]),
         ..container(name, validator)
     };
-    apply_resources(&mut ctr, inputs.container("spec.validator").resources().as_ref());
+    apply_resources(
+        &mut ctr,
+        inputs.container(ImageSection::Validator).resources().as_ref(),
+    );
     run_as_root(&mut ctr);
     ctr
 }

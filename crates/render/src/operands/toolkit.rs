@@ -16,9 +16,9 @@
 //! - with the NRI plugin: `ENABLE_NRI_PLUGIN=true` and only the NRI socket mounted, since the runtime's
 //!   configuration is then left alone.
 
-use gpuop_api::OperandInfo;
 use gpuop_api::cluster_policy::DEFAULT_TOOLKIT_INSTALL_DIR;
 use gpuop_api::labels::CDI_MANAGEMENT_GPU;
+use gpuop_api::{ImageSection, OperandInfo};
 use k8s_openapi::api::core::v1::{Container, PodSpec, Volume};
 
 use crate::daemonset::OperandPod;
@@ -66,7 +66,7 @@ pub(crate) fn render(
         ),
     );
     let validator = inputs.validator_image(info)?;
-    let image = inputs.image("spec.toolkit", info)?;
+    let image = inputs.image(ImageSection::Toolkit, info)?;
     let toolkit = Container {
         command: Some(vec!["/bin/sh".to_owned(), "-c".to_owned()]),
         args: Some(vec!["/bin/entrypoint.sh".to_owned()]),
@@ -143,9 +143,9 @@ pub(crate) fn render(
     apply_driver_validation_env(inputs, &mut spec);
     let mut pod = OperandPod::new(info, spec);
     add_validator_pull_secrets(inputs, &mut pod);
-    add_pull_secrets(&mut pod.spec, inputs.pull_secrets("spec.toolkit"));
+    add_pull_secrets(&mut pod.spec, inputs.pull_secrets(ImageSection::Toolkit));
 
-    let settings = inputs.container("spec.toolkit");
+    let settings = inputs.container(ImageSection::Toolkit);
     let resources = settings.resources();
     for ctr in &mut pod.spec.containers {
         apply_resources(ctr, resources.as_ref());

@@ -10,9 +10,9 @@
 //! container only sleeps, and removes the `*-ready` files when it stops, so a restarted validator proves
 //! everything again.
 
-use gpuop_api::OperandInfo;
 use gpuop_api::cluster_policy::ValidationEnv;
 use gpuop_api::component::EnvVar as PolicyEnvVar;
+use gpuop_api::{ImageSection, OperandInfo};
 use k8s_openapi::api::core::v1::{Container, ExecAction, Lifecycle, LifecycleHandler, PodSpec, VolumeMount};
 
 use crate::RenderError;
@@ -57,7 +57,10 @@ fn validation(
         volume_mounts: Some(mounts),
         ..container(name, image)
     };
-    apply_resources(&mut ctr, inputs.container("spec.validator").resources().as_ref());
+    apply_resources(
+        &mut ctr,
+        inputs.container(ImageSection::Validator).resources().as_ref(),
+    );
     run_as_root(&mut ctr);
     ctr
 }
@@ -159,8 +162,8 @@ fn sleeper(image: &PulledImage, name: &str, cleanup: &str) -> Container {
 
 /// The settings of `spec.validator` every validator DaemonSet's main container takes.
 fn apply_validator_section(inputs: &Inputs<'_>, pod: &mut PodSpec) {
-    let settings = inputs.container("spec.validator");
-    add_pull_secrets(pod, inputs.pull_secrets("spec.validator"));
+    let settings = inputs.container(ImageSection::Validator);
+    add_pull_secrets(pod, inputs.pull_secrets(ImageSection::Validator));
     for ctr in &mut pod.containers {
         apply_resources(ctr, settings.resources().as_ref());
     }
@@ -177,7 +180,7 @@ fn apply_validator_section(inputs: &Inputs<'_>, pod: &mut PodSpec) {
 fn workload_env(inputs: &Inputs<'_>, ctr: &mut Container, image: &PulledImage) {
     set_env(ctr, "VALIDATOR_IMAGE", &image.image);
     set_env(ctr, "VALIDATOR_IMAGE_PULL_POLICY", image.pull_policy);
-    let secrets = inputs.pull_secrets("spec.validator");
+    let secrets = inputs.pull_secrets(ImageSection::Validator);
     if !secrets.is_empty() {
         set_env(ctr, "VALIDATOR_IMAGE_PULL_SECRETS", &secrets.join(","));
     }
@@ -276,7 +279,10 @@ pub(crate) fn operator_validator(inputs: &Inputs<'_>, info: &OperandInfo) -> Res
             _ => {}
         }
     }
-    apply_host_network(&mut pod.spec, inputs.container("spec.validator").host_network());
+    apply_host_network(
+        &mut pod.spec,
+        inputs.container(ImageSection::Validator).host_network(),
+    );
     Ok(pod)
 }
 
@@ -369,7 +375,10 @@ pub(crate) fn sandbox_validator(inputs: &Inputs<'_>, info: &OperandInfo) -> Resu
         set_env(ctr, "DEFAULT_GPU_WORKLOAD_CONFIG", default_workload);
         apply_env(ctr, &vars);
     }
-    apply_host_network(&mut spec, inputs.container("spec.validator").host_network());
+    apply_host_network(
+        &mut spec,
+        inputs.container(ImageSection::Validator).host_network(),
+    );
     Ok(OperandPod::new(info, spec).selected_by(&[
         ("app", info.daemonset),
         ("app.kubernetes.io/part-of", "gpu-operator"),

@@ -15,6 +15,7 @@ use gpuop_api::Operand;
 use gpuop_api::labels::{GPU_PRODUCT, MIG_CONFIG, MIG_CONFIG_STATE, RESOURCE_GPU, VALIDATIONS_DIR};
 use gpuop_fakeserver::FakeServer;
 use gpuop_sim::cluster_spec::{ClusterSpec, GpuSpec, NodePool, TaintSpec};
+use gpuop_sim::daemonset::is_ready;
 use gpuop_sim::hardware::GpuModel;
 use gpuop_sim::heartbeat::{Heartbeats, LEASE_NAMESPACE};
 use gpuop_sim::kubelet::Timing;
@@ -504,14 +505,6 @@ impl Cluster {
 
 fn node_of(pod: &Pod) -> Option<&str> {
     pod.spec.as_ref()?.node_name.as_deref()
-}
-
-fn is_ready(pod: &Pod) -> bool {
-    let status = pod.status.as_ref();
-    status.and_then(|s| s.phase.as_deref()) == Some("Running")
-        && status
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn phase(pod: &Pod) -> &str {
