@@ -3,7 +3,6 @@
 //! upgrade controller. It imports no controller; each controller imports it.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use gpuop_api::labels::GpuDetection;
 use gpuop_api::validate::ImageDefaults;
@@ -16,11 +15,6 @@ use crate::handoff::{Labelling, Pools};
 use crate::lease::Leadership;
 use crate::metrics::Metrics;
 use crate::pod_security;
-
-/// How long a write the caches have not shown yet is trusted before it is made again: the reconciler's
-/// applies, deletions and status writes, the labeller's node patches, the upgrade controller's node patches
-/// and driver pod deletions.
-pub(crate) const IN_FLIGHT: Duration = Duration::from_secs(10);
 
 /// Everything the controllers share.
 pub struct Context {

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpuop_api::status::{CONDITION_ERROR, PolicyStatus, State};
+use gpuop_api::status::{PolicyStatus, State};
 use gpuop_api::upgrade::UpgradePolicy;
 use gpuop_api::upgrade::observe::PoolScope;
 use gpuop_api::validate::validate_with;
@@ -28,16 +28,15 @@ use gpuop_render::{ClusterFacts, Rendered, render};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
-use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType};
 use kube::{Api, Client, CustomResourceExt, Resource, ResourceExt};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::warn;
 
 use crate::apply::{self, ApplyPlan, ObjectKey, Owned, Prune};
 use crate::caches::Decoded;
-use crate::context::{Context, IN_FLIGHT};
+use crate::context::Context;
 use crate::drivers::{self, DriverOutcome, DriverPlan, DriversInput};
 use crate::facts::FactsInput;
 use crate::handoff::{UpgradePool, Upgrades};
@@ -46,24 +45,28 @@ use crate::metrics::ReconciliationStatus;
 use crate::pod_security;
 use crate::projection::{NodeKeys, NodeRecord};
 use crate::readiness::{self, Observed, Templates, observe};
-use crate::status::Failure;
-use crate::status::{
-    OperandObservation, Outcome, bounded_note, driver_status, only_counts_differ, policy_status, transition,
-};
+use crate::report::{STATUS_INTERVAL, StatusTarget, StatusWrite, StatusWriter};
+use crate::retry::Backoff;
+use crate::status::{self, Failure, OperandObservation, Outcome, driver_status, policy_status};
+use crate::unconfirmed::{IN_FLIGHT, Unconfirmed};
 
 /// The shortest time between the starts of two passes.
 const MIN_PASS_INTERVAL: Duration = Duration::from_millis(200);
 /// How often the reconciler runs with nothing changed, to repair what it cannot watch.
 const RESYNC: Duration = Duration::from_secs(300);
-/// The shortest time between two status writes of one policy (a change of state waits too, at most this
-/// long); an NVIDIADriver's status waits for it only when its counts alone changed.
-pub(crate) const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+/// How a failed pass backs off (see [`crate::retry`]).
+const BACKOFF: Backoff = Backoff {
+    base: Duration::from_millis(500),
+    cap: Duration::from_secs(60),
+};
 
 /// The policy reconciler: the controllers' shared context, and what its passes remember.
 pub struct Reconciler {
     context: Arc<Context>,
     recent: Mutex<Recent>,
     memo: Mutex<Memo>,
+    /// The statuses written.
+    statuses: StatusWriter,
 }
 
 impl std::fmt::Debug for Reconciler {
@@ -166,9 +169,9 @@ impl ApplyInputs {
 /// Writes made recently whose echo the caches may not have delivered yet.
 #[derive(Debug, Default)]
 struct Recent {
-    applied: BTreeMap<ObjectKey, (String, Instant)>,
-    deleted: BTreeMap<ObjectKey, Instant>,
-    statuses: BTreeMap<String, (PolicyStatus, Instant)>,
+    /// Objects applied, with the applied-hash they were given.
+    applied: Unconfirmed<ObjectKey, String>,
+    deleted: Unconfirmed<ObjectKey, ()>,
     /// Drift repairs made, by the version of the object they were made at.
     repairs: apply::Repairs,
 }
@@ -180,6 +183,7 @@ impl Reconciler {
             context,
             recent: Mutex::default(),
             memo: Mutex::default(),
+            statuses: StatusWriter::default(),
         }
     }
 
@@ -384,21 +388,25 @@ pub async fn run_policies(context: Arc<Context>, shutdown: CancellationToken) {
         }
         last_pass = Some(Instant::now());
         context.metrics.policy_pass();
-        match reconcile(&context).await {
+        let error = match reconcile(&context).await {
             Ok(next) => {
                 failures = 0;
                 wait = next;
+                continue;
             }
+            Err(error) => error,
+        };
+        match BACKOFF.after(&error, "reconcile", failures + 1) {
             // The leadership ended mid-pass (a write found it over): nothing failed, the leader does the rest.
-            Err(error) if crate::api_client::is_not_leader(&error) => {
+            None => {
                 tracing::debug!(%error, "pass stopped: this replica no longer leads");
                 failures = 0;
                 wait = RESYNC;
             }
-            Err(error) => {
+            Some(retry_in) => {
                 failures += 1;
-                wait = Duration::from_millis(250 * 2u64.pow(failures.min(8))).min(Duration::from_secs(60));
-                warn!(%error, retry_in = ?wait, "reconcile failed");
+                wait = retry_in;
+                warn!(%error, ?retry_in, "reconcile failed");
                 context
                     .metrics
                     .reconciled(ReconciliationStatus::OperatorError, now_seconds());
@@ -438,12 +446,8 @@ pub async fn reconcile(context: &Reconciler) -> Result<Duration, ReconcileError>
         return Ok(RESYNC);
     }
     let Some((active, others)) = policies.split_first() else {
-        context
-            .labelling
-            .send_if_modified(|current| replace(current, Some(None)));
-        context
-            .upgrade_pools
-            .send_if_modified(|current| replace(current, Some(Upgrades::NoPolicy)));
+        publish(&context.labelling, Some(None));
+        publish(&context.upgrade_pools, Some(Upgrades::NoPolicy));
         if leader {
             label_namespace(context, false).await?;
         }
@@ -461,7 +465,7 @@ pub async fn reconcile(context: &Reconciler) -> Result<Duration, ReconcileError>
             active: active.name_any(),
             unreadable: ignored.0.as_ref().err().map(|invalid| invalid.error.clone()),
         };
-        match write_status(context, &Target::of(ignored), &outcome, leader).await {
+        match write_status(context, &target_of(ignored), &outcome, leader).await {
             Ok(written) => {
                 if let Some(deferred) = written.deferred {
                     next_for_ignored = Some(next_for_ignored.map_or(deferred, |wait| wait.min(deferred)));
@@ -483,7 +487,7 @@ pub async fn reconcile(context: &Reconciler) -> Result<Duration, ReconcileError>
             warn!(policy = %active.name_any(), %error, "the active ClusterPolicy cannot be read; nothing is changed");
             let written = write_status(
                 context,
-                &Target::of(active),
+                &target_of(active),
                 &Outcome::Failed(error.failure()),
                 leader,
             )
@@ -515,25 +519,45 @@ async fn label_namespace(context: &Reconciler, enabled: bool) -> Result<(), Reco
     })
 }
 
-/// Validates, renders, applies and judges the active policy; returns how long to wait for a change.
-async fn reconcile_active(
-    context: &Reconciler,
-    active: &ClusterPolicy,
-    leader: bool,
-) -> Result<Duration, ReconcileError> {
-    let validated = match validate_with(active, &context.image_defaults) {
-        Ok(validated) => validated,
-        Err(errors) => {
-            // Leave everything running as it is; say which fields are wrong.
-            let next = invalid(context, active, errors, leader).await?;
-            context
-                .metrics
-                .reconciled(ReconciliationStatus::PolicyUnavailable, now_seconds());
-            return Ok(next);
-        }
-    };
-    // Steps that failed while the pass went on; each is in the status, the first is returned for back-off.
-    let mut errors: Vec<ReconcileError> = context
+/// Hands `value` to the controller that watches `channel`, waking it only when it changes; `None` leaves
+/// the last one.
+fn publish<T: PartialEq>(channel: &watch::Sender<Option<T>>, value: Option<T>) {
+    if let Some(value) = value {
+        channel.send_if_modified(|current| replace(current, Some(value)));
+    }
+}
+
+/// Why the decide step stopped before it had anything to apply.
+enum Stopped {
+    /// A read the rendering depends on failed: nothing is changed, and the status says why.
+    Facts(Box<ReconcileError>),
+    /// The policy cannot be rendered.
+    Render(Box<ReconcileError>),
+}
+
+/// The first half of the decide step: the NVIDIADrivers, how the nodes route to them, and what the
+/// labeller is told.
+struct Labelling {
+    drivers: Vec<Arc<NVIDIADriver>>,
+    /// Every node, when NVIDIADrivers route them; none otherwise (the judgements read what changed).
+    nodes: Vec<Arc<NodeRecord>>,
+    routing: gpuop_api::DriverRouting,
+    policy: LabelPolicy,
+    /// Whether the labeller gets `policy`: not while the NVIDIADrivers it needs cannot be listed.
+    hand_on: bool,
+}
+
+/// What the active policy asks of the cluster now.
+struct Planned {
+    rendered: Arc<Rendered>,
+    driver_plans: Vec<DriverPlan>,
+    pools: Vec<UpgradePool>,
+    census: crate::facts::Census,
+}
+
+/// The resources the caches cannot list or watch, as the steps that failed for them.
+fn unwatched(context: &Reconciler) -> Vec<ReconcileError> {
+    context
         .caches
         .unavailable_required()
         .into_iter()
@@ -542,27 +566,43 @@ async fn reconcile_active(
             reason: u.reason,
             message: u.message,
         })
-        .collect();
-    let refused: BTreeSet<String> = errors
-        .iter()
-        .filter_map(|error| match error {
-            ReconcileError::Watch { resource, .. } => Some(resource.clone()),
-            _ => None,
-        })
-        .collect();
-    if leader && let Err(error) = label_namespace(context, validated.spec.psa_enabled()).await {
-        warn!(reason = %error.reason(), %error, "cannot label the namespace for Pod Security; applying the rest");
-        errors.push(error);
+        .collect()
+}
+
+/// What a store the API refuses to fill keeps from being done. An empty list is not the truth: without
+/// the NVIDIADrivers (when they manage the driver) the labeller keeps its last inputs, or it would strip
+/// every node's driver owner; without them or the nodes nothing is pruned (the driver DaemonSets would
+/// go); without those, the pods or the DaemonSets the upgrade controller keeps its last pools. Everything
+/// else goes on.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    labelling: bool,
+    pruning: bool,
+    upgrades: bool,
+}
+
+impl Held {
+    fn by(errors: &[ReconcileError], nvidia_drivers_on: bool) -> Self {
+        let refused = |name: &str| {
+            errors
+                .iter()
+                .any(|error| matches!(error, ReconcileError::Watch { resource, .. } if resource == name))
+        };
+        let labelling = nvidia_drivers_on && refused(NVIDIADriver::crd_name());
+        let pruning = labelling || refused("nodes");
+        Self {
+            labelling,
+            pruning,
+            upgrades: pruning || refused("pods") || refused("daemonsets.apps"),
+        }
     }
+}
+
+/// The decide step's first half, from the caches (no request is sent): the NVIDIADrivers' routing and
+/// the labeller's inputs. `None` while the node cache does not keep a label a decision reads: it is
+/// listing again, and the listing wakes the reconciler.
+fn decide_labelling(context: &Reconciler, validated: &ValidatedPolicy, held: Held) -> Option<Labelling> {
     let nvidia_drivers_on = validated.spec.driver.use_nvidia_driver_crd();
-    // A store the API refuses to fill is empty, and an empty list is not the truth: what would follow from
-    // it is not done. Without the NVIDIADrivers (when they manage the driver) the labeller keeps its last
-    // inputs, or it would strip every node's driver owner; without them or the nodes nothing is pruned (the
-    // driver DaemonSets would go); without those, the pods or the DaemonSets the upgrade controller keeps its
-    // last pools. Everything else goes on.
-    let drivers_unknown = nvidia_drivers_on && refused.contains(NVIDIADriver::crd_name());
-    let keep_all = drivers_unknown || refused.contains("nodes");
-    let keep_upgrades = keep_all || refused.contains("pods") || refused.contains("daemonsets.apps");
     let drivers = context.caches.drivers.state();
     // No decision reads an NFD label the node cache does not keep: when a selector names a new one, the
     // nodes are listed again first (the relist wakes this reconciler).
@@ -573,7 +613,7 @@ async fn reconcile_active(
         }
     }
     if !context.caches.nodes.covers(&keys) {
-        return Ok(IN_FLIGHT);
+        return None;
     }
     // Only the NVIDIADrivers' routing reads every node each pass; without them, the judgements below read
     // the nodes that changed.
@@ -587,9 +627,9 @@ async fn reconcile_active(
     } else {
         gpuop_api::DriverRouting::default()
     };
-    let mut label_policy = LabelPolicy::from_policy(&validated);
+    let mut policy = LabelPolicy::from_policy(validated);
     if nvidia_drivers_on {
-        label_policy.nvidia_drivers = Some(
+        policy.nvidia_drivers = Some(
             drivers
                 .iter()
                 .filter(|d| d.metadata.deletion_timestamp.is_none())
@@ -597,16 +637,34 @@ async fn reconcile_active(
                 .collect(),
         );
     }
-    if !drivers_unknown {
-        context
-            .labelling
-            .send_if_modified(|current| replace(current, Some(Some(label_policy.clone()))));
-    }
+    Some(Labelling {
+        drivers,
+        nodes,
+        routing,
+        policy,
+        hand_on: !held.labelling,
+    })
+}
 
+/// The decide step's second half, from the caches (no request is sent): the facts, the rendered objects
+/// of the policy and of each NVIDIADriver, and the upgrade pools.
+fn decide_plan(
+    context: &Reconciler,
+    validated: &ValidatedPolicy,
+    labelling: &Labelling,
+) -> Result<Planned, Stopped> {
+    let nvidia_drivers_on = validated.spec.driver.use_nvidia_driver_crd();
+    let Labelling {
+        drivers,
+        nodes,
+        routing,
+        policy: label_policy,
+        ..
+    } = labelling;
     let (mut facts, mut census) = {
         let mut judged = context.caches.judgements();
         judged.start_pass();
-        let count = judged.refresh_facts(&context.caches.nodes, &label_policy, &context.detection);
+        let count = judged.refresh_facts(&context.caches.nodes, label_policy, &context.detection);
         context.metrics.nodes_judged(count);
         judged.cluster(FactsInput {
             namespace: &context.namespace,
@@ -629,14 +687,13 @@ async fn reconcile_active(
             facts.config_map_keys = policy;
             drivers
         }
-        // Without the facts nothing can be rendered right: nothing is changed, and the status says why.
         Err(refused) => {
             let error = ReconcileError::Watch {
                 resource: refused.resource,
                 reason: refused.reason,
                 message: refused.message,
             };
-            return Err(failed(context, active, error, leader).await);
+            return Err(Stopped::Facts(Box::new(error)));
         }
     };
     context.metrics.census(census.gpu_nodes, census.nfd_labels);
@@ -644,27 +701,22 @@ async fn reconcile_active(
         .metrics
         .auto_upgrade(validated.spec.driver.is_auto_upgrade());
 
-    let rendered = match context.render(&validated, &facts) {
+    let rendered = match context.render(validated, &facts) {
         Ok(rendered) => rendered,
         Err(error) => {
             let error = ReconcileError::Render {
-                policy: active.name_any(),
+                policy: validated.name.clone(),
                 message: error.to_string(),
             };
-            let outcome = Outcome::Failed(error.failure());
-            let written = write_status(context, &Target::policy(active), &outcome, leader).await?;
-            context
-                .metrics
-                .reconciled(ReconciliationStatus::OperatorError, now_seconds());
-            return Ok(written.deferred.unwrap_or(RESYNC));
+            return Err(Stopped::Render(Box::new(error)));
         }
     };
     let host_root = NvidiaDriverFacts::host_root_of(Some(&validated.spec));
     let driver_plans = drivers::plan(
-        &drivers,
-        &nodes,
+        drivers,
+        nodes,
         &context.caches.judgements(),
-        &routing,
+        routing,
         DriversInput {
             enabled: nvidia_drivers_on,
             namespace: &context.namespace,
@@ -678,10 +730,71 @@ async fn reconcile_active(
     context
         .metrics
         .objects_rendered(driver_plans.iter().map(|plan| plan.rendered.objects.len()).sum());
-    let mut pools = upgrade_pools(context, &validated, &rendered);
+    let mut pools = upgrade_pools(context, validated, &rendered);
     pools.extend(driver_plans.iter().filter_map(|plan| plan.pool.clone()));
+    Ok(Planned {
+        rendered,
+        driver_plans,
+        pools,
+        census,
+    })
+}
+
+/// One pass over the active policy, in its steps: validate; decide what the labeller is told, and act on
+/// it (with the namespace's Pod Security labels); decide what the policy asks of the cluster; act (apply,
+/// prune, then hand the upgrade controller its pools); observe what runs; report the statuses. Returns how
+/// long to wait for a change.
+async fn reconcile_active(
+    context: &Reconciler,
+    active: &ClusterPolicy,
+    leader: bool,
+) -> Result<Duration, ReconcileError> {
+    let validated = match validate_with(active, &context.image_defaults) {
+        Ok(validated) => validated,
+        Err(errors) => {
+            // Leave everything running as it is; say which fields are wrong.
+            let next = invalid(context, active, errors, leader).await?;
+            context
+                .metrics
+                .reconciled(ReconciliationStatus::PolicyUnavailable, now_seconds());
+            return Ok(next);
+        }
+    };
+    // Steps that failed while the pass went on; each is in the status, the first is returned for back-off.
+    let mut errors = unwatched(context);
+    let held = Held::by(&errors, validated.spec.driver.use_nvidia_driver_crd());
+    if leader && let Err(error) = label_namespace(context, validated.spec.psa_enabled()).await {
+        warn!(reason = %error.reason(), %error, "cannot label the namespace for Pod Security; applying the rest");
+        errors.push(error);
+    }
+    let Some(labelling) = decide_labelling(context, &validated, held) else {
+        return Ok(IN_FLIGHT);
+    };
+    if labelling.hand_on {
+        publish(&context.labelling, Some(Some(labelling.policy.clone())));
+    }
+    let planned = match decide_plan(context, &validated, &labelling) {
+        Ok(planned) => planned,
+        // Without the facts nothing can be rendered right: nothing is changed, and the status says why.
+        Err(Stopped::Facts(error)) => return Err(failed(context, active, *error, leader).await),
+        Err(Stopped::Render(error)) => {
+            let outcome = Outcome::Failed(error.failure());
+            let written = write_status(context, &policy_target(active), &outcome, leader).await?;
+            context
+                .metrics
+                .reconciled(ReconciliationStatus::OperatorError, now_seconds());
+            return Ok(written.deferred.unwrap_or(RESYNC));
+        }
+    };
+    let Planned {
+        rendered,
+        driver_plans,
+        pools,
+        mut census,
+    } = planned;
+    let label_policy = labelling.policy;
     let awaiting_echo = if leader {
-        match apply_rendered(context, active, &rendered, &driver_plans, &pools, keep_all).await {
+        match apply_rendered(context, active, &rendered, &driver_plans, &pools, held.pruning).await {
             Ok(applied) => {
                 errors.extend(applied.refused);
                 applied.awaiting_echo
@@ -691,12 +804,12 @@ async fn reconcile_active(
     } else {
         false
     };
-    if !keep_upgrades {
-        context
-            .upgrade_pools
-            .send_if_modified(|current| replace(current, Some(Upgrades::Pools(pools))));
+    // The upgrade controller acts on the DaemonSets as written.
+    if !held.upgrades {
+        publish(&context.upgrade_pools, Some(Upgrades::Pools(pools)));
     }
 
+    // Observe what runs.
     let mut next = if awaiting_echo { IN_FLIGHT } else { RESYNC };
     let templates = context.templates(&rendered);
     let driver_templates: Vec<Templates> = driver_plans
@@ -772,7 +885,7 @@ async fn reconcile_active(
         census,
         failures: errors.iter().map(ReconcileError::failure).collect(),
     };
-    let written = write_status(context, &Target::policy(active), &outcome, leader).await?;
+    let written = write_status(context, &policy_target(active), &outcome, leader).await?;
     // Told in the status; the pass comes back with back-off. A resource the caches cannot watch needs no
     // retry from here: its reflector retries, and the pass runs again once it lists.
     if let Some(error) = errors
@@ -789,94 +902,41 @@ async fn reconcile_active(
     Ok(written.deferred.map_or(next, |deferred| deferred.min(next)))
 }
 
-/// Writes an NVIDIADriver's status when it differs from the stored one (counts at most once per
-/// [`STATUS_INTERVAL`]), with an event when its Ready condition changes reason; returns when to come back
-/// for a put-off write.
+/// Writes an NVIDIADriver's status (see [`crate::report`]); returns when to come back for a put-off write.
 async fn write_driver_status(
     context: &Reconciler,
     plan: &DriverPlan,
     observation: Option<&OperandObservation>,
     leader: bool,
 ) -> Result<Option<Duration>, ReconcileError> {
-    let driver = &plan.driver;
-    let name = driver.name_any();
-    let key = format!("NVIDIADriver/{name}");
-    let stored = driver.status.as_ref();
-    // As for a ClusterPolicy (see `write_status`): made from this operator's own last write while the
-    // watch may not have brought it back yet.
-    let sent = context
-        .recent()
-        .statuses
-        .get(&key)
-        .filter(|(_, at)| at.elapsed() < IN_FLIGHT)
-        .map(|(sent, _)| sent.clone());
-    let status = driver_status(
-        &plan.outcome,
-        observation,
-        &context.namespace,
-        driver.metadata.generation,
-        sent.as_ref().or(stored),
-        &now(),
-    );
-    if !leader || stored == Some(&status) {
-        return Ok(None);
-    }
-    {
-        let recent = context.recent();
-        if let Some((sent, at)) = recent.statuses.get(&key) {
-            if *sent == status && at.elapsed() < IN_FLIGHT {
-                return Ok(None);
-            }
-            if stored.is_some_and(|s| only_counts_differ(s, &status)) && at.elapsed() < STATUS_INTERVAL {
-                return Ok(Some(STATUS_INTERVAL - at.elapsed()));
-            }
-        }
-    }
-    let api: Api<NVIDIADriver> = Api::all(context.client.clone());
-    api.patch_status(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({ "status": status })),
-    )
-    .await
-    .map_err(|source| ReconcileError::Status {
-        object: format!("NVIDIADriver {name}"),
-        source,
-    })?;
-    context
-        .recent()
-        .statuses
-        .insert(key, (status.clone(), Instant::now()));
-    let reason = |s: Option<&gpuop_api::PolicyStatus>| {
-        s.and_then(|s| s.conditions.as_ref())
-            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-            .map(|c| (c.reason.clone(), c.status.clone()))
+    let driver = &*plan.driver;
+    let target = StatusTarget::new(driver, driver.status.as_ref());
+    let status_of = |previous: Option<&PolicyStatus>| {
+        driver_status(
+            &plan.outcome,
+            observation,
+            &context.namespace,
+            target.generation(),
+            previous,
+            &now(),
+        )
     };
-    if reason(stored) != reason(Some(&status))
-        && let Some(ready) = status.conditions.iter().flatten().find(|c| c.type_ == "Ready")
-    {
-        info!(nvidiadriver = %name, state = ?status.state, reason = %ready.reason, "NVIDIADriver state changed");
-        let warning = ready.status != "True" && ready.reason != gpuop_api::status::reason::DRIVER_NOT_READY;
-        let event = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: ready.reason.clone(),
-            note: Some(bounded_note(if ready.message.is_empty() {
-                "the ClusterPolicy manages the driver"
-            } else {
-                &ready.message
-            })),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(error) = context.recorder.publish(&event, &driver.object_ref(&())).await {
-            warn!(%error, "cannot publish an event");
-        }
-    }
-    Ok(None)
+    let written = context
+        .statuses
+        .write(
+            &context.client,
+            &context.recorder,
+            &target,
+            leader,
+            status_of,
+            status::driver_event,
+        )
+        .await
+        .map_err(|source| ReconcileError::Status {
+            object: target.describe(),
+            source,
+        })?;
+    Ok(written.deferred)
 }
 
 /// The upgrade pools of a policy: its driver DaemonSets under its upgrade policy. None when NVIDIADriver
@@ -927,7 +987,7 @@ async fn invalid(
     leader: bool,
 ) -> Result<Duration, ReconcileError> {
     let outcome = Outcome::Invalid(errors);
-    let written = write_status(context, &Target::policy(policy), &outcome, leader).await?;
+    let written = write_status(context, &policy_target(policy), &outcome, leader).await?;
     Ok(written.deferred.unwrap_or(RESYNC))
 }
 
@@ -940,7 +1000,7 @@ async fn failed(
     leader: bool,
 ) -> ReconcileError {
     let outcome = Outcome::Failed(error.failure());
-    match write_status(context, &Target::policy(policy), &outcome, leader).await {
+    match write_status(context, &policy_target(policy), &outcome, leader).await {
         Ok(_) => error,
         Err(status) => {
             warn!(reason = %error.reason(), %error, "a step failed and its status cannot be written");
@@ -1068,20 +1128,19 @@ async fn apply_rendered(
         });
     }
     let wanted = plan.apply.len() + plan.delete.len();
-    let now = Instant::now();
+    let now = crate::unconfirmed::now();
     {
         let mut recent = context.recent();
-        recent
-            .applied
-            .retain(|_, (_, at)| now.duration_since(*at) < IN_FLIGHT);
-        recent.deleted.retain(|_, at| now.duration_since(*at) < IN_FLIGHT);
+        recent.applied.settle(now, |_, _| false);
+        recent.deleted.settle(now, |_, _| false);
         plan.apply.retain(|(key, object, _)| {
             recent
                 .applied
-                .get(key)
-                .is_none_or(|(applied, _)| applied != applied_hash(object))
+                .trusted(key, now)
+                .is_none_or(|applied| applied != applied_hash(object))
         });
-        plan.delete.retain(|key| !recent.deleted.contains_key(key));
+        plan.delete
+            .retain(|key| recent.deleted.trusted(key, now).is_none());
     }
     let awaiting_echo = plan.apply.len() + plan.delete.len() < wanted;
     if plan == ApplyPlan::default() {
@@ -1106,10 +1165,10 @@ async fn apply_rendered(
     for (key, object, _) in plan.apply.iter().filter(|(key, _, _)| applied.contains(key)) {
         recent
             .applied
-            .insert(key.clone(), (applied_hash(object).to_owned(), now));
+            .record(key.clone(), applied_hash(object).to_owned(), now);
     }
     for key in &done.deleted {
-        recent.deleted.insert(key.clone(), now);
+        recent.deleted.record(key.clone(), (), now);
     }
     let refused = done
         .refused
@@ -1182,161 +1241,46 @@ fn applied_hash(object: &serde_json::Value) -> &str {
         .unwrap_or_default()
 }
 
-/// A status the reconciler computed, and whether writing it was put off.
-#[derive(Debug)]
-struct StatusWrite {
-    status: PolicyStatus,
-    /// Set when the status changed within [`STATUS_INTERVAL`] of the last write: the pass must run
-    /// again after this long to write it.
-    deferred: Option<Duration>,
+/// A ClusterPolicy that decoded, as the target of its status.
+fn policy_target(policy: &ClusterPolicy) -> StatusTarget<'_> {
+    StatusTarget::new(policy, policy.status.as_ref())
 }
 
-/// The ClusterPolicy whose status is written: what of it the status depends on, also for one that does
-/// not decode (its metadata still does).
-struct Target<'a> {
-    name: String,
-    generation: Option<i64>,
-    /// The stored status; `None` when there is none or the object does not decode.
-    stored: Option<&'a PolicyStatus>,
-    /// Whether the object decoded: one that does not has no stored status to compare with, so the last
-    /// status written is trusted for as long as the operator runs.
-    decoded: bool,
-    reference: k8s_openapi::api::core::v1::ObjectReference,
-}
-
-impl<'a> Target<'a> {
-    fn of(policy: &'a Decoded<ClusterPolicy>) -> Self {
-        match &policy.0 {
-            Ok(policy) => Self::policy(policy),
-            Err(invalid) => Self {
-                name: invalid.metadata.name.clone().unwrap_or_default(),
-                generation: invalid.metadata.generation,
-                stored: None,
-                decoded: false,
-                reference: policy.object_ref(&()),
-            },
-        }
-    }
-
-    fn policy(policy: &'a ClusterPolicy) -> Self {
-        Self {
-            name: policy.name_any(),
-            generation: policy.metadata.generation,
-            stored: policy.status.as_ref(),
-            decoded: true,
-            reference: policy.object_ref(&()),
-        }
+/// The ClusterPolicy whose status is written, also one that does not decode (its metadata still does).
+fn target_of(policy: &Decoded<ClusterPolicy>) -> StatusTarget<'_> {
+    match &policy.0 {
+        Ok(decoded) => policy_target(decoded),
+        Err(_) => StatusTarget::undecoded(policy),
     }
 }
 
-/// Writes a policy's status when it differs from the stored one, at most once per [`STATUS_INTERVAL`].
+/// Writes a ClusterPolicy's status for `outcome` (see [`crate::report`]).
 async fn write_status(
     context: &Reconciler,
-    policy: &Target<'_>,
+    policy: &StatusTarget<'_>,
     outcome: &Outcome,
     leader: bool,
 ) -> Result<StatusWrite, ReconcileError> {
-    let name = policy.name.clone();
-    let last_write = context.recent().statuses.get(&name).cloned();
-    let stored = policy.stored;
-    // The status is made from the last one written: the stored one until this operator writes, and its
-    // own write while the watch may not have brought it back yet. Made from a stale stored one, a changed
-    // condition would get a new transition time each pass, and be written again each interval until the
-    // echo comes.
-    let previous = match &last_write {
-        Some((written, at)) if !policy.decoded || at.elapsed() < IN_FLIGHT => Some(written),
-        _ if policy.decoded => stored,
-        _ => None,
+    let status_of = |previous: Option<&PolicyStatus>| {
+        policy_status(outcome, &context.namespace, policy.generation(), previous, &now())
     };
-    let status = policy_status(outcome, &context.namespace, policy.generation, previous, &now());
-    let unchanged = stored == Some(&status)
-        || last_write
-            .as_ref()
-            .is_some_and(|(written, at)| *written == status && (!policy.decoded || at.elapsed() < IN_FLIGHT));
-    if unchanged || !leader {
-        return Ok(StatusWrite {
-            status,
-            deferred: None,
-        });
-    }
-    // A write waits for the interval since the last one to pass, so a rollout costs a write a second, not
-    // one per pass; a change of state waits too (at most that long), or a rollout whose nodes flip between
-    // ready and not would write as often as it flips.
-    let baseline = last_write.as_ref().map(|(written, _)| written).or(stored);
-    if let Some((_, at)) = &last_write {
-        let wait = STATUS_INTERVAL.saturating_sub(at.elapsed());
-        if !wait.is_zero() {
-            return Ok(StatusWrite {
-                status,
-                deferred: Some(wait),
-            });
-        }
-    }
-    // Guarded: the answer is the object itself, which need not decode.
-    let api: Api<Decoded<ClusterPolicy>> = Api::all(context.client.clone());
-    let patch = serde_json::json!({
-        "apiVersion": ClusterPolicy::api_version(&()),
-        "kind": ClusterPolicy::kind(&()),
-        "status": status,
-    });
-    api.patch_status(
-        &name,
-        &PatchParams::apply(gpuop_api::labels::FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(|source| ReconcileError::Status {
-        object: format!("ClusterPolicy {name}"),
-        source,
-    })?;
+    let event_of =
+        |before: Option<&PolicyStatus>, after: &PolicyStatus| status::policy_event(outcome, before, after);
     context
-        .recent()
         .statuses
-        .insert(name.clone(), (status.clone(), Instant::now()));
-    if baseline.map(|b| b.state) != Some(status.state)
-        || condition_reason(baseline, CONDITION_ERROR) != condition_reason(Some(&status), CONDITION_ERROR)
-    {
-        transition_event(context, policy, outcome, &status).await;
-    }
-    Ok(StatusWrite {
-        status,
-        deferred: None,
-    })
-}
-
-/// The status and reason of a status's condition of this type.
-fn condition_reason<'a>(status: Option<&'a PolicyStatus>, type_: &str) -> Option<(&'a str, &'a str)> {
-    status?
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.as_str(), c.reason.as_str()))
-}
-
-/// Publishes an event when a policy's state changes, with the condition's reason and a short note.
-async fn transition_event(
-    context: &Reconciler,
-    policy: &Target<'_>,
-    outcome: &Outcome,
-    status: &PolicyStatus,
-) {
-    let transition = transition(outcome, status);
-    info!(policy = %policy.name, state = ?status.state, reason = %transition.reason, "policy state changed");
-    let event = Event {
-        type_: if transition.warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
-        reason: transition.reason,
-        note: Some(transition.note),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    if let Err(error) = context.recorder.publish(&event, &policy.reference).await {
-        warn!(%error, "cannot publish an event");
-    }
+        .write(
+            &context.client,
+            &context.recorder,
+            policy,
+            leader,
+            status_of,
+            event_of,
+        )
+        .await
+        .map_err(|source| ReconcileError::Status {
+            object: policy.describe(),
+            source,
+        })
 }
 
 /// The ConfigMaps a policy's driver (and vGPU manager) mount file by file.
@@ -1426,4 +1370,261 @@ fn now() -> Time {
 
 fn now_seconds() -> i64 {
     k8s_openapi::jiff::Timestamp::now().as_second()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuop_api::labels::GpuDetection;
+    use gpuop_fakeserver::{FakeServer, Verb};
+    use serde_json::json;
+
+    use crate::caches::{Caches, Changes};
+    use crate::lease::Leadership;
+    use crate::metrics::Metrics;
+
+    const NAMESPACE: &str = "gpu-operator";
+
+    /// A fake API server with the CRDs, the operator's namespace and one GPU node (by NFD's labels).
+    fn cluster() -> FakeServer {
+        let server = FakeServer::new();
+        server.load_yaml(&gpuop_api::crd::crds_yaml()).expect("the CRDs");
+        server
+            .insert(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))
+            .expect("the namespace");
+        server
+            .insert(json!({
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": "gpu-0",
+                    "labels": {gpuop_api::labels::NFD_NVIDIA_PCI[0]: "true"},
+                },
+            }))
+            .expect("a GPU node");
+        server
+    }
+
+    /// A reconciler on `server`, leading, its caches listed. The labeller and the upgrade controller do not
+    /// run: what the reconciler hands them stays in the context for the test to read.
+    async fn reconciler(server: &FakeServer, shutdown: &CancellationToken) -> Reconciler {
+        let client = server.client();
+        let changed = Arc::new(Changes::default());
+        let (caches, _node_events) = Caches::start(&client, NAMESPACE, false, &changed, shutdown);
+        assert!(caches.ready().await, "the caches list");
+        let context = Context::new(
+            client,
+            NAMESPACE.to_owned(),
+            caches,
+            Leadership::always(),
+            Arc::new(Metrics::default()),
+            GpuDetection::from_selector(None),
+            gpuop_api::validate::ImageDefaults::default(),
+            false,
+            changed,
+            300,
+        );
+        Reconciler::new(Arc::new(context))
+    }
+
+    fn sample_policy() -> serde_json::Value {
+        serde_saphyr::from_str(include_str!("../../../deploy/samples/clusterpolicy.yaml"))
+            .expect("the sample")
+    }
+
+    /// Waits until the reconciler's caches hold the ClusterPolicy `name`.
+    async fn cached_policy(context: &Reconciler, name: &str) {
+        let seen = || {
+            context
+                .caches
+                .policies
+                .state()
+                .iter()
+                .any(|p| p.name_any() == name)
+        };
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !seen() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the policy reaches the cache");
+    }
+
+    /// The managers of an object's `status`, as (manager, operation).
+    fn status_managers(object: &serde_json::Value) -> Vec<(String, String)> {
+        object["metadata"]["managedFields"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|entry| entry["subresource"] == "status")
+            .map(|entry| {
+                let field = |name: &str| entry[name].as_str().unwrap_or_default().to_owned();
+                (field("manager"), field("operation"))
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn without_a_policy_the_other_controllers_are_told_there_is_none() {
+        let server = cluster();
+        let shutdown = CancellationToken::new();
+        let context = reconciler(&server, &shutdown).await;
+        assert_eq!(reconcile(&context).await.expect("a pass"), RESYNC);
+        assert_eq!(
+            *context.labelling.borrow(),
+            Some(None),
+            "the labeller strips its switches"
+        );
+        assert_eq!(*context.upgrade_pools.borrow(), Some(Upgrades::NoPolicy));
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_pass_applies_hands_on_and_reports_and_the_next_writes_nothing() {
+        let server = cluster();
+        server.insert(sample_policy()).expect("the policy");
+        let shutdown = CancellationToken::new();
+        let context = reconciler(&server, &shutdown).await;
+        cached_policy(&context, "cluster-policy").await;
+        reconcile(&context).await.expect("a pass");
+
+        let daemonsets = server.requests().count(Verb::Apply, "daemonsets");
+        assert!(daemonsets > 0, "the operands are applied");
+        let labelling = context.labelling.borrow().clone();
+        assert!(
+            matches!(labelling, Some(Some(_))),
+            "the labeller has its inputs: {labelling:?}"
+        );
+        let pools = context.upgrade_pools.borrow().clone();
+        let Some(Upgrades::Pools(pools)) = pools else {
+            panic!("the upgrade controller has its pools: {pools:?}");
+        };
+        assert_eq!(pools[0].owner, "ClusterPolicy/cluster-policy");
+        let policy = server
+            .get("nvidia.com/v1", "ClusterPolicy", "", "cluster-policy")
+            .expect("the policy");
+        assert_eq!(
+            policy["status"]["state"], "notReady",
+            "no operand runs without a kubelet"
+        );
+        assert_eq!(
+            status_managers(&policy),
+            vec![("gpu-operator".to_owned(), "Apply".to_owned())]
+        );
+
+        // Nothing changed: the writes just made are trusted while the caches catch up.
+        let before = server.requests();
+        reconcile(&context).await.expect("a second pass");
+        let writes = server.requests().since(&before).writes();
+        assert_eq!(writes, 0, "a pass with nothing changed writes nothing");
+        shutdown.cancel();
+    }
+
+    /// The namespace's Pod Security labels are set in the act step, before the operands are applied, and
+    /// on the leader alone.
+    #[tokio::test]
+    async fn pod_security_labels_come_with_the_apply_and_only_from_the_leader() {
+        let server = cluster();
+        let mut policy = sample_policy();
+        policy["spec"]["psa"] = json!({"enabled": true});
+        server.insert(policy).expect("the policy");
+        let shutdown = CancellationToken::new();
+        let context = reconciler(&server, &shutdown).await;
+        cached_policy(&context, "cluster-policy").await;
+        let enforce = || {
+            let namespace = server
+                .get("v1", "Namespace", "", NAMESPACE)
+                .expect("the namespace");
+            namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"].clone()
+        };
+        // A follower decides, and writes nothing.
+        let active = context.caches.policies.state()[0].clone();
+        let Ok(active) = &active.0 else {
+            panic!("the sample decodes");
+        };
+        reconcile_active(&context, active, false)
+            .await
+            .expect("a follower's pass");
+        assert!(enforce().is_null(), "a follower does not label the namespace");
+        assert_eq!(server.requests().writes(), 0, "nor writes anything else");
+        reconcile(&context).await.expect("the leader's pass");
+        assert_eq!(enforce(), "privileged");
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn an_nvidia_drivers_status_goes_through_the_same_writer() {
+        let server = cluster();
+        let mut policy = sample_policy();
+        policy["spec"]["driver"]["useNvidiaDriverCRD"] = json!(true);
+        server.insert(policy).expect("the policy");
+        let drivers = include_str!("../../../deploy/samples/nvidiadrivers.yaml");
+        server.load_yaml(drivers).expect("the NVIDIADrivers");
+        let shutdown = CancellationToken::new();
+        let context = reconciler(&server, &shutdown).await;
+        cached_policy(&context, "cluster-policy").await;
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while context.caches.drivers.state().is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the NVIDIADrivers reach the cache");
+        // Their node selectors name labels the node cache did not keep: the first passes wait for the
+        // nodes to be listed again with them.
+        let status = || server.get("nvidia.com/v1alpha1", "NVIDIADriver", "", "default");
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while status().is_none_or(|driver| driver["status"].is_null()) {
+                reconcile(&context).await.expect("a pass");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the NVIDIADriver gets a status");
+        let driver = status().expect("the default NVIDIADriver");
+        assert!(
+            driver["status"]["state"].is_string(),
+            "a status: {}",
+            driver["status"]
+        );
+        assert_eq!(
+            status_managers(&driver),
+            vec![("gpu-operator".to_owned(), "Apply".to_owned())],
+            "written by server-side apply, as a ClusterPolicy's"
+        );
+        shutdown.cancel();
+    }
+
+    #[test]
+    fn objects_held_back_are_named_after_the_refusal() {
+        assert_eq!(held_back(&[]), "");
+        let skipped = [
+            (
+                "DaemonSet",
+                NAMESPACE.to_owned(),
+                "nvidia-dcgm-exporter".to_owned(),
+            ),
+            ("Service", NAMESPACE.to_owned(), "nvidia-dcgm-exporter".to_owned()),
+        ];
+        let text = held_back(&skipped);
+        assert!(text.starts_with("; not applied until it is: "), "{text}");
+        assert!(text.contains("nvidia-dcgm-exporter"), "{text}");
+    }
+
+    #[test]
+    fn a_hand_off_wakes_its_controller_only_when_it_changes() {
+        let (channel, mut watching) = watch::channel(None::<Upgrades>);
+        publish(&channel, Some(Upgrades::NoPolicy));
+        assert!(watching.has_changed().unwrap());
+        watching.mark_unchanged();
+        publish(&channel, Some(Upgrades::NoPolicy));
+        assert!(!watching.has_changed().unwrap(), "the same value wakes nobody");
+        publish(&channel, None);
+        assert!(
+            !watching.has_changed().unwrap(),
+            "nothing decided leaves the last value"
+        );
+        assert_eq!(*channel.borrow(), Some(Upgrades::NoPolicy));
+    }
 }

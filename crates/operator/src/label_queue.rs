@@ -35,9 +35,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::caches::{NodeEvent, lock};
-use crate::context::{Context, IN_FLIGHT};
+use crate::context::Context;
 use crate::labeler::{DesiredPatches, LabelPolicy, NodePatch};
 use crate::projection::{NodeRecord, WatchedNode};
+use crate::retry::{self, Backoff, Retry};
+use crate::unconfirmed::{IN_FLIGHT, Unconfirmed, now};
 
 /// Nodes labelled at once. A label patch is one small write; a handful in flight keep a node watch's
 /// worth of work moving while leaving the API server's other clients their share (the labeller used to
@@ -47,6 +49,11 @@ pub const WORKERS: usize = 16;
 pub const BACKOFF_BASE: Duration = Duration::from_millis(200);
 /// The longest wait between two tries of one node.
 pub const BACKOFF_CAP: Duration = Duration::from_secs(300);
+/// How the labeller backs off a node whose write failed.
+const BACKOFF: Backoff = Backoff {
+    base: BACKOFF_BASE,
+    cap: BACKOFF_CAP,
+};
 /// Writes of one node tried at once, each after a 409 on the node as a GET returns it, before it backs off.
 pub const CONFLICT_ATTEMPTS: usize = 3;
 
@@ -165,7 +172,7 @@ impl WorkQueue {
             Outcome::Failed { retry_after } => {
                 let failures = self.failures.entry(key.to_owned()).or_default();
                 *failures = failures.saturating_add(1);
-                let wait = backoff(key, *failures).max(retry_after.unwrap_or_default());
+                let wait = BACKOFF.wait(key, *failures).max(retry_after.unwrap_or_default());
                 Some((now + wait, true))
             }
         };
@@ -226,20 +233,6 @@ impl WorkQueue {
             Entry::Processing { .. } => None,
         }
     }
-}
-
-/// The wait after the `failures`-th failure in a row of `key`: [`BACKOFF_BASE`] doubled per failure, up
-/// to a quarter more by a hash of the key and the count, at most [`BACKOFF_CAP`].
-pub fn backoff(key: &str, failures: u32) -> Duration {
-    let doublings = failures.saturating_sub(1).min(20);
-    let exact = BACKOFF_BASE.saturating_mul(1 << doublings).min(BACKOFF_CAP);
-    // FNV-1a: stable across runs and platforms, so a test sees the same spread every time.
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in key.bytes().chain(failures.to_le_bytes()) {
-        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-    }
-    let spread = exact.mul_f64((hash % 1024) as f64 / 4096.0);
-    (exact + spread).min(BACKOFF_CAP)
 }
 
 /// The label patch this operator sent to a node and when, until the node cache shows it.
@@ -339,7 +332,7 @@ pub async fn run_labeller(
     let mut leading = leadership.is_leader();
     let mut queue = WorkQueue::new(WORKERS);
     // Per node, the patch last sent that the cache did not show when the node was last processed.
-    let mut unconfirmed: HashMap<String, Sent> = HashMap::new();
+    let mut unconfirmed: Unconfirmed<String, Arc<NodePatch>> = Unconfirmed::default();
     let mut patches = Patches::default();
     let desired = Arc::new(Mutex::new(DesiredPatches::default()));
     let mut working = FuturesUnordered::new();
@@ -360,7 +353,7 @@ pub async fn run_labeller(
         let policy = context.labelling.borrow().clone();
         if leading && let Some(policy) = &policy {
             while let Some(name) = queue.next(now()) {
-                let sent = unconfirmed.remove(&name);
+                let sent = unconfirmed.take(&name).map(|(patch, at)| Sent { patch, at });
                 working.push(label(
                     context.clone(),
                     desired.clone(),
@@ -405,18 +398,12 @@ pub async fn run_labeller(
             Some((name, outcome, sent)) = working.next(), if !working.is_empty() => {
                 queue.done(&name, outcome, now());
                 if let (Some(sent), true) = (sent, leading) {
-                    let patch = patches.share(sent.patch);
-                    unconfirmed.insert(name, Sent { patch, ..sent });
+                    unconfirmed.record(name, patches.share(sent.patch), sent.at);
                 }
             }
             () = tokio::time::sleep_until(wake.unwrap_or_else(tokio::time::Instant::now)), if wake.is_some() => {}
         }
     }
-}
-
-/// The time as the queue counts it: tokio's clock (paused in tests), as a std `Instant`.
-fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
 }
 
 /// Labels one node; returns its name, how it went, and the patch sent that the cache does not show yet.
@@ -480,18 +467,12 @@ async fn label(
 }
 
 fn failed(name: &str, error: &kube::Error, sent: Option<Sent>) -> (String, Outcome, Option<Sent>) {
-    if crate::api_client::is_not_leader(error) {
+    let retry_after = match retry::classify(error) {
         // Leadership ended while the node was being labelled: the leader labels it; the queue is cleared
         // as this replica hears of it.
-        return (name.to_owned(), Outcome::Done { recheck_at: None }, None);
-    }
-    let retry_after = match error {
-        kube::Error::Api(status) if status.code == 429 => status
-            .details
-            .as_ref()
-            .map(|details| Duration::from_secs(u64::from(details.retry_after_seconds)))
-            .filter(|wait| !wait.is_zero()),
-        _ => None,
+        Retry::NotLeader => return (name.to_owned(), Outcome::Done { recheck_at: None }, None),
+        Retry::AtLeast(wait) => Some(wait),
+        Retry::BackOff => None,
     };
     warn!(node = %name, %error, ?retry_after, "cannot label node; backing off");
     (name.to_owned(), Outcome::Failed { retry_after }, sent)
@@ -544,6 +525,15 @@ mod tests {
 
     fn failure() -> Outcome {
         Outcome::Failed { retry_after: None }
+    }
+
+    /// A one-worker queue that was given `gpu-0` at `at`, handed it out and heard `outcome` for it then.
+    fn worked_once(outcome: Outcome, at: Instant) -> WorkQueue {
+        let mut queue = WorkQueue::new(1);
+        queue.add("gpu-0", at);
+        queue.next(at);
+        queue.done("gpu-0", outcome, at);
+        queue
     }
 
     /// Every key due at `now`, handed out until the queue says no.
@@ -609,7 +599,7 @@ mod tests {
         let mut now = t0;
         loop {
             while let Some(name) = queue.next(now) {
-                let took = MS * (1 + (backoff(&name, 1).as_micros() % 40) as u32);
+                let took = MS * (1 + (BACKOFF.wait(&name, 1).as_micros() % 40) as u32);
                 *processed.entry(name.clone()).or_default() += 1;
                 running.push((now + took, name));
             }
@@ -655,7 +645,7 @@ mod tests {
         assert_eq!(waits[0].as_millis() / 100, 2, "starts near 200 ms: {waits:?}");
         assert_eq!(*waits.last().unwrap(), BACKOFF_CAP);
         // Keys that fail together spread out.
-        assert_ne!(backoff("gpu-0", 3), backoff("gpu-1", 3));
+        assert_ne!(BACKOFF.wait("gpu-0", 3), BACKOFF.wait("gpu-1", 3));
 
         assert_eq!(queue.next(now).as_deref(), Some("gpu-0"));
         queue.done("gpu-0", done(), now);
@@ -673,16 +663,8 @@ mod tests {
     #[test]
     fn a_change_does_not_cut_a_back_off_short_and_retry_after_is_honoured() {
         let t0 = Instant::now();
-        let mut queue = WorkQueue::new(1);
-        queue.add("gpu-0", t0);
-        queue.next(t0);
-        queue.done(
-            "gpu-0",
-            Outcome::Failed {
-                retry_after: Some(Duration::from_secs(3)),
-            },
-            t0,
-        );
+        let retry_after = Some(Duration::from_secs(3));
+        let mut queue = worked_once(Outcome::Failed { retry_after }, t0);
         assert_eq!(queue.due("gpu-0"), Some(t0 + Duration::from_secs(3)));
         queue.add("gpu-0", t0 + MS);
         assert_eq!(queue.next(t0 + MS), None, "the node keeps its back-off");
@@ -813,16 +795,8 @@ mod tests {
             }
         );
         // ...and the node is queued for the moment the trust ends.
-        let mut queue = WorkQueue::new(1);
-        queue.add("gpu-0", later);
-        queue.next(later);
-        queue.done(
-            "gpu-0",
-            Outcome::Done {
-                recheck_at: Some(t0 + IN_FLIGHT),
-            },
-            later,
-        );
+        let recheck_at = Some(t0 + IN_FLIGHT);
+        let mut queue = worked_once(Outcome::Done { recheck_at }, later);
         assert_eq!(queue.next(t0 + IN_FLIGHT - MS), None);
         assert_eq!(queue.next(t0 + IN_FLIGHT).as_deref(), Some("gpu-0"));
         // Then, with the cache still not showing it, the patch goes again (preconditioned: if it had landed,

@@ -5,7 +5,8 @@
 //!
 //! - **Shared types and handles**: [`projection`] (what is kept of nodes and pods), [`changes`] (what
 //!   changed in them), [`lease`] and [`api_client`] (leader election; every request bounded in time, every
-//!   write gated on leadership), [`metrics`].
+//!   write gated on leadership), [`retry`] (what a failed request means for the next try), [`unconfirmed`]
+//!   (writes the caches do not show yet), [`metrics`].
 //! - **Pure decisions**: [`labeler`] (node labels), [`facts`] (cluster facts for rendering), [`handoff`]
 //!   (what the policy reconciler decides for the other two controllers), [`drivers`] (the NVIDIADrivers'
 //!   routing and renders), [`index`] and [`readiness`] (which nodes should run and do run each operand),
@@ -13,7 +14,7 @@
 //!   [`apply::plan`] (what to write and prune); the upgrade decision itself is
 //!   `gpuop_api::upgrade::decide`.
 //! - **Effects**: [`apply`] (server-side apply, prune, drift repairs and their events), [`pod_security`]
-//!   (the namespace's Pod Security labels).
+//!   (the namespace's Pod Security labels), [`report`] (every status and its event).
 //! - **Observation**: [`caches`] (the reflectors, and who is woken by what changed).
 //! - **What the controllers share**: [`context`].
 //! - **The controllers**, which never import each other: [`controller`] (the policy reconciler),
@@ -48,9 +49,12 @@ pub mod pod_security;
 pub mod projection;
 pub mod readiness;
 pub mod render_command;
+pub mod report;
+pub mod retry;
 pub mod run;
 pub mod status;
 pub mod trimmed;
+pub mod unconfirmed;
 pub mod uninstall;
 pub mod upgrade;
 
@@ -140,8 +144,8 @@ mod tests {
     #[test]
     fn the_steady_state_window_outlasts_every_retry_and_trust_window() {
         let windows = [
-            ("in-flight trust", crate::context::IN_FLIGHT),
-            ("status interval", crate::controller::STATUS_INTERVAL),
+            ("in-flight trust", crate::unconfirmed::IN_FLIGHT),
+            ("status interval", crate::report::STATUS_INTERVAL),
             ("idle upgrade pass", crate::upgrade::IDLE_PASS_INTERVAL),
             ("lease retry", crate::lease::Timing::default().retry_period),
         ];

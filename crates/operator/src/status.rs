@@ -329,6 +329,51 @@ pub fn transition(outcome: &Outcome, status: &PolicyStatus) -> Transition {
     }
 }
 
+/// The event a ClusterPolicy's new status calls for: one when its state or its `Error` condition changes
+/// from `before` (the status it replaces).
+pub fn policy_event(
+    outcome: &Outcome,
+    before: Option<&PolicyStatus>,
+    after: &PolicyStatus,
+) -> Option<Transition> {
+    let changed = before.map(|b| b.state) != Some(after.state)
+        || condition_of(before, CONDITION_ERROR) != condition_of(Some(after), CONDITION_ERROR);
+    changed.then(|| transition(outcome, after))
+}
+
+/// The event an NVIDIADriver's new status calls for: one when its `Ready` condition changes from `before`;
+/// a warning when it says the driver failed, not merely that it is not ready yet.
+pub fn driver_event(before: Option<&PolicyStatus>, after: &PolicyStatus) -> Option<Transition> {
+    if condition_of(before, CONDITION_READY) == condition_of(Some(after), CONDITION_READY) {
+        return None;
+    }
+    let ready = after
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == CONDITION_READY)?;
+    let note = if ready.message.is_empty() {
+        "the ClusterPolicy manages the driver"
+    } else {
+        &ready.message
+    };
+    Some(Transition {
+        warning: ready.status != "True" && ready.reason != reason::DRIVER_NOT_READY,
+        reason: ready.reason.clone(),
+        note: bounded_note(note),
+    })
+}
+
+/// The status and reason of a status's condition of this type.
+fn condition_of<'a>(status: Option<&'a PolicyStatus>, type_: &str) -> Option<(&'a str, &'a str)> {
+    status?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.as_str(), c.reason.as_str()))
+}
+
 /// The state and the `Ready` condition of an applied policy, listing up to `names` nodes per operand.
 fn readiness(
     operands: &[OperandObservation],
@@ -556,6 +601,15 @@ mod tests {
         }
     }
 
+    /// A pass that applied every object and observed `operands` on a cluster of `census`.
+    fn applied(operands: Vec<OperandObservation>, census: Census) -> Outcome {
+        Outcome::Applied {
+            failures: Vec::new(),
+            operands,
+            census,
+        }
+    }
+
     fn census(gpu_nodes: usize) -> Census {
         Census {
             gpu_nodes,
@@ -578,6 +632,11 @@ mod tests {
             .unwrap()
     }
 
+    /// A condition's status and reason, as the tests compare them.
+    fn status_and_reason(condition: &Condition) -> (&str, &str) {
+        (condition.status.as_str(), condition.reason.as_str())
+    }
+
     fn error_condition(status: &PolicyStatus) -> &Condition {
         status
             .conditions
@@ -590,11 +649,10 @@ mod tests {
 
     #[test]
     fn all_ready_is_reconciled() {
-        let outcome = Outcome::Applied {
-            failures: Vec::new(),
-            operands: vec![observation(Operand::Driver, &["a", "b"], &["a", "b"])],
-            census: census(2),
-        };
+        let outcome = applied(
+            vec![observation(Operand::Driver, &["a", "b"], &["a", "b"])],
+            census(2),
+        );
         let status = policy_status(&outcome, "gpu-operator", Some(3), None, &time(100));
         assert_eq!(status.state, State::Ready);
         assert_eq!(status.namespace.as_deref(), Some("gpu-operator"));
@@ -630,18 +688,11 @@ mod tests {
     fn not_ready_names_the_operand_and_its_nodes_and_is_not_an_error() {
         let mut plugin = observation(Operand::DevicePlugin, &["a", "b", "c"], &["a"]);
         plugin.excluded = nodes(&["tainted"]);
-        let outcome = Outcome::Applied {
-            failures: Vec::new(),
-            operands: vec![plugin],
-            census: census(4),
-        };
+        let outcome = applied(vec![plugin], census(4));
         let status = policy_status(&outcome, "ns", None, None, &time(1));
         assert_eq!(status.state, State::NotReady);
         let ready = ready_condition(&status);
-        assert_eq!(
-            (ready.status.as_str(), ready.reason.as_str()),
-            ("False", "OperandNotReady")
-        );
+        assert_eq!(status_and_reason(ready), ("False", "OperandNotReady"));
         assert_eq!(ready.message, "not ready: device-plugin on 2 of 3 nodes (b, c)");
         assert_eq!(error_condition(&status).status, "False");
         let operand = &status.operands.unwrap()[0];
@@ -659,11 +710,7 @@ mod tests {
     fn node_lists_are_bounded_but_counts_are_exact() {
         let expected: Vec<String> = (0..50).map(|i| format!("node-{i:02}")).collect();
         let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
-        let outcome = Outcome::Applied {
-            failures: Vec::new(),
-            operands: vec![observation(Operand::Driver, &expected, &[])],
-            census: census(50),
-        };
+        let outcome = applied(vec![observation(Operand::Driver, &expected, &[])], census(50));
         let status = policy_status(&outcome, "ns", None, None, &time(1));
         let operand = &status.operands.as_ref().unwrap()[0];
         assert_eq!((operand.expected, operand.ready), (50, 0));
@@ -675,11 +722,7 @@ mod tests {
     fn excluded_gpu_nodes_are_named_even_when_ready() {
         let mut driver = observation(Operand::Driver, &["a"], &["a"]);
         driver.excluded = nodes(&["reserved"]);
-        let outcome = Outcome::Applied {
-            failures: Vec::new(),
-            operands: vec![driver],
-            census: census(2),
-        };
+        let outcome = applied(vec![driver], census(2));
         let status = policy_status(&outcome, "ns", None, None, &time(1));
         assert_eq!(status.state, State::Ready);
         assert!(ready_condition(&status).message.ends_with(
@@ -689,24 +732,19 @@ mod tests {
 
     #[test]
     fn no_gpu_nodes_and_no_nfd_have_nvidias_reasons() {
-        let none = Outcome::Applied {
-            failures: Vec::new(),
-            operands: vec![],
-            census: Census {
+        let none = applied(
+            vec![],
+            Census {
                 gpu_nodes: 0,
                 nfd_labels: true,
                 ..Census::default()
             },
-        };
+        );
         assert_eq!(
             ready_condition(&policy_status(&none, "ns", None, None, &time(1))).reason,
             "NoGPUNodes"
         );
-        let no_nfd = Outcome::Applied {
-            failures: Vec::new(),
-            operands: vec![],
-            census: Census::default(),
-        };
+        let no_nfd = applied(vec![], Census::default());
         assert_eq!(
             ready_condition(&policy_status(&no_nfd, "ns", None, None, &time(1))).reason,
             "NFDLabelsMissing"
@@ -722,10 +760,7 @@ mod tests {
         )];
         let status = policy_status(&Outcome::Invalid(errors), "ns", Some(2), None, &time(1));
         let error = error_condition(&status);
-        assert_eq!(
-            (error.status.as_str(), error.reason.as_str()),
-            ("True", "ReconcileFailed")
-        );
+        assert_eq!(status_and_reason(error), ("True", "ReconcileFailed"));
         assert!(
             error
                 .message
@@ -734,10 +769,7 @@ mod tests {
             error.message
         );
         let ready = ready_condition(&status);
-        assert_eq!(
-            (ready.status.as_str(), ready.reason.as_str()),
-            ("False", "ReconcileFailed")
-        );
+        assert_eq!(status_and_reason(ready), ("False", "ReconcileFailed"));
         assert_eq!(ready.message, error.message, "Ready names every wrong field too");
     }
 
@@ -763,16 +795,8 @@ mod tests {
 
     #[test]
     fn transition_times_move_only_when_a_condition_changes() {
-        let ready = Outcome::Applied {
-            failures: Vec::new(),
-            operands: vec![observation(Operand::Driver, &["a"], &["a"])],
-            census: census(1),
-        };
-        let not_ready = Outcome::Applied {
-            failures: Vec::new(),
-            operands: vec![observation(Operand::Driver, &["a"], &[])],
-            census: census(1),
-        };
+        let ready = applied(vec![observation(Operand::Driver, &["a"], &["a"])], census(1));
+        let not_ready = applied(vec![observation(Operand::Driver, &["a"], &[])], census(1));
         let first = policy_status(&ready, "ns", None, None, &time(10));
         let same = policy_status(&ready, "ns", None, Some(&first), &time(20));
         assert_eq!(
@@ -790,15 +814,14 @@ mod tests {
 
     #[test]
     fn failed_upgrades_and_unserved_nodes_keep_the_policy_not_ready_with_the_reason() {
-        let outcome = Outcome::Applied {
-            failures: Vec::new(),
-            operands: vec![observation(Operand::Driver, &["a", "b"], &["a", "b"])],
-            census: Census {
+        let outcome = applied(
+            vec![observation(Operand::Driver, &["a", "b"], &["a", "b"])],
+            Census {
                 upgrade_failures: vec![("b".into(), "the validator did not pass within 600s".into())],
                 gpu_nodes_without_driver: vec!["c".into()],
                 ..census(3)
             },
-        };
+        );
         let status = policy_status(&outcome, "ns", None, None, &time(1));
         assert_eq!(status.state, State::NotReady);
         assert_eq!(
@@ -812,6 +835,11 @@ mod tests {
     fn an_nvidia_driver_says_disabled_conflicting_failed_or_ready() {
         use crate::drivers::DriverOutcome;
         let reason = |status: &PolicyStatus| ready_condition(status).reason.clone();
+        // The state, with the reason and message of the Ready condition.
+        let verdict = |status: &PolicyStatus| {
+            let ready = ready_condition(status);
+            (status.state, ready.reason.clone(), ready.message.clone())
+        };
         let disabled = driver_status(&DriverOutcome::Disabled, None, "ns", Some(1), None, &time(1));
         assert_eq!(disabled.state, State::Disabled);
         assert!(
@@ -821,25 +849,19 @@ mod tests {
         );
 
         let ready_driver = observation(Operand::Driver, &["a", "b"], &["a", "b"]);
-        let rendered = |problems: Vec<String>, failures: Vec<(String, String)>| DriverOutcome::Rendered {
-            problems,
-            failures,
+        // The status of an NVIDIADriver rendered with these problems and failures, its driver ready.
+        let rendered = |problems: Vec<String>, failures: Vec<(String, String)>| {
+            let outcome = DriverOutcome::Rendered { problems, failures };
+            driver_status(&outcome, Some(&ready_driver), "ns", Some(1), None, &time(1))
         };
-        let ready = driver_status(
-            &rendered(vec![], vec![]),
-            Some(&ready_driver),
-            "ns",
-            Some(1),
-            None,
-            &time(1),
-        );
+        let ready = rendered(vec![], vec![]);
         assert_eq!(
-            (ready.state, reason(&ready)),
-            (State::Ready, "Reconciled".to_owned())
-        );
-        assert_eq!(
-            ready_condition(&ready).message,
-            "the driver is ready on all 2 node(s) routed to this NVIDIADriver"
+            verdict(&ready),
+            (
+                State::Ready,
+                "Reconciled".to_owned(),
+                "the driver is ready on all 2 node(s) routed to this NVIDIADriver".to_owned()
+            )
         );
         let operands = ready.operands.as_ref().unwrap();
         assert_eq!(
@@ -848,16 +870,9 @@ mod tests {
             "nodes expected and ready"
         );
 
-        let conflict = driver_status(
-            &rendered(
-                vec!["node c is also selected by NVIDIADriver h100".into()],
-                vec![],
-            ),
-            Some(&ready_driver),
-            "ns",
-            Some(1),
-            None,
-            &time(1),
+        let conflict = rendered(
+            vec!["node c is also selected by NVIDIADriver h100".into()],
+            vec![],
         );
         assert_eq!(reason(&conflict), "ConflictingNodeSelector");
         assert!(
@@ -866,37 +881,29 @@ mod tests {
                 .contains("node c is also selected by NVIDIADriver h100")
         );
 
-        let failed = driver_status(
-            &rendered(vec![], vec![("b".into(), "driver pod restarted 11 times".into())]),
-            Some(&ready_driver),
-            "ns",
-            Some(1),
-            None,
-            &time(1),
-        );
+        let failed = rendered(vec![], vec![("b".into(), "driver pod restarted 11 times".into())]);
         assert_eq!(
-            (failed.state, reason(&failed)),
-            (State::NotReady, "DriverNotReady".to_owned())
-        );
-        assert_eq!(
-            ready_condition(&failed).message,
-            "not ready: driver upgrade failed on 1 node(s): b (driver pod restarted 11 times)"
+            verdict(&failed),
+            (
+                State::NotReady,
+                "DriverNotReady".to_owned(),
+                "not ready: driver upgrade failed on 1 node(s): b (driver pod restarted 11 times)".to_owned()
+            )
         );
     }
 
     #[test]
     fn gpu_nodes_without_their_labels_keep_the_policy_not_ready() {
         // The first pass of a fresh cluster: no deploy label is visible yet, so no operand expects a node.
-        let outcome = Outcome::Applied {
-            failures: Vec::new(),
-            operands: vec![observation(Operand::Driver, &[], &[])],
-            census: Census {
+        let outcome = applied(
+            vec![observation(Operand::Driver, &[], &[])],
+            Census {
                 gpu_nodes: 2,
                 nfd_labels: true,
                 gpu_nodes_unlabelled: vec!["a".into(), "b".into()],
                 ..Census::default()
             },
-        };
+        );
         let status = policy_status(&outcome, "ns", None, None, &time(1));
         assert_eq!(status.state, State::NotReady);
         let ready = ready_condition(&status);
@@ -913,19 +920,18 @@ mod tests {
             .map(|i| format!("gpu-node-with-a-long-pool-name-{i:04}"))
             .collect();
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
-        let outcome = Outcome::Applied {
-            failures: Vec::new(),
-            operands: gpuop_api::OPERANDS
+        let outcome = applied(
+            gpuop_api::OPERANDS
                 .iter()
                 .map(|info| observation(info.operand, &names, &[]))
                 .collect(),
-            census: Census {
+            Census {
                 gpu_nodes: 1000,
                 nfd_labels: true,
                 gpu_nodes_unlabelled: names.iter().map(|n| (*n).to_owned()).collect(),
                 ..Census::default()
             },
-        };
+        );
         let status = policy_status(&outcome, "ns", None, None, &time(1));
         assert!(ready_condition(&status).message.len() > EVENT_NOTE_LIMIT);
         let event = transition(&outcome, &status);
@@ -962,11 +968,10 @@ mod tests {
     #[test]
     fn only_counts_and_messages_can_wait() {
         let progress = |ready: &[&str], generation| {
-            let outcome = Outcome::Applied {
-                failures: Vec::new(),
-                operands: vec![observation(Operand::Driver, &["a", "b", "c"], ready)],
-                census: census(3),
-            };
+            let outcome = applied(
+                vec![observation(Operand::Driver, &["a", "b", "c"], ready)],
+                census(3),
+            );
             policy_status(&outcome, "ns", Some(generation), None, &time(1))
         };
         let (one, two, all) = (
@@ -1003,20 +1008,14 @@ mod tests {
             "all ready, yet a write was refused"
         );
         let error = error_condition(&status);
-        assert_eq!(
-            (error.status.as_str(), error.reason.as_str()),
-            ("True", "Forbidden")
-        );
+        assert_eq!(status_and_reason(error), ("True", "Forbidden"));
         assert!(
             error.message.contains("Service gpu-operator/x"),
             "{}",
             error.message
         );
         let ready = ready_condition(&status);
-        assert_eq!(
-            (ready.status.as_str(), ready.reason.as_str()),
-            ("False", "ReconcileFailed")
-        );
+        assert_eq!(status_and_reason(ready), ("False", "ReconcileFailed"));
         assert_eq!(
             status.operands.as_ref().map(Vec::len),
             Some(1),

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
 use gpuop_api::labels::{UPGRADE_ENABLED_ANNOTATION, UPGRADE_STATE};
 use gpuop_api::read::NodeRead;
 use gpuop_api::upgrade::observe::{DriverPods, PoolScope, node_view, validators, workload_pod};
@@ -33,10 +32,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::caches::spawn_until_cancelled;
 use crate::changes::{Changed, NodeSource, PodSource};
-use crate::context::{Context, IN_FLIGHT};
+use crate::context::Context;
 use crate::handoff::{UpgradePool, Upgrades};
 use crate::projection::{NodeRecord, WatchedNode};
+use crate::retry::Backoff;
+use crate::unconfirmed::{self, Unconfirmed};
 
 /// The shortest time between the starts of two passes while nodes are being upgraded: each of a node's
 /// moves waits for a pass.
@@ -50,22 +52,29 @@ pub(crate) const IDLE_PASS_INTERVAL: Duration = Duration::from_secs(1);
 const PACE: u32 = 20;
 /// How often a pass runs with nothing changed.
 const RESYNC: Duration = Duration::from_secs(300);
+/// How a failed step is retried (see [`crate::retry`]): every 2 s, or after the wait the server asks for.
+/// A step is cheap to repeat (its patch and deletions are idempotent), and a node left half-way holds a
+/// slot of the pool's budget.
+const STEP_RETRY: Backoff = Backoff {
+    base: Duration::from_secs(2),
+    cap: Duration::from_secs(2),
+};
 /// Moves carried out at once.
 const CONCURRENCY: usize = 16;
 
 /// What a pass remembers for the next.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Memory {
     /// The views of the nodes, kept from pass to pass.
     kept: Kept,
     /// Per node, the resourceVersion it had when this controller patched it, the patched node and its
     /// resourceVersion.
-    patched: BTreeMap<String, Patched>,
+    patched: Unconfirmed<String, Patched>,
     /// Driver pods deleted, by name.
-    deleted: BTreeMap<String, Instant>,
+    deleted: Unconfirmed<String, ()>,
     /// Pods whose eviction was asked for, by `namespace/name`: not asked again before
     /// [`EVICTION_RETRY_SECONDS`].
-    evicted: BTreeMap<String, Instant>,
+    evicted: Unconfirmed<String, ()>,
     /// The pods of the nodes being emptied.
     node_pods: NodePods,
     /// Whether the last pass saw nodes waiting for or in an upgrade.
@@ -74,13 +83,26 @@ struct Memory {
     computing: Duration,
 }
 
+impl Default for Memory {
+    fn default() -> Self {
+        Self {
+            kept: Kept::default(),
+            patched: Unconfirmed::default(),
+            deleted: Unconfirmed::default(),
+            evicted: Unconfirmed::new(Duration::from_secs(EVICTION_RETRY_SECONDS)),
+            node_pods: NodePods::default(),
+            upgrading: false,
+            computing: Duration::ZERO,
+        }
+    }
+}
+
 /// A node as this controller patched it, until the cache shows the patch.
 #[derive(Debug)]
 struct Patched {
     before: Option<String>,
     node: Arc<NodeRecord>,
     version: Option<String>,
-    at: Instant,
 }
 
 /// Runs the upgrade controller until `shutdown`.
@@ -135,18 +157,10 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
     let mut segment = Instant::now();
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     // A node whose patched copy stops standing in is viewed again from the cache.
-    let mut again: BTreeSet<String> = BTreeSet::new();
-    memory.patched.retain(|name, patched| {
-        let fresh = patched.at.elapsed() < IN_FLIGHT;
-        if !fresh {
-            again.insert(name.clone());
-        }
-        fresh
-    });
-    memory.deleted.retain(|_, at| at.elapsed() < IN_FLIGHT);
-    memory
-        .evicted
-        .retain(|_, at| at.elapsed() < Duration::from_secs(EVICTION_RETRY_SECONDS));
+    let instant = unconfirmed::now();
+    let mut again: BTreeSet<String> = memory.patched.settle(instant, |_, _| false).into_iter().collect();
+    memory.deleted.settle(instant, |_, _| false);
+    memory.evicted.settle(instant, |_, _| false);
     let mut basis = Basis {
         scopes: pools.iter().map(|pool| pool.scope.clone()).collect(),
         daemonsets: context.caches.daemonsets.state(),
@@ -162,12 +176,12 @@ async fn pass(context: &Context, pools: &[UpgradePool], memory: &mut Memory) -> 
         let (nodes, pods) = (context.caches.nodes.read(), context.caches.pods.read());
         // This controller's own patches stand in for cached copies that do not show them yet; once the
         // cache shows a node changed since, the cache's copy is the newer one.
-        memory
-            .patched
-            .retain(|name, patched| nodes.version(name) == patched.before.as_deref());
+        memory.patched.settle(instant, |name, patched| {
+            nodes.version(name) != patched.before.as_deref()
+        });
         again.extend(memory.patched.keys().cloned());
         let patched = &memory.patched;
-        let stand_in = |name: &str| patched.get(name).map(|p| p.node.clone());
+        let stand_in = |name: &str| patched.last(name).map(|(p, _)| p.node.clone());
         memory.kept.refresh(&*nodes, &*pods, basis, &stand_in, again, now);
     }
 
@@ -366,8 +380,8 @@ impl Kept {
 
 /// A node as this controller sees it: its own patch while the cache does not show it, else the cache's.
 fn current_node(context: &Context, memory: &Memory, name: &str) -> Option<Arc<NodeRecord>> {
-    match memory.patched.get(name) {
-        Some(patched) => Some(patched.node.clone()),
+    match memory.patched.last(name) {
+        Some((patched, _)) => Some(patched.node.clone()),
         None => context.caches.nodes.get(name),
     }
 }
@@ -375,8 +389,8 @@ fn current_node(context: &Context, memory: &Memory, name: &str) -> Option<Arc<No
 /// The resourceVersion of the node as this controller sees it: its own patch's while the cache does not
 /// show it, else the cache's.
 fn version_of(context: &Context, memory: &Memory, name: &str) -> Option<String> {
-    match memory.patched.get(name) {
-        Some(patched) => patched.version.clone(),
+    match memory.patched.last(name) {
+        Some((patched, _)) => patched.version.clone(),
         None => context.caches.nodes.resource_version(name),
     }
 }
@@ -482,25 +496,16 @@ impl NodeWatch {
             .modify(trim_workload_pod)
             .reflect(writer);
         let changed = context.changed.clone();
-        let (done, flag) = (stop.clone(), listed.clone());
+        let flag = listed.clone();
         let node = node.to_owned();
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            loop {
-                tokio::select! {
-                    () = done.cancelled() => break,
-                    event = stream.next() => match event {
-                        Some(Ok(event)) => {
-                            if matches!(event, watcher::Event::InitDone) {
-                                flag.store(true, Ordering::Release);
-                            }
-                            changed.upgrades.notify_one();
-                        }
-                        Some(Err(error)) => warn!(%node, %error, "watch of the node's pods failed; retrying"),
-                        None => break,
-                    },
+        spawn_until_cancelled(stream, &stop, move |event| match event {
+            Ok(event) => {
+                if matches!(event, watcher::Event::InitDone) {
+                    flag.store(true, Ordering::Release);
                 }
+                changed.upgrades.notify_one();
             }
+            Err(error) => warn!(%node, %error, "watch of the node's pods failed; retrying"),
         });
         Self { pods, listed, stop }
     }
@@ -516,17 +521,18 @@ async fn carry_out(
     let mut next = decision.recheck_in.map_or(RESYNC, Duration::from_secs);
     // What this controller asked for a moment ago is not asked again: a deleted driver pod, or an eviction
     // (a refused one is retried after EVICTION_RETRY_SECONDS).
-    let now = Instant::now();
+    let now = unconfirmed::now();
     let steps: Vec<Step> = decision
         .steps
         .iter()
         .map(|step| {
             let mut step = step.clone();
-            step.evict.retain(|pod| !memory.evicted.contains_key(pod));
+            step.evict
+                .retain(|pod| memory.evicted.trusted(pod, now).is_none());
             if step
                 .restart_driver
                 .as_ref()
-                .is_some_and(|pod| memory.deleted.contains_key(pod))
+                .is_some_and(|pod| memory.deleted.trusted(pod, now).is_some())
             {
                 step.restart_driver = None;
             }
@@ -535,7 +541,7 @@ async fn carry_out(
         .filter(|step| !step.is_empty())
         .collect();
     for pod in steps.iter().flat_map(|step| &step.evict) {
-        memory.evicted.insert(pod.clone(), now);
+        memory.evicted.record(pod.clone(), (), now);
     }
     for chunk in steps.chunks(CONCURRENCY) {
         let results = futures::future::join_all(chunk.iter().map(|step| {
@@ -551,30 +557,33 @@ async fn carry_out(
             match result {
                 Ok(outcome) => {
                     if let (Some(patched), Some(before)) = (outcome.patched, before) {
-                        memory.patched.insert(
-                            step.node.clone(),
-                            Patched {
-                                before,
-                                node: Arc::new(context.caches.nodes.project(&patched)),
-                                version: kube::Resource::meta(&patched).resource_version.clone(),
-                                at: Instant::now(),
-                            },
-                        );
+                        let patched = Patched {
+                            before,
+                            node: Arc::new(context.caches.nodes.project(&patched)),
+                            version: kube::Resource::meta(&patched).resource_version.clone(),
+                        };
+                        memory
+                            .patched
+                            .record(step.node.clone(), patched, unconfirmed::now());
                     }
                     if let Some(pod) = &step.restart_driver {
-                        memory.deleted.insert(pod.clone(), Instant::now());
+                        memory.deleted.record(pod.clone(), (), unconfirmed::now());
                     }
-                    if let Some(error) = outcome.failed {
-                        warn!(node = %step.node, pool = %pool.owner, %error, "driver upgrade step failed; retrying");
-                        next = next.min(Duration::from_secs(2));
+                    if let Some(error) = outcome.failed
+                        && let Some(retry_in) = STEP_RETRY.after(&error, &step.node, 1)
+                    {
+                        warn!(node = %step.node, pool = %pool.owner, %error, ?retry_in, "driver upgrade step failed; retrying");
+                        next = next.min(retry_in);
                     }
                 }
-                // No longer the leader: the leader carries the upgrade on.
-                Err(error) if crate::api_client::is_not_leader(&error) => return RESYNC,
-                Err(error) => {
-                    warn!(node = %step.node, pool = %pool.owner, %error, "driver upgrade step failed; retrying");
-                    next = next.min(Duration::from_secs(2));
-                }
+                Err(error) => match STEP_RETRY.after(&error, &step.node, 1) {
+                    // No longer the leader: the leader carries the upgrade on.
+                    None => return RESYNC,
+                    Some(retry_in) => {
+                        warn!(node = %step.node, pool = %pool.owner, %error, ?retry_in, "driver upgrade step failed; retrying");
+                        next = next.min(retry_in);
+                    }
+                },
             }
         }
     }
@@ -811,7 +820,7 @@ mod tests {
     use super::*;
     use crate::changes::{NodeSet, PodSet};
     use crate::projection::{Interner, NodeKeys, PodRecord};
-    use crate::readiness::tests::{daemonset, node, pod, revision};
+    use crate::readiness::tests::{daemonset, node, pod, revision, seeded};
     use gpuop_api::Operand;
     use gpuop_api::labels::COMPONENT;
 
@@ -841,13 +850,7 @@ mod tests {
         let mut interner = Interner::default();
         let mut nodes = NodeSet::default();
         let mut pods = PodSet::default();
-        let mut seed = 4242u64;
-        let mut next = move |bound: usize| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) as usize % bound
-        };
+        let mut next = seeded(4242);
         let states = [
             "",
             "upgrade-done",
