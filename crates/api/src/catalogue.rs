@@ -624,12 +624,7 @@ mod tests {
         let named = |name: &str, labels: &[(&str, &str)]| k8s_openapi::api::apps::v1::DaemonSet {
             metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 name: Some(name.to_owned()),
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                        .collect(),
-                ),
+                labels: Some(crate::labels::label_map(labels)),
                 ..k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta::default()
             },
             ..k8s_openapi::api::apps::v1::DaemonSet::default()

@@ -161,12 +161,7 @@ mod tests {
             r#"spec.mig.strategy: "double" is not one of [none, single, mixed]"#,
             r#"spec.driver2: unknown field; the API server would silently drop it (did you mean "driver"?)"#,
         ];
-        for message in expected {
-            assert!(
-                messages.contains(&message.to_owned()),
-                "missing {message:?} in {messages:#?}"
-            );
-        }
+        schema::assert_reports(&messages, &expected);
         assert!(
             messages
                 .iter()

@@ -350,19 +350,22 @@ fn name_problem(name: &str) -> Option<String> {
     }
 }
 
+/// A label (or annotation) map from `(key, value)` pairs, for tests.
+#[cfg(test)]
+pub(crate) fn label_map(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_evidence_and_the_verdict_agree() {
-        use std::collections::BTreeMap;
-        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
-            pairs
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect()
-        };
+        let labels = label_map;
         let selector = GpuDetection::from_selector(Some("pool=gpu".parse().unwrap()));
         let cases = [
             (
@@ -433,13 +436,7 @@ mod tests {
 
     #[test]
     fn mig_capability_follows_feature_discovery_and_stands_while_its_labels_are_away() {
-        use std::collections::BTreeMap;
-        let node = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
-            pairs
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect()
-        };
+        let node = label_map;
         let switch = crate::Operand::MigManager.info().deploy_label;
         assert!(is_mig_capable(&node(&[(MIG_CAPABLE, "true")])));
         assert!(!is_mig_capable(&node(&[

@@ -352,32 +352,25 @@ spec:
                 "toolkit: {image: registry.example/toolkit:1}",
                 "toolkit: {repository: nvcr.io/nvidia/k8s, image: container-toolkit}",
             );
-        let found = messages(&text);
-        let expected = [
-            r#"spec.mig.strategy: "double" is not one of [none, single, mixed]"#,
-            r#"spec.devicePlugn: unknown field; the API server would silently drop it (did you mean "devicePlugin"?)"#,
-            r#"spec.dcgm.enabled: "no" is a string, expected a boolean"#,
-            "spec.driver.startupProbe.periodSeconds: -5 should be greater than or equal to 1",
-        ];
-        for message in expected {
-            assert!(
-                found.iter().any(|m| m == message),
-                "missing {message:?} in {found:#?}"
-            );
-        }
+        crate::schema::assert_reports(
+            &messages(&text),
+            &[
+                r#"spec.mig.strategy: "double" is not one of [none, single, mixed]"#,
+                r#"spec.devicePlugn: unknown field; the API server would silently drop it (did you mean "devicePlugin"?)"#,
+                r#"spec.dcgm.enabled: "no" is a string, expected a boolean"#,
+                "spec.driver.startupProbe.periodSeconds: -5 should be greater than or equal to 1",
+            ],
+        );
         // With the type error fixed, the operator's own rules speak too.
         let text = text.replace("dcgm: {enabled: 'no'}", "dcgm: {enabled: false}");
         let found = messages(&text);
-        let expected = [
-            r#"spec.daemonsets.rollingUpdate.maxUnavailable: "0" must not be 0: a DaemonSet could never replace a pod"#,
-            "spec.toolkit.version: required when any of repository, image and version is set (or give image alone as a full reference)",
-        ];
-        for message in expected {
-            assert!(
-                found.iter().any(|m| m == message),
-                "missing {message:?} in {found:#?}"
-            );
-        }
+        crate::schema::assert_reports(
+            &found,
+            &[
+                r#"spec.daemonsets.rollingUpdate.maxUnavailable: "0" must not be 0: a DaemonSet could never replace a pod"#,
+                "spec.toolkit.version: required when any of repository, image and version is set (or give image alone as a full reference)",
+            ],
+        );
         // The enum is reported once even though both the schema and the operator check it.
         assert_eq!(
             found

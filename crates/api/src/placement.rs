@@ -74,17 +74,21 @@ impl fmt::Display for Misfit {
     }
 }
 
-/// Tolerations the DaemonSet controller adds to every DaemonSet pod, so that DaemonSets run on nodes that are
-/// not ready, unreachable, under pressure or cordoned.
-const DAEMONSET_TOLERATED: &[(&str, &str)] = &[
+/// Tolerations (taint key, effect) the DaemonSet controller adds to every DaemonSet pod, so that DaemonSets
+/// run on nodes that are not ready, unreachable, under pressure or cordoned.
+pub const DAEMONSET_TOLERATIONS: &[(&str, &str)] = &[
     ("node.kubernetes.io/not-ready", "NoExecute"),
     ("node.kubernetes.io/unreachable", "NoExecute"),
     ("node.kubernetes.io/disk-pressure", "NoSchedule"),
     ("node.kubernetes.io/memory-pressure", "NoSchedule"),
     ("node.kubernetes.io/pid-pressure", "NoSchedule"),
     ("node.kubernetes.io/unschedulable", "NoSchedule"),
-    ("node.kubernetes.io/network-unavailable", "NoSchedule"),
 ];
+
+/// The toleration the DaemonSet controller adds to host-network DaemonSet pods only; [`daemon_pod_fits`]
+/// grants it to every DaemonSet pod.
+pub const NETWORK_UNAVAILABLE_TOLERATION: (&str, &str) =
+    ("node.kubernetes.io/network-unavailable", "NoSchedule");
 
 /// Whether a DaemonSet pod with this spec belongs on the node (the DaemonSet controller's rule: cordoned
 /// nodes still get DaemonSet pods).
@@ -92,8 +96,9 @@ pub fn daemon_pod_fits(node: &(impl NodeRead + ?Sized), spec: &PodSpec) -> Resul
     selectors_fit(node, spec)?;
     let tolerations = spec.tolerations.as_deref().unwrap_or_default();
     for taint in node.taints() {
-        let automatic = DAEMONSET_TOLERATED
+        let automatic = DAEMONSET_TOLERATIONS
             .iter()
+            .chain([&NETWORK_UNAVAILABLE_TOLERATION])
             .any(|(key, effect)| taint.key == *key && taint.effect == *effect);
         if blocks(taint) && !automatic && !tolerations.iter().any(|t| tolerates(t, taint)) {
             return Err(Misfit::Taint(taint.clone()));
@@ -224,6 +229,7 @@ fn blocks(taint: &Taint) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::labels::label_map;
     use k8s_openapi::api::core::v1::{Affinity, Node, NodeAffinity, NodeSelector, NodeSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -231,12 +237,7 @@ mod tests {
         Node {
             metadata: ObjectMeta {
                 name: Some("n1".into()),
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                        .collect(),
-                ),
+                labels: Some(label_map(labels)),
                 ..ObjectMeta::default()
             },
             spec: Some(NodeSpec {
@@ -275,12 +276,7 @@ mod tests {
 
     fn spec(selector: &[(&str, &str)], tolerations: Vec<Toleration>) -> PodSpec {
         PodSpec {
-            node_selector: Some(
-                selector
-                    .iter()
-                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                    .collect(),
-            ),
+            node_selector: Some(label_map(selector)),
             tolerations: Some(tolerations),
             ..PodSpec::default()
         }

@@ -8,6 +8,8 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Resource;
 
 use crate::driver::DRIVER_CONFIG_DIGEST;
 
@@ -112,12 +114,7 @@ impl PodRead for Pod {
     }
 
     fn daemonset_uid(&self) -> Option<&str> {
-        self.metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.kind == "DaemonSet" && o.controller == Some(true))
-            .map(|o| o.uid.as_str())
+        controller_uid(self.metadata.owner_references.iter().flatten(), "DaemonSet")
     }
 
     fn driver_digest(&self) -> Option<&str> {
@@ -153,6 +150,30 @@ pub fn pod_ready_since<'c>(
         .into_iter()
         .find(|&(kind, status, _)| kind == "Ready" && status == "True")
         .map(|(_, _, since)| since.unwrap_or(0))
+}
+
+/// The uid of the controller among `owners` (the owner reference marked `controller`) when it is of `kind`.
+pub fn controller_uid<'o>(
+    owners: impl IntoIterator<Item = &'o OwnerReference>,
+    kind: &str,
+) -> Option<&'o str> {
+    owners
+        .into_iter()
+        .find(|o| o.kind == kind && o.controller == Some(true))
+        .map(|o| o.uid.as_str())
+}
+
+/// The owner reference a controller puts on the objects it creates, which [`controller_uid`] finds: it
+/// names `owner` as their controller and blocks `owner`'s foreground deletion until they are gone.
+pub fn controller_ref<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReference {
+    OwnerReference {
+        api_version: K::api_version(&()).into_owned(),
+        kind: K::kind(&()).into_owned(),
+        name: owner.meta().name.clone().unwrap_or_default(),
+        uid: owner.meta().uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
 }
 
 macro_rules! forward {

@@ -3,6 +3,8 @@
 //! operator's status and `kubectl gpu doctor` both judge with [`DaemonSetRevision::counts_ready`], so the
 //! two cannot disagree about a node in the middle of a rollout.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 
 use crate::read::PodRead;
@@ -20,6 +22,19 @@ pub fn latest_revision<'a>(
         .filter(|r| r.metadata.owner_references.iter().flatten().any(|o| o.uid == uid))
         .max_by_key(|r| r.revision)
         .and_then(|r| r.metadata.labels.as_ref()?.get(REVISION_HASH).cloned())
+}
+
+/// The labels the DaemonSet controller gives the ControllerRevision `hash` of a DaemonSet: its pod template's
+/// labels and [`REVISION_HASH`].
+pub fn revision_labels(daemonset: &DaemonSet, hash: &str) -> BTreeMap<String, String> {
+    let mut labels = daemonset
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    labels.insert(REVISION_HASH.to_owned(), hash.to_owned());
+    labels
 }
 
 /// The pod's revision hash.

@@ -208,6 +208,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
+    use crate::labels::label_map as labels;
     use crate::nvidia_driver::NVIDIADriverSpec;
 
     fn driver(name: &str, default: bool, selector: &[(&str, &str)]) -> NVIDIADriver {
@@ -221,13 +222,6 @@ mod tests {
         );
         driver.metadata.uid = Some(format!("uid-{name}"));
         driver
-    }
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
     }
 
     fn gpu(extra: &[(&str, &str)]) -> BTreeMap<String, String> {

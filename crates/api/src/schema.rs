@@ -488,6 +488,17 @@ pub(crate) fn matches_pattern(pattern: &str, text: &str) -> bool {
     regex.as_ref().is_none_or(|regex| regex.is_match(text))
 }
 
+/// Fails the test unless every `expected` message is among the `found` ones.
+#[cfg(test)]
+pub(crate) fn assert_reports(found: &[String], expected: &[&str]) {
+    for message in expected {
+        assert!(
+            found.iter().any(|m| m == message),
+            "missing {message:?} in {found:#?}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -560,12 +571,7 @@ mod tests {
             "spec.extra: unknown field; the API server would silently drop it",
             r#"spec.ports[1]: {"name":"a"} duplicates an earlier entry's keys"#,
         ];
-        for message in expected {
-            assert!(
-                found.iter().any(|m| m == message),
-                "missing {message:?} in {found:#?}"
-            );
-        }
+        assert_reports(&found, &expected);
         assert_eq!(found.len(), expected.len(), "{found:#?}");
     }
 

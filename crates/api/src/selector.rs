@@ -214,14 +214,7 @@ impl fmt::Display for LabelSelector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
+    use crate::labels::label_map as labels;
 
     #[test]
     fn every_operator_matches_as_kubernetes_does() {
@@ -261,19 +254,12 @@ mod tests {
             error.problem,
             r#""pool in gpu": the values of `in` go in parentheses"#
         );
-        assert!(
-            "bad key!=x"
-                .parse::<LabelSelector>()
-                .unwrap_err()
-                .problem
-                .starts_with(r#"key "bad key""#)
-        );
-        assert!(
-            "a=has space"
-                .parse::<LabelSelector>()
-                .unwrap_err()
-                .problem
-                .starts_with(r#"value "has space""#)
-        );
+        for (text, start) in [
+            ("bad key!=x", r#"key "bad key""#),
+            ("a=has space", r#"value "has space""#),
+        ] {
+            let problem = text.parse::<LabelSelector>().unwrap_err().problem;
+            assert!(problem.starts_with(start), "{text:?}: {problem}");
+        }
     }
 }

@@ -1373,12 +1373,7 @@ mod tests {
             r#"spec.devicePlugin.resources.limits.cpu: "-1" must not be negative"#,
             r#"spec.toolkit.installDir: "relative/path" must be an absolute path on the host"#,
         ];
-        for message in expected {
-            assert!(
-                found.contains(&message.to_owned()),
-                "missing {message:?} in {found:#?}"
-            );
-        }
+        crate::schema::assert_reports(&found, &expected);
         assert_eq!(found.len(), expected.len(), "{found:#?}");
     }
 

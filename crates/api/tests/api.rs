@@ -45,25 +45,24 @@ mod samples {
         }
     }
 
+    /// `original` parsed as `K`, serialized, parsed again (checked equal to the first parse) and serialized.
+    fn reparsed<K>(original: &Value, name: &str) -> Value
+    where
+        K: serde::de::DeserializeOwned + serde::Serialize + PartialEq + std::fmt::Debug,
+    {
+        let typed: K = serde_json::from_value(original.clone()).unwrap();
+        let again: K = serde_json::from_value(serde_json::to_value(&typed).unwrap()).unwrap();
+        assert_eq!(typed, again, "{name}");
+        serde_json::to_value(&again).unwrap()
+    }
+
     #[test]
     fn samples_survive_parse_serialize_parse_unchanged() {
         for (name, text) in SAMPLES {
             for original in documents(text) {
                 let round_tripped = match original["kind"].as_str() {
-                    Some("ClusterPolicy") => {
-                        let typed: ClusterPolicy = serde_json::from_value(original.clone()).unwrap();
-                        let again: ClusterPolicy =
-                            serde_json::from_value(serde_json::to_value(&typed).unwrap()).unwrap();
-                        assert_eq!(typed, again, "{name}");
-                        serde_json::to_value(&again).unwrap()
-                    }
-                    Some("NVIDIADriver") => {
-                        let typed: NVIDIADriver = serde_json::from_value(original.clone()).unwrap();
-                        let again: NVIDIADriver =
-                            serde_json::from_value(serde_json::to_value(&typed).unwrap()).unwrap();
-                        assert_eq!(typed, again, "{name}");
-                        serde_json::to_value(&again).unwrap()
-                    }
+                    Some("ClusterPolicy") => reparsed::<ClusterPolicy>(&original, name),
+                    Some("NVIDIADriver") => reparsed::<NVIDIADriver>(&original, name),
                     _ => continue,
                 };
                 assert_eq!(round_tripped, original, "{name}: a field was lost or changed");
@@ -147,11 +146,19 @@ mod every_field {
         object
     }
 
+    /// The object of [`object`], after checking that it parses as `K` and serializes back unchanged.
+    fn round_tripped<K: serde::de::DeserializeOwned + serde::Serialize>(
+        crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    ) -> Value {
+        let original = object(crd);
+        let typed: K = serde_json::from_value(original.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&typed).unwrap(), original);
+        original
+    }
+
     #[test]
     fn a_cluster_policy_with_every_field_set_round_trips() {
-        let original = object(&cluster_policy_crd());
-        let typed: ClusterPolicy = serde_json::from_value(original.clone()).unwrap();
-        assert_eq!(serde_json::to_value(&typed).unwrap(), original);
+        let original = round_tripped::<ClusterPolicy>(&cluster_policy_crd());
         // Spot checks that the generator reached the deep corners.
         assert_eq!(original["spec"]["operator"]["use_ocp_driver_toolkit"], true);
         assert_eq!(
@@ -166,9 +173,7 @@ mod every_field {
 
     #[test]
     fn an_nvidia_driver_with_every_field_set_round_trips() {
-        let original = object(&nvidia_driver_crd());
-        let typed: NVIDIADriver = serde_json::from_value(original.clone()).unwrap();
-        assert_eq!(serde_json::to_value(&typed).unwrap(), original);
+        let original = round_tripped::<NVIDIADriver>(&nvidia_driver_crd());
         assert_eq!(original["spec"]["gds"]["enabled"], true);
     }
 }

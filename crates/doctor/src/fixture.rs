@@ -18,6 +18,8 @@ use gpuop_api::labels::{
 };
 use gpuop_api::labels::{DRIVER_OWNER, NVIDIA_DRIVER_NAME};
 use gpuop_api::placement::daemon_pod_fits;
+use gpuop_api::read::controller_ref;
+use gpuop_api::rollout::revision_labels;
 use gpuop_api::upgrade::observe::REVISION_HASH;
 use gpuop_api::{
     ClusterPolicy, ClusterPolicySpec, NVIDIADriver, NVIDIADriverSpec, OPERANDS, Operand, OperandInfo,
@@ -338,28 +340,14 @@ fn revision_hash(daemon_set: &DaemonSet) -> String {
 
 /// The ControllerRevision of a DaemonSet's current generation, as the DaemonSet controller writes it.
 pub fn revision_of(daemon_set: &DaemonSet) -> ControllerRevision {
-    let mut labels = daemon_set
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.metadata.as_ref())
-        .and_then(|m| m.labels.clone())
-        .unwrap_or_default();
     let hash = revision_hash(daemon_set);
-    labels.insert(REVISION_HASH.to_owned(), hash.clone());
     ControllerRevision {
         metadata: ObjectMeta {
             name: Some(hash.clone()),
             namespace: daemon_set.metadata.namespace.clone(),
             uid: Some(format!("uid-{hash}")),
-            labels: Some(labels),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "apps/v1".to_owned(),
-                kind: "DaemonSet".to_owned(),
-                name: daemon_set.metadata.name.clone().unwrap_or_default(),
-                uid: daemon_set.metadata.uid.clone().unwrap_or_default(),
-                controller: Some(true),
-                block_owner_deletion: Some(true),
-            }]),
+            labels: Some(revision_labels(daemon_set, &hash)),
+            owner_references: Some(vec![controller_ref(daemon_set)]),
             ..ObjectMeta::default()
         },
         revision: daemon_set.metadata.generation.unwrap_or(1),
@@ -734,16 +722,7 @@ impl PodFacts {
     #[must_use]
     pub fn unschedulable(mut self, message: &str) -> PodFacts {
         self.spec.node_name = None;
-        self.status = PodStatusFacts {
-            phase: Some("Pending".to_owned()),
-            conditions: vec![condition(
-                "PodScheduled",
-                false,
-                Some("Unschedulable"),
-                Some(message),
-            )],
-            ..PodStatusFacts::default()
-        };
+        self.status = unschedulable_status(message);
         self
     }
 
@@ -858,16 +837,7 @@ impl PodFacts {
     pub fn unbound(&mut self, message: &str) -> &mut Self {
         let node = self.spec.node_name.take().unwrap_or_default();
         self.spec.affinity = Some(pinned_to(&node));
-        self.status = PodStatusFacts {
-            phase: Some("Pending".to_owned()),
-            conditions: vec![condition(
-                "PodScheduled",
-                false,
-                Some("Unschedulable"),
-                Some(message),
-            )],
-            ..PodStatusFacts::default()
-        };
+        self.status = unschedulable_status(message);
         self
     }
 
@@ -877,6 +847,20 @@ impl PodFacts {
                 condition.status = "False".to_owned();
             }
         }
+    }
+}
+
+/// A pending pod's status carrying the scheduler's `Unschedulable` message.
+fn unschedulable_status(message: &str) -> PodStatusFacts {
+    PodStatusFacts {
+        phase: Some("Pending".to_owned()),
+        conditions: vec![condition(
+            "PodScheduled",
+            false,
+            Some("Unschedulable"),
+            Some(message),
+        )],
+        ..PodStatusFacts::default()
     }
 }
 

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use gpuop_api::driver::DRIVER_CONFIG_DIGEST;
 use gpuop_api::labels::NVIDIA_PREFIX;
-use gpuop_api::read::{PodRead, pod_ready_since};
+use gpuop_api::read::{PodRead, controller_uid, pod_ready_since};
 use gpuop_api::{ClusterPolicy, NVIDIADriver};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetSpec};
 use k8s_openapi::api::core::v1::{
@@ -581,11 +581,7 @@ impl PodRead for PodFacts {
     }
 
     fn daemonset_uid(&self) -> Option<&str> {
-        self.metadata
-            .owner_references
-            .iter()
-            .find(|o| o.kind == "DaemonSet" && o.controller == Some(true))
-            .map(|o| o.uid.as_str())
+        controller_uid(&self.metadata.owner_references, "DaemonSet")
     }
 
     fn driver_digest(&self) -> Option<&str> {

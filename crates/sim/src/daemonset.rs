@@ -10,11 +10,12 @@
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 
-use gpuop_api::placement::{Misfit, daemon_pod_fits};
-use gpuop_api::read::PodRead;
+use gpuop_api::placement::{DAEMONSET_TOLERATIONS, Misfit, daemon_pod_fits};
+use gpuop_api::read::{PodRead, controller_ref};
+use gpuop_api::rollout::revision_labels;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, Toleration};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -437,26 +438,8 @@ fn scaled(value: &IntOrString, total: i32) -> i32 {
     }
 }
 
-fn owner(daemonset: &DaemonSet) -> OwnerReference {
-    OwnerReference {
-        api_version: "apps/v1".into(),
-        kind: "DaemonSet".into(),
-        name: daemonset.metadata.name.clone().unwrap_or_default(),
-        uid: daemonset.metadata.uid.clone().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }
-}
-
 fn revision_object(daemonset: &DaemonSet, hash: &str, revision: i64) -> ControllerRevision {
     let name = daemonset.metadata.name.clone().unwrap_or_default();
-    let mut labels = daemonset
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.metadata.as_ref())
-        .and_then(|m| m.labels.clone())
-        .unwrap_or_default();
-    labels.insert(REVISION_HASH.to_owned(), hash.to_owned());
     let template = daemonset
         .spec
         .as_ref()
@@ -465,8 +448,8 @@ fn revision_object(daemonset: &DaemonSet, hash: &str, revision: i64) -> Controll
         metadata: ObjectMeta {
             name: Some(format!("{name}-{hash}")),
             namespace: daemonset.metadata.namespace.clone(),
-            labels: Some(labels),
-            owner_references: Some(vec![owner(daemonset)]),
+            labels: Some(revision_labels(daemonset, hash)),
+            owner_references: Some(vec![controller_ref(daemonset)]),
             ..ObjectMeta::default()
         },
         data: template.map(RawExtension),
@@ -496,14 +479,7 @@ fn pod_object(
     let mut spec = template_spec.clone();
     spec.node_name = Some(node.to_owned());
     let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
-    for (key, effect) in [
-        ("node.kubernetes.io/not-ready", "NoExecute"),
-        ("node.kubernetes.io/unreachable", "NoExecute"),
-        ("node.kubernetes.io/disk-pressure", "NoSchedule"),
-        ("node.kubernetes.io/memory-pressure", "NoSchedule"),
-        ("node.kubernetes.io/pid-pressure", "NoSchedule"),
-        ("node.kubernetes.io/unschedulable", "NoSchedule"),
-    ] {
+    for &(key, effect) in DAEMONSET_TOLERATIONS {
         if !tolerations
             .iter()
             .any(|t| t.key.as_deref() == Some(key) && t.effect.as_deref() == Some(effect))
@@ -522,7 +498,7 @@ fn pod_object(
             namespace: namespace.map(str::to_owned),
             labels: Some(labels),
             annotations: template_meta.annotations,
-            owner_references: Some(vec![owner(daemonset)]),
+            owner_references: Some(vec![controller_ref(daemonset)]),
             ..ObjectMeta::default()
         },
         spec: Some(spec),
@@ -533,101 +509,38 @@ fn pod_object(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::apps::v1::{DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet};
-    use k8s_openapi::api::core::v1::{Container, NodeSpec, PodCondition, PodStatus, PodTemplateSpec, Taint};
+    use gpuop_testkit::fixture;
+    use k8s_openapi::api::core::v1::Taint;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
     fn node(name: &str, labels: &[(&str, &str)], taint: Option<&str>, cordoned: bool) -> Node {
-        Node {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                        .collect(),
-                ),
-                ..ObjectMeta::default()
-            },
-            spec: Some(NodeSpec {
-                unschedulable: Some(cordoned),
-                taints: taint.map(|key| {
-                    vec![Taint {
-                        key: key.to_owned(),
-                        effect: "NoSchedule".into(),
-                        ..Taint::default()
-                    }]
-                }),
-                ..NodeSpec::default()
-            }),
-            status: None,
-        }
+        fixture::node(name)
+            .labels(labels)
+            .no_schedule(taint)
+            .unschedulable(cordoned)
+            .build()
     }
 
     fn daemonset(image: &str, strategy: &str, max_unavailable: Option<IntOrString>) -> DaemonSet {
-        DaemonSet {
-            metadata: ObjectMeta {
-                name: Some("plugin".into()),
-                namespace: Some("gpu-operator".into()),
-                uid: Some("ds-uid".into()),
-                generation: Some(2),
-                ..ObjectMeta::default()
-            },
-            spec: Some(DaemonSetSpec {
-                selector: LabelSelector {
-                    match_labels: Some([("app".to_owned(), "plugin".to_owned())].into()),
-                    ..LabelSelector::default()
-                },
-                template: PodTemplateSpec {
-                    metadata: Some(ObjectMeta {
-                        labels: Some([("app".to_owned(), "plugin".to_owned())].into()),
-                        ..ObjectMeta::default()
-                    }),
-                    spec: Some(PodSpec {
-                        node_selector: Some([("gpu".to_owned(), "true".to_owned())].into()),
-                        containers: vec![Container {
-                            name: "main".into(),
-                            image: Some(image.into()),
-                            ..Container::default()
-                        }],
-                        ..PodSpec::default()
-                    }),
-                },
-                update_strategy: Some(DaemonSetUpdateStrategy {
-                    type_: Some(strategy.into()),
-                    rolling_update: max_unavailable.map(|m| RollingUpdateDaemonSet {
-                        max_unavailable: Some(m),
-                        ..RollingUpdateDaemonSet::default()
-                    }),
-                }),
-                ..DaemonSetSpec::default()
-            }),
-            status: None,
-        }
+        fixture::daemonset("plugin")
+            .namespace("gpu-operator")
+            .uid("ds-uid")
+            .generation(2)
+            .selecting(&[("app", "plugin")])
+            .node_selector(&[("gpu", "true")])
+            .container("main", image)
+            .update_strategy(strategy, max_unavailable)
+            .build()
     }
 
     /// A pod of the DaemonSet's current template on a node, ready or not.
     fn pod(name: &str, node: &str, hash: &str, ready: bool) -> Pod {
-        Pod {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                labels: Some([(REVISION_HASH.to_owned(), hash.to_owned())].into()),
-                ..ObjectMeta::default()
-            },
-            spec: Some(PodSpec {
-                node_name: Some(node.to_owned()),
-                ..PodSpec::default()
-            }),
-            status: Some(PodStatus {
-                phase: Some(if ready { "Running" } else { "Pending" }.into()),
-                conditions: Some(vec![PodCondition {
-                    type_: "Ready".into(),
-                    status: if ready { "True" } else { "False" }.into(),
-                    ..PodCondition::default()
-                }]),
-                ..PodStatus::default()
-            }),
-        }
+        fixture::pod(name)
+            .labels(&[(REVISION_HASH, hash)])
+            .on(node)
+            .phase(if ready { "Running" } else { "Pending" })
+            .ready(ready)
+            .build()
     }
 
     fn hash_of(ds: &DaemonSet) -> String {

@@ -12,9 +12,10 @@
 use std::borrow::Borrow;
 use std::cmp::Reverse;
 
+use gpuop_api::read::controller_ref;
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::daemonset::is_ready;
@@ -91,18 +92,6 @@ fn count(n: usize) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 
-/// The controller's reference on the pods it creates.
-pub fn owner(replica_set: &ReplicaSet) -> OwnerReference {
-    OwnerReference {
-        api_version: "apps/v1".into(),
-        kind: "ReplicaSet".into(),
-        name: replica_set.metadata.name.clone().unwrap_or_default(),
-        uid: replica_set.metadata.uid.clone().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }
-}
-
 fn pod_object(replica_set: &ReplicaSet) -> Pod {
     let name = replica_set.metadata.name.clone().unwrap_or_default();
     let template = replica_set
@@ -117,7 +106,7 @@ fn pod_object(replica_set: &ReplicaSet) -> Pod {
             namespace: replica_set.metadata.namespace.clone(),
             labels: template_meta.labels,
             annotations: template_meta.annotations,
-            owner_references: Some(vec![owner(replica_set)]),
+            owner_references: Some(vec![controller_ref(replica_set)]),
             ..ObjectMeta::default()
         },
         spec: template.spec,

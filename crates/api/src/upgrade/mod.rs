@@ -1330,6 +1330,23 @@ mod tests {
         }
     }
 
+    /// `count` outdated nodes `n0`, `n1`, ... in `state`.
+    fn outdated_nodes(count: usize, state: UpgradeState) -> Vec<NodeView> {
+        (0..count)
+            .map(|i| NodeView::test(&format!("n{i}")).in_state(state).outdated())
+            .collect()
+    }
+
+    /// The nodes whose upgrade `decision` starts (moves to cordon-required).
+    fn started_nodes(decision: &Decision) -> Vec<&str> {
+        decision
+            .steps
+            .iter()
+            .filter(|s| s.to == Some(CordonRequired))
+            .map(|s| s.node.as_str())
+            .collect()
+    }
+
     fn gpu_pod(name: &str) -> WorkloadPod {
         WorkloadPod {
             namespace: "ml".to_owned(),
@@ -1422,16 +1439,9 @@ mod tests {
     #[test]
     fn required_nodes_start_within_both_limits() {
         let p = policy("{maxParallelUpgrades: 3, maxUnavailable: 25%}");
-        let nodes: Vec<NodeView> = (0..10)
-            .map(|i| NodeView::test(&format!("n{i}")).in_state(Required).outdated())
-            .collect();
+        let nodes = outdated_nodes(10, Required);
         let decision = decide(&p, &nodes, NOW);
-        let started: Vec<&str> = decision
-            .steps
-            .iter()
-            .filter(|s| s.to == Some(CordonRequired))
-            .map(|s| s.node.as_str())
-            .collect();
+        let started = started_nodes(&decision);
         assert_eq!(
             started,
             ["n0", "n1", "n2"],
@@ -1444,14 +1454,7 @@ mod tests {
 
         let tight = policy("{maxParallelUpgrades: 3, maxUnavailable: 1}");
         let decision = decide(&tight, &nodes, NOW);
-        assert_eq!(
-            decision
-                .steps
-                .iter()
-                .filter(|s| s.to == Some(CordonRequired))
-                .count(),
-            1
-        );
+        assert_eq!(started_nodes(&decision).len(), 1);
         assert!(
             decision
                 .waiting
@@ -1470,17 +1473,10 @@ mod tests {
     #[test]
     fn unavailable_nodes_go_first_and_cost_no_capacity() {
         let p = policy("{maxParallelUpgrades: 2, maxUnavailable: 1}");
-        let mut nodes: Vec<NodeView> = (0..4)
-            .map(|i| NodeView::test(&format!("n{i}")).in_state(Required).outdated())
-            .collect();
+        let mut nodes = outdated_nodes(4, Required);
         nodes[3].ready = false;
         let decision = decide(&p, &nodes, NOW);
-        let started: Vec<&str> = decision
-            .steps
-            .iter()
-            .filter(|s| s.to == Some(CordonRequired))
-            .map(|s| s.node.as_str())
-            .collect();
+        let started = started_nodes(&decision);
         assert_eq!(
             started,
             ["n3"],
@@ -1491,12 +1487,7 @@ mod tests {
         nodes[3].ready = true;
         nodes[1].unschedulable = true;
         let decision = decide(&p, &nodes, NOW);
-        let started: Vec<&str> = decision
-            .steps
-            .iter()
-            .filter(|s| s.to == Some(CordonRequired))
-            .map(|s| s.node.as_str())
-            .collect();
+        let started = started_nodes(&decision);
         assert_eq!(started, ["n0", "n1"]);
     }
 
@@ -1985,9 +1976,7 @@ mod tests {
     #[test]
     fn the_plan_lists_batches_evictions_and_blockers() {
         let p = policy("{maxParallelUpgrades: 2, maxUnavailable: 50%}");
-        let mut nodes: Vec<NodeView> = (0..5)
-            .map(|i| NodeView::test(&format!("n{i}")).in_state(Done).outdated())
-            .collect();
+        let mut nodes = outdated_nodes(5, Done);
         nodes[0].pods.push(gpu_pod("train-0"));
         nodes[1].skip = true;
         nodes.push(NodeView::test("n5"));
@@ -2021,12 +2010,7 @@ mod tests {
     #[test]
     fn releasing_a_node_lifts_only_the_upgrades_own_cordon() {
         use crate::labels::{UPGRADE_SKIP, UPGRADE_STATE};
-        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
-            pairs
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect()
-        };
+        let map = crate::labels::label_map;
         let draining = map(&[(UPGRADE_STATE, "drain-required"), (UPGRADE_SKIP, "false")]);
         let annotations = map(&[(UPGRADE_ENABLED_ANNOTATION, "true"), (UPGRADE_REQUESTED, "true")]);
         let released = release(&draining, &annotations, true);

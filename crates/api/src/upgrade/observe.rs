@@ -477,12 +477,7 @@ mod tests {
             (budget.name.as_str(), budget.namespace.as_str(), budget.allowed),
             ("ml/train", "ml", 0)
         );
-        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
-            pairs
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect()
-        };
+        let labels = crate::labels::label_map;
         assert!(
             budget
                 .selector
