@@ -794,18 +794,19 @@ mod tests {
             "{:#?}",
             a100.checks
         );
-        let order: Vec<_> = a100.operands.iter().map(|o| o.operand.id()).collect();
+        use Operand::*;
+        let order: Vec<Operand> = a100.operands.iter().map(|o| o.operand).collect();
         assert_eq!(
             order,
             [
-                "driver",
-                "container-toolkit",
-                "operator-validator",
-                "device-plugin",
-                "dcgm",
-                "dcgm-exporter",
-                "gpu-feature-discovery",
-                "mig-manager"
+                Driver,
+                ContainerToolkit,
+                OperatorValidator,
+                DevicePlugin,
+                Dcgm,
+                DcgmExporter,
+                GpuFeatureDiscovery,
+                MigManager
             ]
         );
         let cpu = &report.nodes[1];

@@ -30,7 +30,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::analysis::analyze_with;
-use crate::live::{Connection, DEFAULT_REQUEST_TIMEOUT, Live, LiveError, Reads, RequestTimeout};
+use crate::live::{ConnectionArgs, Live, LiveError, Reads};
 use crate::snapshot::{ContainerStatusFacts, PodFacts, Snapshot};
 use crate::{table, upgrade_plan};
 
@@ -46,16 +46,9 @@ pub struct BundleArgs {
     /// The operator's namespace: its pods' logs and its Events are collected.
     #[arg(short = 'n', long, default_value = DEFAULT_NAMESPACE, value_name = "NAMESPACE")]
     pub namespace: String,
-    /// Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context (default: the current one).
-    #[arg(long, value_name = "NAME")]
-    pub context: Option<String>,
-    /// How long to wait for one server request before giving up: seconds, or a duration with a unit
-    /// (500ms, 30s, 1m); 0 waits forever.
-    #[arg(long, value_name = "DURATION", default_value = DEFAULT_REQUEST_TIMEOUT)]
-    pub request_timeout: RequestTimeout,
+    /// How to reach the cluster.
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
     /// Also take nodes matching this label selector as GPU nodes, as the operator's `--gpu-node-selector`
     /// does (clusters without NFD); give the operator's value, so the two judge the same nodes.
     #[arg(long, value_name = "SELECTOR")]
@@ -703,11 +696,7 @@ pub fn run(args: &BundleArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let connection = Connection {
-        kubeconfig: args.kubeconfig.clone(),
-        context: args.context.clone(),
-        request_timeout: args.request_timeout.0,
-    };
+    let connection = args.connection.connection();
     let bundle = runtime.block_on(async {
         let live = Live::connect(&connection).await?;
         let detection = GpuDetection::from_selector(args.gpu_node_selector.clone());

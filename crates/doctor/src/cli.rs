@@ -20,7 +20,7 @@ use gpuop_api::selector::LabelSelector;
 use crate::analysis::analyze_with;
 use crate::completion::{self, Shell};
 use crate::explain::explain_with;
-use crate::live::{Connection, DEFAULT_REQUEST_TIMEOUT, Live, Reads, RequestTimeout};
+use crate::live::{ConnectionArgs, Live, Reads};
 use crate::load::load_paths;
 use crate::report::Report;
 use crate::snapshot::Snapshot;
@@ -50,16 +50,9 @@ pub struct Source {
     /// output (lists, single objects, multi-document YAML). Repeatable.
     #[arg(long = "snapshot", value_name = "PATH")]
     pub snapshots: Vec<PathBuf>,
-    /// Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context (default: the current one).
-    #[arg(long, value_name = "NAME")]
-    pub context: Option<String>,
-    /// How long to wait for one server request before giving up: seconds, or a duration with a unit
-    /// (500ms, 30s, 1m); 0 waits forever.
-    #[arg(long, value_name = "DURATION", default_value = DEFAULT_REQUEST_TIMEOUT)]
-    pub request_timeout: RequestTimeout,
+    /// How to reach the live cluster.
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
     /// Also take nodes matching this label selector as GPU nodes, as the operator's `--gpu-node-selector`
     /// does (clusters without NFD); give the operator's value, so the two judge the same nodes.
     #[arg(long, value_name = "SELECTOR")]
@@ -148,16 +141,9 @@ pub enum Command {
         /// The file to write (`-` for standard output).
         #[arg(short = 'o', long = "output", value_name = "FILE")]
         output: PathBuf,
-        /// Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
-        #[arg(long, value_name = "FILE")]
-        kubeconfig: Option<PathBuf>,
-        /// Kubeconfig context (default: the current one).
-        #[arg(long, value_name = "NAME")]
-        context: Option<String>,
-        /// How long to wait for one server request before giving up: seconds, or a duration with a unit
-        /// (500ms, 30s, 1m); 0 waits forever.
-        #[arg(long, value_name = "DURATION", default_value = DEFAULT_REQUEST_TIMEOUT)]
-        request_timeout: RequestTimeout,
+        /// How to reach the live cluster.
+        #[command(flatten)]
+        connection: ConnectionArgs,
     },
     /// Write a support bundle: one tar.gz with the snapshot, the doctor's report, the ClusterPolicies and
     /// NVIDIADrivers, Events, and the operator's and operands' logs (see docs/doctor.md).
@@ -302,7 +288,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             };
             let snapshot = if source.snapshots.is_empty() {
                 runtime()?.block_on(async {
-                    let live = Live::connect(&connection(&source)).await?;
+                    let live = Live::connect(&source.connection.connection()).await?;
                     let namespace = namespace
                         .clone()
                         .unwrap_or_else(|| live.default_namespace().to_owned());
@@ -336,17 +322,8 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             print(&text)?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Snapshot {
-            output,
-            kubeconfig,
-            context,
-            request_timeout,
-        } => {
-            let connection = Connection {
-                kubeconfig,
-                context,
-                request_timeout: request_timeout.0,
-            };
+        Command::Snapshot { output, connection } => {
+            let connection = connection.connection();
             let snapshot = runtime()?.block_on(async {
                 let live = Live::connect(&connection).await?;
                 anyhow::Ok(live.snapshot(Reads::UpgradePlan).await?)
@@ -404,20 +381,12 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-fn connection(source: &Source) -> Connection {
-    Connection {
-        kubeconfig: source.kubeconfig.clone(),
-        context: source.context.clone(),
-        request_timeout: source.request_timeout.0,
-    }
-}
-
 fn read(source: &Source, reads: Reads) -> anyhow::Result<Snapshot> {
     if !source.snapshots.is_empty() {
         return read_files(&source.snapshots);
     }
     runtime()?.block_on(async {
-        let live = Live::connect(&connection(source)).await?;
+        let live = Live::connect(&source.connection.connection()).await?;
         anyhow::Ok(live.snapshot(reads).await?)
     })
 }
@@ -473,7 +442,7 @@ async fn watch_doctor(
     node: Option<&str>,
     interval: u64,
 ) -> anyhow::Result<ExitCode> {
-    let live = Live::connect(&connection(source)).await?;
+    let live = Live::connect(&source.connection.connection()).await?;
     let mut code = ExitCode::SUCCESS;
     loop {
         let text = match live.snapshot(Reads::Doctor).await {

@@ -92,6 +92,16 @@ fn contract(check: Check, link: Link, operand: Option<Operand>, message: String)
     }
 }
 
+/// A finding of the resource check that the device plugin advertises the wrong resources.
+fn device_plugin_finding(message: String) -> Finding {
+    contract(
+        Check::Resource,
+        Link::DevicePlugin,
+        Some(Operand::DevicePlugin),
+        message,
+    )
+}
+
 /// `(driver 550.107.02)`, from feature discovery's labels.
 fn driver_version(context: &NodeContext<'_>) -> String {
     if let Some(full) = context.label(CUDA_DRIVER_VERSION_FULL) {
@@ -351,16 +361,11 @@ fn resource(context: &NodeContext<'_>, findings: &mut Vec<Finding>, notes: &mut 
     if strategy != Some(MigStrategy::Mixed)
         && let Some(mig) = capacity.keys().find(|name| name.starts_with(RESOURCE_MIG_PREFIX))
     {
-        findings.push(contract(
-            Check::Resource,
-            Link::DevicePlugin,
-            Some(Operand::DevicePlugin),
-            format!(
-                "the node advertises {mig} although the MIG strategy is {}: only the mixed strategy advertises \
-                 {RESOURCE_MIG_PREFIX}* resources",
-                strategy.map_or("not set", MigStrategy::as_str)
-            ),
-        ));
+        findings.push(device_plugin_finding(format!(
+            "the node advertises {mig} although the MIG strategy is {}: only the mixed strategy advertises \
+             {RESOURCE_MIG_PREFIX}* resources",
+            strategy.map_or("not set", MigStrategy::as_str)
+        )));
     }
 
     let plugin_wanted = context.wanted(Operand::DevicePlugin).next().is_some();
@@ -389,15 +394,10 @@ fn resource(context: &NodeContext<'_>, findings: &mut Vec<Finding>, notes: &mut 
         );
     }
     if capacity.is_empty() {
-        findings.push(contract(
-            Check::Resource,
-            Link::DevicePlugin,
-            Some(Operand::DevicePlugin),
-            format!(
-                "the device plugin is ready but the node advertises no GPU resource (no {RESOURCE_GPU} or \
-                 {RESOURCE_MIG_PREFIX}* in its capacity)"
-            ),
-        ));
+        findings.push(device_plugin_finding(format!(
+            "the device plugin is ready but the node advertises no GPU resource (no {RESOURCE_GPU} or \
+             {RESOURCE_MIG_PREFIX}* in its capacity)"
+        )));
         return result(Check::Resource, CheckStatus::Fail, String::new());
     }
     let Some(count) = count_label(context, GPU_COUNT) else {
@@ -430,24 +430,16 @@ fn resource(context: &NodeContext<'_>, findings: &mut Vec<Finding>, notes: &mut 
             let expected = devices * profile_replicas;
             let actual = capacity.get(&resource).copied().unwrap_or(0);
             if actual != expected {
-                findings.push(contract(
-                    Check::Resource,
-                    Link::DevicePlugin,
-                    Some(Operand::DevicePlugin),
-                    format!(
-                        "the node's capacity has {resource}={actual}, but feature discovery counts {devices} \
-                         such MIG devices x {profile_replicas} replicas = {expected}"
-                    ),
-                ));
+                findings.push(device_plugin_finding(format!(
+                    "the node's capacity has {resource}={actual}, but feature discovery counts {devices} \
+                     such MIG devices x {profile_replicas} replicas = {expected}"
+                )));
             }
         }
         let whole_resource = advertised_name(&capacity, RESOURCE_GPU.to_owned());
         let whole = capacity.get(&whole_resource).copied().unwrap_or(0);
         if whole > count * replicas {
-            findings.push(contract(
-                Check::Resource,
-                Link::DevicePlugin,
-                Some(Operand::DevicePlugin),
+            findings.push(device_plugin_finding(
                 format!(
                     "the node's capacity has {whole_resource}={whole}, more than its {count} GPUs x {replicas} replicas"
                 ),
@@ -458,15 +450,10 @@ fn resource(context: &NodeContext<'_>, findings: &mut Vec<Finding>, notes: &mut 
         let expected = count * replicas;
         let actual = capacity.get(&resource).copied().unwrap_or(0);
         if actual != expected {
-            findings.push(contract(
-                Check::Resource,
-                Link::DevicePlugin,
-                Some(Operand::DevicePlugin),
-                format!(
-                    "the node's capacity has {resource}={actual}, but feature discovery counts {count} GPUs x \
-                     {replicas} replicas = {expected} (MIG strategy {strategy_text})"
-                ),
-            ));
+            findings.push(device_plugin_finding(format!(
+                "the node's capacity has {resource}={actual}, but feature discovery counts {count} GPUs x \
+                 {replicas} replicas = {expected} (MIG strategy {strategy_text})"
+            )));
         }
     }
     result(

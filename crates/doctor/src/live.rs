@@ -173,6 +173,33 @@ pub struct Connection {
     pub request_timeout: Option<Duration>,
 }
 
+/// The command-line arguments that say how to reach the live cluster (`--kubeconfig`, `--context`,
+/// `--request-timeout`), shared by every command that reads it.
+#[derive(Debug, clap::Args)]
+pub struct ConnectionArgs {
+    /// Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context (default: the current one).
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// How long to wait for one server request before giving up: seconds, or a duration with a unit
+    /// (500ms, 30s, 1m); 0 waits forever.
+    #[arg(long, value_name = "DURATION", default_value = DEFAULT_REQUEST_TIMEOUT)]
+    pub request_timeout: RequestTimeout,
+}
+
+impl ConnectionArgs {
+    /// The connection the arguments ask for.
+    pub fn connection(&self) -> Connection {
+        Connection {
+            kubeconfig: self.kubeconfig.clone(),
+            context: self.context.clone(),
+            request_timeout: self.request_timeout.0,
+        }
+    }
+}
+
 /// A connection to a live cluster.
 #[derive(Clone)]
 pub struct Live {
@@ -300,40 +327,11 @@ impl Live {
             "runtimeclasses",
         )
         .await?;
-        match self
-            .add_all(
-                &mut loader,
-                &ClusterPolicy::url_path(&(), None),
-                "ClusterPolicy",
-                "clusterpolicies",
-            )
-            .await
-        {
-            // Without the CRD there is no ClusterPolicy; the doctor still judges the DaemonSets it finds.
-            Err(LiveError::Request {
-                source: kube::Error::Api(status),
-                ..
-            }) if status.code == 404 => {}
-            other => other?,
-        }
+        // Without the CRD there is no ClusterPolicy; the doctor still judges the DaemonSets it finds.
+        self.add_all_custom::<ClusterPolicy>(&mut loader).await?;
         let mut listed = vec!["Node", "DaemonSet", "RuntimeClass", "ClusterPolicy"];
         if reads == Reads::UpgradePlan {
-            match self
-                .add_all(
-                    &mut loader,
-                    &NVIDIADriver::url_path(&(), None),
-                    "NVIDIADriver",
-                    "nvidiadrivers",
-                )
-                .await
-            {
-                // Without the CRD there is no NVIDIADriver.
-                Err(LiveError::Request {
-                    source: kube::Error::Api(status),
-                    ..
-                }) if status.code == 404 => {}
-                other => other?,
-            }
+            self.add_all_custom::<NVIDIADriver>(&mut loader).await?;
             self.add_all(
                 &mut loader,
                 "/apis/policy/v1/poddisruptionbudgets",
@@ -497,6 +495,23 @@ impl Live {
     ) -> Result<(), LiveError> {
         self.add_listed(loader, path, ListParams::default(), kind, what)
             .await
+    }
+
+    /// [`Self::add_all`] for a custom resource: where its CRD is not installed (404), there is none to add.
+    async fn add_all_custom<K: Resource<DynamicType = ()>>(
+        &self,
+        loader: &mut Loader,
+    ) -> Result<(), LiveError> {
+        let listed = self
+            .add_all(loader, &K::url_path(&(), None), &K::kind(&()), &K::plural(&()))
+            .await;
+        match listed {
+            Err(LiveError::Request {
+                source: kube::Error::Api(status),
+                ..
+            }) if status.code == 404 => Ok(()),
+            other => other,
+        }
     }
 
     /// Adds every object of a list to the loader as each page comes, each straight into its projection.

@@ -8,7 +8,7 @@ use gpuop_api::{OPERANDS, Operand};
 
 use crate::explain::Explanation;
 use crate::pod_state::StateName;
-use crate::report::{Expectation, NodeReport, OperandOnNode, Report};
+use crate::report::{Expectation, Finding, NodeReport, OperandOnNode, Report};
 
 /// How many node names a grouped note lists before it says "and N more".
 const NAMES_SHOWN: usize = 5;
@@ -80,13 +80,7 @@ pub fn doctor(report: &Report, wide: bool) -> String {
         for node in with_findings {
             let _ = writeln!(out, "  {}:", node.name);
             for finding in &node.findings {
-                let _ = writeln!(
-                    out,
-                    "    [{}] {}{}",
-                    finding.kind.name(),
-                    finding.operand.map(|o| format!("{o}: ")).unwrap_or_default(),
-                    finding.message
-                );
+                let _ = writeln!(out, "    [{}] {}", finding.kind.name(), operand_message(finding));
             }
         }
         if !report.findings.is_empty() {
@@ -125,6 +119,14 @@ pub fn doctor(report: &Report, wide: bool) -> String {
         }
     );
     out
+}
+
+/// A finding's message, led by the operand it concerns (`driver: ...`) when it names one.
+fn operand_message(finding: &Finding) -> String {
+    match finding.operand {
+        Some(operand) => format!("{operand}: {}", finding.message),
+        None => finding.message.clone(),
+    }
 }
 
 /// `1 node`, `3 nodes`.
@@ -200,12 +202,11 @@ pub fn node(report: &NodeReport) -> String {
         for finding in &report.findings {
             let _ = writeln!(
                 out,
-                "  [{}] ({}, {}) {}{}",
+                "  [{}] ({}, {}) {}",
                 finding.kind.name(),
                 finding.check.name(),
                 finding.link.title(),
-                finding.operand.map(|o| format!("{o}: ")).unwrap_or_default(),
-                finding.message
+                operand_message(finding)
             );
         }
     }

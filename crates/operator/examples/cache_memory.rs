@@ -21,6 +21,7 @@ use gpuop_operator::labeler::LabelPolicy;
 use gpuop_operator::projection::Interner;
 use gpuop_operator::readiness::{Observed, Templates, observe};
 use gpuop_render::{Manifest, Rendered};
+use gpuop_testkit::fixture;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::watcher;
 use serde_json::json;
@@ -258,18 +259,16 @@ fn rendered() -> Rendered {
         .iter()
         .map(|operand| {
             let info = operand.info();
+            let daemonset = fixture::daemonset(info.daemonset)
+                .namespace("gpu-operator")
+                .node_selector(&[(info.deploy_label, "true")])
+                .tolerate("nvidia.com/gpu")
+                .container("main", "main")
+                .build();
             Manifest {
                 state: info.state,
                 operand: Some(*operand),
-                object: json!({
-                    "apiVersion": "apps/v1", "kind": "DaemonSet",
-                    "metadata": {"name": info.daemonset, "namespace": "gpu-operator"},
-                    "spec": {"template": {"spec": {
-                        "nodeSelector": {info.deploy_label: "true"},
-                        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                        "containers": [{"name": "main"}]
-                    }}}
-                }),
+                object: serde_json::to_value(daemonset).expect("a DaemonSet serializes"),
             }
         })
         .collect();

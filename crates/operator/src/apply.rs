@@ -189,6 +189,18 @@ pub enum ApplyError {
 }
 
 impl ApplyError {
+    /// The error for a rendered `manifest` of a kind the operator cannot address ([`key_of`] has no key).
+    pub fn unknown_kind(manifest: &Manifest) -> Self {
+        Self::UnknownKind {
+            api_version: manifest.object["apiVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            kind: manifest.kind().to_owned(),
+            name: manifest.name().to_owned(),
+        }
+    }
+
     /// The API's reason for the refusal (`Forbidden`, `Invalid`, `NotFound`, ...), or `RequestFailed` when
     /// no answer came (a connection error, a timeout), or `UnknownKind`.
     pub fn reason(&self) -> String {
@@ -266,16 +278,9 @@ impl Hasher for Fnv64 {
 }
 
 /// The controller owner reference every rendered object gets, so that deleting its ClusterPolicy (or
-/// NVIDIADriver) garbage-collects them.
+/// NVIDIADriver) garbage-collects them: the same reference every controller puts on what it creates.
 pub fn owner_reference<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReference {
-    OwnerReference {
-        api_version: K::api_version(&()).into_owned(),
-        kind: K::kind(&()).into_owned(),
-        name: owner.meta().name.clone().unwrap_or_default(),
-        uid: owner.meta().uid.clone().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }
+    gpuop_api::read::controller_ref(owner)
 }
 
 /// Every managed object in the caches, by kind. A cache replaces an object's `Arc` when it changes, so two
@@ -467,14 +472,7 @@ pub fn plan(
         .enumerate()
         .flat_map(|(index, set)| set.rendered.objects.iter().map(move |m| (index, m, set.owner)))
     {
-        let key = key_of(manifest).ok_or_else(|| ApplyError::UnknownKind {
-            api_version: manifest.object["apiVersion"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-            kind: manifest.kind().to_owned(),
-            name: manifest.name().to_owned(),
-        })?;
+        let key = key_of(manifest).ok_or_else(|| ApplyError::unknown_kind(manifest))?;
         let (object, hash) = prepared(manifest, owner);
         let step = Step {
             owner: index,
@@ -836,6 +834,15 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// The rendered objects: one [`manifest`] per `(kind, apiVersion, name, data)`.
+    fn rendered_objects(objects: &[(&str, &str, &str, &str)]) -> Rendered {
+        let objects = objects
+            .iter()
+            .map(|&(kind, api_version, name, data)| manifest(kind, api_version, name, data))
+            .collect();
+        Rendered { objects }
+    }
+
     fn manifest(kind: &str, api_version: &str, name: &str, data: &str) -> Manifest {
         Manifest {
             state: "state-driver",
@@ -896,12 +903,7 @@ mod tests {
 
     #[test]
     fn only_changed_objects_are_applied() {
-        let rendered = Rendered {
-            objects: vec![
-                manifest("ConfigMap", "v1", "a", "1"),
-                manifest("ConfigMap", "v1", "b", "1"),
-            ],
-        };
+        let rendered = rendered_objects(&[("ConfigMap", "v1", "a", "1"), ("ConfigMap", "v1", "b", "1")]);
         let first = plan(&one(&rendered), &BTreeMap::new(), NONE).unwrap();
         assert_eq!(first.apply.len(), 2);
         let live = live_from(&rendered);
@@ -910,12 +912,7 @@ mod tests {
             ApplyPlan::default(),
             "steady state writes nothing"
         );
-        let changed = Rendered {
-            objects: vec![
-                manifest("ConfigMap", "v1", "a", "2"),
-                manifest("ConfigMap", "v1", "b", "1"),
-            ],
-        };
+        let changed = rendered_objects(&[("ConfigMap", "v1", "a", "2"), ("ConfigMap", "v1", "b", "1")]);
         let second = plan(&one(&changed), &live, NONE).unwrap();
         assert_eq!(second.apply.len(), 1);
         assert_eq!(
@@ -930,9 +927,7 @@ mod tests {
     #[test]
     fn a_drifted_object_is_applied_again_and_one_as_applied_is_not() {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1;
-        let rendered = Rendered {
-            objects: vec![manifest("ConfigMap", "v1", "a", "1")],
-        };
+        let rendered = rendered_objects(&[("ConfigMap", "v1", "a", "1")]);
         let set = |data: Value| {
             json!({
                 "f:metadata": {
@@ -979,16 +974,10 @@ mod tests {
 
     #[test]
     fn objects_no_longer_rendered_are_pruned_but_foreign_ones_are_not() {
-        let rendered = Rendered {
-            objects: vec![
-                manifest("ConfigMap", "v1", "a", "1"),
-                manifest("DaemonSet", "apps/v1", "ds", "1"),
-            ],
-        };
+        let rendered =
+            rendered_objects(&[("ConfigMap", "v1", "a", "1"), ("DaemonSet", "apps/v1", "ds", "1")]);
         let mut live = live_from(&rendered);
-        let now = Rendered {
-            objects: vec![manifest("ConfigMap", "v1", "a", "1")],
-        };
+        let now = rendered_objects(&[("ConfigMap", "v1", "a", "1")]);
         live.insert(
             ("ConfigMap", "gpu-operator".into(), "user".into()),
             LiveObject {
@@ -1118,9 +1107,7 @@ mod tests {
             prepared(&a, &owner()).1,
             prepared(&manifest("ConfigMap", "v1", "a", "2"), &owner()).1
         );
-        let unknown = Rendered {
-            objects: vec![manifest("Widget", "example.com/v1", "w", "1")],
-        };
+        let unknown = rendered_objects(&[("Widget", "example.com/v1", "w", "1")]);
         let error = plan(&one(&unknown), &BTreeMap::new(), NONE).unwrap_err();
         assert_eq!(
             error.to_string(),

@@ -220,19 +220,7 @@ impl Caches {
                 // A write to the object's status moves only its version here (the status and the status
                 // subresource's managed fields are trimmed): it wakes nobody, and the version kept is that of
                 // the last change an apply plan reads.
-                .try_filter({
-                    let known = reader.clone();
-                    let resource = kind.api_resource();
-                    move |event| {
-                        let news = match event {
-                            watcher::Event::Apply(object) => !known
-                                .get(&reflector::ObjectRef::from_obj_with(object, resource.clone()))
-                                .is_some_and(|stored| same_but_version(&stored, object)),
-                            _ => true,
-                        };
-                        std::future::ready(news)
-                    }
-                })
+                .try_filter(news(reader.clone(), kind.api_resource(), same_but_version))
                 .reflect(writer)
                 .inspect(move |item| tracker.observe(item));
             run(stream, changed, shutdown);
@@ -554,8 +542,9 @@ fn refusal(error: &watcher::Error) -> Option<(String, String)> {
     Some((reason, status.message.clone()))
 }
 
-/// What a reflector of [`spawn`] keeps.
-trait Cached:
+/// What a typed reflector keeps (those of [`spawn`], and the simulator's): a resource of a static kind that
+/// decodes and moves between tasks.
+pub trait Cached:
     kube::Resource<DynamicType = ()>
     + Clone
     + std::fmt::Debug
@@ -620,24 +609,37 @@ where
     W: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
 {
     let (reader, writer) = reflector::store();
-    let known = reader.clone();
     let stream = watcher(api, config)
         .map_ok(move |event| unwrap_event(event, decoded))
         .default_backoff()
         .modify(trim)
-        .try_filter(move |event| {
-            let news = match event {
-                watcher::Event::Apply(object) => !known
-                    .get(&reflector::ObjectRef::from_obj(object))
-                    .is_some_and(|stored| unchanged(&stored, object)),
-                _ => true,
-            };
-            std::future::ready(news)
-        })
+        .try_filter(news(reader.clone(), (), unchanged))
         .reflect(writer)
         .inspect(move |item| tracker.observe(item));
     run(stream, changed, shutdown);
     reader
+}
+
+/// A watch filter that passes every event but an applied object that `unchanged` finds the same as `known`
+/// holds it: such an update wakes nobody.
+fn news<K>(
+    known: Store<K>,
+    resource: K::DynamicType,
+    unchanged: fn(&K, &K) -> bool,
+) -> impl FnMut(&watcher::Event<K>) -> std::future::Ready<bool>
+where
+    K: kube::Resource + Clone,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
+    move |event| {
+        let news = match event {
+            watcher::Event::Apply(object) => !known
+                .get(&reflector::ObjectRef::from_obj_with(object, resource.clone()))
+                .is_some_and(|stored| unchanged(&stored, object)),
+            _ => true,
+        };
+        std::future::ready(news)
+    }
 }
 
 fn run<S, T, E>(stream: S, changed: &Arc<Changes>, shutdown: &CancellationToken)
@@ -647,16 +649,32 @@ where
     E: Send,
 {
     let changed = changed.clone();
-    let shutdown = shutdown.clone();
+    spawn_until_cancelled(stream, shutdown, move |item| {
+        // An error the tracker logged, with the resource.
+        if item.is_ok() {
+            changed.notify();
+        }
+    });
+}
+
+/// Spawns a task that hands each item of `stream` (a watch, usually) to `on_item` until the stream ends or
+/// `stop` is cancelled.
+pub fn spawn_until_cancelled<S>(
+    stream: S,
+    stop: &CancellationToken,
+    mut on_item: impl FnMut(S::Item) + Send + 'static,
+) where
+    S: futures::Stream + Send + 'static,
+    S::Item: Send,
+{
+    let stop = stop.clone();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         loop {
             tokio::select! {
-                () = shutdown.cancelled() => break,
+                () = stop.cancelled() => break,
                 item = stream.next() => match item {
-                    Some(Ok(_)) => changed.notify(),
-                    // The tracker logged it, with the resource.
-                    Some(Err(_)) => {}
+                    Some(item) => on_item(item),
                     None => break,
                 },
             }
@@ -1158,16 +1176,10 @@ mod tests {
         .unwrap()
     }
 
+    /// The node `gpu-0` at resource version `version`, with these labels.
     fn node(version: &str, labels: &[(&str, &str)]) -> Node {
-        let mut node = Node::default();
-        node.metadata.name = Some("gpu-0".into());
+        let mut node = gpuop_testkit::fixture::node("gpu-0").labels(labels).build();
         node.metadata.resource_version = Some(version.into());
-        node.metadata.labels = Some(
-            labels
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-        );
         node
     }
 

@@ -267,6 +267,18 @@ pub fn log_colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) 
     stderr_is_terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
 }
 
+/// Starts the async runtime `builder` describes, with its I/O and time drivers; where it cannot, says so for
+/// `command` and gives the exit code.
+fn start_runtime(
+    command: &str,
+    mut builder: tokio::runtime::Builder,
+) -> Result<tokio::runtime::Runtime, ExitCode> {
+    builder.enable_all().build().map_err(|error| {
+        eprintln!("gpu-operator {command}: cannot start the async runtime: {error}");
+        ExitCode::from(2)
+    })
+}
+
 /// Runs a command that talks to the cluster of the usual kubeconfig, logging to stderr.
 fn with_client<F, Fut>(command: &str, body: F) -> ExitCode
 where
@@ -274,12 +286,9 @@ where
     Fut: std::future::Future<Output = ExitCode>,
 {
     init_logging(LogFormat::Plain);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match start_runtime(command, tokio::runtime::Builder::new_multi_thread()) {
         Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("gpu-operator {command}: cannot start the async runtime: {error}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async move {
         match client().await {
@@ -337,12 +346,9 @@ fn run_operator(args: RunArgs) -> ExitCode {
     // One thread: the operator's work is reading watch events, each a few microseconds of decoding, and
     // short passes. A multi-threaded runtime hands those between workers, waking and parking them for
     // every event, and gives each worker its own allocator arena.
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match start_runtime("run", tokio::runtime::Builder::new_current_thread()) {
         Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("gpu-operator run: cannot start the async runtime: {error}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async move {
         let client = match client().await {

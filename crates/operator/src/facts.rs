@@ -255,15 +255,9 @@ mod tests {
 
     const NFD_GPU: &str = "feature.node.kubernetes.io/pci-10de.present";
 
+    /// A node with these labels whose kubelet reports the container runtime `runtime`.
     fn node(name: &str, labels: &[(&str, &str)], runtime: &str) -> Node {
-        let mut node = Node::default();
-        node.metadata.name = Some(name.to_owned());
-        node.metadata.labels = Some(
-            labels
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-        );
+        let mut node = gpuop_testkit::fixture::node(name).labels(labels).build();
         node.status = Some(NodeStatus {
             node_info: Some(NodeSystemInfo {
                 container_runtime_version: runtime.to_owned(),

@@ -404,15 +404,7 @@ pub(crate) mod tests {
 
     /// A node with these labels.
     pub(crate) fn node(name: &str, labels: &[(&str, &str)]) -> Node {
-        let mut node = Node::default();
-        node.metadata.name = Some(name.into());
-        node.metadata.labels = Some(
-            labels
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-        );
-        node
+        gpuop_testkit::fixture::node(name).labels(labels).build()
     }
 
     /// The census kept from the sums is the one counted afresh over every node's facts.

@@ -312,16 +312,16 @@ mod tests {
     use gpuop_api::labels::{GPU_PRODUCT, MIG_CAPABLE, VGPU_HOST_DRIVER_VERSION};
 
     const NFD_GPU: &str = "feature.node.kubernetes.io/pci-10de.present";
-    const CONTAINER_IDS: &[&str] = &[
-        "driver",
-        "container-toolkit",
-        "operator-validator",
-        "device-plugin",
-        "dcgm",
-        "dcgm-exporter",
-        "gpu-feature-discovery",
-        "node-status-exporter",
-    ];
+
+    /// The deploy-label ids of a container workload on a GPU node that is not MIG-capable: the catalogue's
+    /// table, which `gpuop-api`'s `workload_tables_match_nvidias_labeller` holds to NVIDIA's labeller.
+    fn container_ids() -> Vec<&'static str> {
+        let table = deploy_labels_for(WorkloadConfig::Container, SandboxMode::KubeVirt, false);
+        table
+            .iter()
+            .map(|label| label.trim_start_matches(DEPLOY_PREFIX))
+            .collect()
+    }
 
     /// A node's metadata, evolving as the labeller's patches are applied to it.
     #[derive(Clone, Debug, Default)]
@@ -558,7 +558,7 @@ mod tests {
     fn a_new_gpu_node_gets_the_container_switches_once() {
         let node = Node::gpu().reconciled(Some(&policy()));
         assert_eq!(node.label(GPU_PRESENT), Some("true"));
-        assert_eq!(node.deployed(), sorted(CONTAINER_IDS));
+        assert_eq!(node.deployed(), sorted(&container_ids()));
         assert_eq!(node.label(MIG_CONFIG), None, "not MIG-capable");
         assert!(owned(&node).contains(&GPU_PRESENT));
     }
@@ -587,13 +587,10 @@ mod tests {
             mig_default_layout: None,
             ..policy()
         };
-        assert_eq!(
-            Node::gpu()
-                .with(MIG_CAPABLE, "true")
-                .reconciled(Some(&no_default))
-                .label(MIG_CONFIG),
-            None
-        );
+        // A MIG-capable GPU node, as the labeller leaves it under `policy`.
+        let mig_capable =
+            |policy: &LabelPolicy| Node::gpu().with(MIG_CAPABLE, "true").reconciled(Some(policy));
+        assert_eq!(mig_capable(&no_default).label(MIG_CONFIG), None);
         let vgpu_host = Node::gpu()
             .with(GPU_PRODUCT, "A100")
             .with(VGPU_HOST_DRIVER_VERSION, "550.54")
@@ -603,13 +600,7 @@ mod tests {
             mig_manager: false,
             ..policy()
         };
-        assert_eq!(
-            Node::gpu()
-                .with(MIG_CAPABLE, "true")
-                .reconciled(Some(&disabled))
-                .label(MIG_CONFIG),
-            None
-        );
+        assert_eq!(mig_capable(&disabled).label(MIG_CONFIG), None);
     }
 
     #[test]
@@ -645,9 +636,8 @@ mod tests {
         let back = lost.with(NFD_GPU, "true").reconciled(Some(&policy));
         assert_eq!(back.label(GPU_PRESENT), Some("true"));
         assert_eq!(back.deploy("device-plugin"), Some("false"));
-        let mut expected: Vec<&str> = CONTAINER_IDS
-            .iter()
-            .copied()
+        let mut expected: Vec<&str> = container_ids()
+            .into_iter()
             .filter(|id| *id != "device-plugin")
             .collect();
         expected.sort_unstable();
@@ -694,7 +684,7 @@ mod tests {
             ..policy()
         };
         let container = Node::gpu().reconciled(Some(&sandbox));
-        assert_eq!(container.deployed(), sorted(CONTAINER_IDS));
+        assert_eq!(container.deployed(), sorted(&container_ids()));
         let passthrough = container
             .with(WORKLOAD_CONFIG, "vm-passthrough")
             .reconciled(Some(&sandbox));
@@ -715,7 +705,7 @@ mod tests {
         let invalid = Node::gpu()
             .with(WORKLOAD_CONFIG, "bare-metal")
             .reconciled(Some(&sandbox));
-        assert_eq!(invalid.deployed(), sorted(CONTAINER_IDS));
+        assert_eq!(invalid.deployed(), sorted(&container_ids()));
     }
 
     #[test]
@@ -747,7 +737,7 @@ mod tests {
         let mut node = Node::gpu()
             .with(GPU_PRESENT, "true")
             .with("nvidia.com/gpu.deploy.client", "true");
-        for id in CONTAINER_IDS {
+        for id in container_ids() {
             node = node.with(&format!("{DEPLOY_PREFIX}{id}"), "true");
         }
         let patch = node.patch(Some(&policy()));
@@ -786,7 +776,7 @@ mod tests {
         let labels = patch["metadata"]["labels"].as_object().unwrap();
         assert_eq!(labels[GPU_PRESENT], "false");
         assert_eq!(labels["nvidia.com/gpu.deploy.driver"], serde_json::Value::Null);
-        assert_eq!(labels.len(), 1 + CONTAINER_IDS.len());
+        assert_eq!(labels.len(), 1 + container_ids().len());
     }
 }
 

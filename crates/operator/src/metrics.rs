@@ -164,61 +164,67 @@ impl Metrics {
     /// The Prometheus text exposition (format 0.0.4).
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let gauge = |out: &mut String, name: &str, help: &str, value: i64| {
+        // One series with its HELP and TYPE lines; `kind` is `gauge` or `counter`.
+        let series = |out: &mut String, kind: &str, name: &str, help: &str, value: &dyn std::fmt::Display| {
             let _ = write!(
                 out,
-                "# HELP gpu_operator_{name} {help}\n# TYPE gpu_operator_{name} gauge\ngpu_operator_{name} {value}\n"
+                "# HELP gpu_operator_{name} {help}\n# TYPE gpu_operator_{name} {kind}\ngpu_operator_{name} {value}\n"
             );
+        };
+        let gauge = |out: &mut String, name: &str, help: &str, value: i64| {
+            series(out, "gauge", name, help, &value);
         };
         let counter = |out: &mut String, name: &str, help: &str, value: u64| {
-            let _ = write!(
-                out,
-                "# HELP gpu_operator_{name} {help}\n# TYPE gpu_operator_{name} counter\ngpu_operator_{name} {value}\n"
-            );
+            series(out, "counter", name, help, &value);
         };
         let load = |value: &AtomicI64| value.load(Ordering::Relaxed);
-        gauge(
-            &mut out,
-            "gpu_nodes_total",
-            "Number of nodes with GPUs",
-            load(&self.gpu_nodes_total),
-        );
-        gauge(
-            &mut out,
-            "reconciliation_last_success_ts_seconds",
-            "Timestamp (in seconds) of the last reconciliation loop success",
-            load(&self.reconciliation_last_success_ts_seconds),
-        );
-        gauge(
-            &mut out,
-            "reconciliation_status",
-            "1 if the reconciliation is currently successful, 0 if the operands are not ready, -1 if the cluster policy is unavailable, -2 if an error occurred within the operator.",
-            load(&self.reconciliation_status),
-        );
-        counter(
-            &mut out,
-            "reconciliation_total",
-            "Total number of reconciliation",
-            self.reconciliation_total.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "reconciliation_failed_total",
-            "Number of failed reconciliation",
-            self.reconciliation_failed_total.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut out,
-            "reconciliation_has_nfd_labels",
-            "1 if NFD mandatory kernel labels have been found, 0 otherwise",
-            load(&self.reconciliation_has_nfd_labels),
-        );
-        gauge(
-            &mut out,
-            "driver_auto_upgrade_enabled",
-            "1 if driver auto upgrade is enabled 0 if not",
-            load(&self.driver_auto_upgrade_enabled),
-        );
+        let total = |value: &AtomicU64| value.load(Ordering::Relaxed);
+        for (kind, name, help, value) in [
+            (
+                "gauge",
+                "gpu_nodes_total",
+                "Number of nodes with GPUs",
+                load(&self.gpu_nodes_total).to_string(),
+            ),
+            (
+                "gauge",
+                "reconciliation_last_success_ts_seconds",
+                "Timestamp (in seconds) of the last reconciliation loop success",
+                load(&self.reconciliation_last_success_ts_seconds).to_string(),
+            ),
+            (
+                "gauge",
+                "reconciliation_status",
+                "1 if the reconciliation is currently successful, 0 if the operands are not ready, -1 if the cluster policy is unavailable, -2 if an error occurred within the operator.",
+                load(&self.reconciliation_status).to_string(),
+            ),
+            (
+                "counter",
+                "reconciliation_total",
+                "Total number of reconciliation",
+                total(&self.reconciliation_total).to_string(),
+            ),
+            (
+                "counter",
+                "reconciliation_failed_total",
+                "Number of failed reconciliation",
+                total(&self.reconciliation_failed_total).to_string(),
+            ),
+            (
+                "gauge",
+                "reconciliation_has_nfd_labels",
+                "1 if NFD mandatory kernel labels have been found, 0 otherwise",
+                load(&self.reconciliation_has_nfd_labels).to_string(),
+            ),
+            (
+                "gauge",
+                "driver_auto_upgrade_enabled",
+                "1 if driver auto upgrade is enabled 0 if not",
+                load(&self.driver_auto_upgrade_enabled).to_string(),
+            ),
+        ] {
+            series(&mut out, kind, name, help, &value);
+        }
         {
             let upgrades = self
                 .upgrades
@@ -331,34 +337,35 @@ mod tests {
         metrics.reconciled(ReconciliationStatus::Success, 120);
         metrics.operands([("driver".to_owned(), 3, 2)]);
         let text = metrics.render();
-        assert_eq!(
-            line(&text, "gpu_operator_gpu_nodes_total"),
-            "gpu_operator_gpu_nodes_total 3"
-        );
-        assert_eq!(
-            line(&text, "gpu_operator_reconciliation_status"),
-            "gpu_operator_reconciliation_status 1"
-        );
-        assert_eq!(
-            line(&text, "gpu_operator_reconciliation_total"),
-            "gpu_operator_reconciliation_total 3"
-        );
-        assert_eq!(
-            line(&text, "gpu_operator_reconciliation_failed_total"),
-            "gpu_operator_reconciliation_failed_total 1"
-        );
-        assert_eq!(
-            line(&text, "gpu_operator_reconciliation_last_success_ts_seconds"),
-            "gpu_operator_reconciliation_last_success_ts_seconds 120"
-        );
-        assert_eq!(
-            line(&text, "gpu_operator_reconciliation_has_nfd_labels"),
-            "gpu_operator_reconciliation_has_nfd_labels 1"
-        );
-        assert_eq!(
-            line(&text, "gpu_operator_operand_nodes_ready"),
-            "gpu_operator_operand_nodes_ready{operand=\"driver\"} 2"
-        );
+        for (series, expected) in [
+            ("gpu_operator_gpu_nodes_total", "gpu_operator_gpu_nodes_total 3"),
+            (
+                "gpu_operator_reconciliation_status",
+                "gpu_operator_reconciliation_status 1",
+            ),
+            (
+                "gpu_operator_reconciliation_total",
+                "gpu_operator_reconciliation_total 3",
+            ),
+            (
+                "gpu_operator_reconciliation_failed_total",
+                "gpu_operator_reconciliation_failed_total 1",
+            ),
+            (
+                "gpu_operator_reconciliation_last_success_ts_seconds",
+                "gpu_operator_reconciliation_last_success_ts_seconds 120",
+            ),
+            (
+                "gpu_operator_reconciliation_has_nfd_labels",
+                "gpu_operator_reconciliation_has_nfd_labels 1",
+            ),
+            (
+                "gpu_operator_operand_nodes_ready",
+                "gpu_operator_operand_nodes_ready{operand=\"driver\"} 2",
+            ),
+        ] {
+            assert_eq!(line(&text, series), expected);
+        }
         assert!(text.contains("# TYPE gpu_operator_reconciliation_total counter"));
         metrics.reconciled(ReconciliationStatus::PolicyUnavailable, 130);
         assert_eq!(

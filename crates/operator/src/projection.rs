@@ -20,7 +20,7 @@
 //! and since when, deletion; of driver pods the highest restart
 //! count and the `DRIVER_CONFIG_DIGEST` its containers run with.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use gpuop_api::labels::{
@@ -303,19 +303,11 @@ impl NodeFields for Node {
     }
 
     fn each_label(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.metadata
-            .labels
-            .iter()
-            .flatten()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
+        borrowed_pairs(self.metadata.labels.as_ref())
     }
 
     fn each_annotation(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.metadata
-            .annotations
-            .iter()
-            .flatten()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
+        borrowed_pairs(self.metadata.annotations.as_ref())
     }
 
     fn runtime_version(&self) -> Option<&str> {
@@ -324,6 +316,11 @@ impl NodeFields for Node {
             .and_then(|s| s.node_info.as_ref())
             .map(|i| i.container_runtime_version.as_str())
     }
+}
+
+/// The `(key, value)` pairs of a label or annotation map that may be absent.
+fn borrowed_pairs(map: Option<&BTreeMap<String, String>>) -> impl Iterator<Item = (&str, &str)> {
+    map.into_iter().flatten().map(|(k, v)| (k.as_str(), v.as_str()))
 }
 
 impl NodeRecord {

@@ -223,37 +223,26 @@ pub(crate) mod tests {
     use gpuop_api::upgrade::observe::REVISION_HASH;
     use gpuop_api::upgrade::observe::revision_of;
     use gpuop_render::Manifest;
+    use gpuop_testkit::fixture;
     use k8s_openapi::api::core::v1::{Node, Pod};
-    use k8s_openapi::api::core::v1::{NodeSpec, PodCondition, PodSpec, PodStatus, Taint};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
     use serde_json::json;
     use std::collections::BTreeSet;
     use std::sync::Arc;
 
-    pub(crate) fn node(name: &str, labels: &[(&str, &str)], taint: Option<&str>) -> Node {
-        Node {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                        .collect(),
-                ),
-                ..ObjectMeta::default()
-            },
-            spec: Some(NodeSpec {
-                taints: taint.map(|key| {
-                    vec![Taint {
-                        key: key.into(),
-                        effect: "NoSchedule".into(),
-                        ..Taint::default()
-                    }]
-                }),
-                ..NodeSpec::default()
-            }),
-            status: None,
+    /// A small linear congruential generator from `seed`, for the same "random" changes every run: each call
+    /// gives a number below its `bound`.
+    pub(crate) fn seeded(mut seed: u64) -> impl FnMut(usize) -> usize {
+        move |bound| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as usize % bound
         }
+    }
+
+    pub(crate) fn node(name: &str, labels: &[(&str, &str)], taint: Option<&str>) -> Node {
+        fixture::node(name).labels(labels).no_schedule(taint).build()
     }
 
     fn rendered_daemonset(operand: Operand) -> Manifest {
@@ -274,43 +263,21 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn daemonset(operand: Operand) -> DaemonSet {
-        DaemonSet {
-            metadata: ObjectMeta {
-                name: Some(operand.info().daemonset.into()),
-                uid: Some(format!("uid-{operand}")),
-                ..ObjectMeta::default()
-            },
-            ..DaemonSet::default()
-        }
+        fixture::daemonset(operand.info().daemonset)
+            .uid(&format!("uid-{operand}"))
+            .build()
     }
 
+    /// A running pod of the operand's DaemonSet on `node`, of the template `hash`.
     pub(crate) fn pod(operand: Operand, node: &str, ready: bool, hash: &str) -> Pod {
-        Pod {
-            metadata: ObjectMeta {
-                name: Some(format!("{operand}-{node}")),
-                labels: Some([(REVISION_HASH.to_owned(), hash.to_owned())].into()),
-                owner_references: Some(vec![OwnerReference {
-                    kind: "DaemonSet".into(),
-                    controller: Some(true),
-                    uid: format!("uid-{operand}"),
-                    ..OwnerReference::default()
-                }]),
-                ..ObjectMeta::default()
-            },
-            spec: Some(PodSpec {
-                node_name: Some(node.into()),
-                ..PodSpec::default()
-            }),
-            status: Some(PodStatus {
-                phase: Some("Running".into()),
-                conditions: Some(vec![PodCondition {
-                    type_: "Ready".into(),
-                    status: if ready { "True" } else { "False" }.into(),
-                    ..PodCondition::default()
-                }]),
-                ..PodStatus::default()
-            }),
-        }
+        let uid = format!("uid-{operand}");
+        let owner = fixture::controller_ref("apps/v1", "DaemonSet", operand.info().daemonset, &uid);
+        fixture::pod(&format!("{operand}-{node}"))
+            .labels(&[(REVISION_HASH, hash)])
+            .owned_by(owner)
+            .on(node)
+            .running(ready)
+            .build()
     }
 
     pub(crate) fn revision(operand: Operand, hash: &str, number: i64) -> ControllerRevision {
@@ -592,14 +559,7 @@ pub(crate) mod tests {
         let mut interner = Interner::default();
         let mut nodes = NodeSet::default();
         let mut pods = PodSet::default();
-        // A small linear congruential generator: the same "random" changes every run.
-        let mut seed = 12345u64;
-        let mut next = move |bound: usize| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) as usize % bound
-        };
+        let mut next = seeded(12345);
         let labels_of = |switches: usize| -> Vec<(&'static str, &'static str)> {
             operands
                 .iter()

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use gpuop_api::ClusterPolicy;
+use gpuop_api::FieldError;
 use gpuop_api::validate::{ImageDefaults, validate_with};
 use gpuop_render::{ClusterFacts, ContainerRuntime, OsPool, render};
 
@@ -92,11 +93,7 @@ pub fn render_files(
     };
     let validated = validate_with(&policy, defaults).map_err(|errors| RenderCommandError::Invalid {
         path: policy_path,
-        problems: errors
-            .iter()
-            .map(|e| format!("  {e}"))
-            .collect::<Vec<_>>()
-            .join("\n"),
+        problems: problem_lines(&errors),
     })?;
     let rendered = render(&validated, &facts)?;
     let mut out = String::new();
@@ -186,11 +183,7 @@ pub async fn diff_live(
     let policy = ClusterPolicy::active(&policies.items).ok_or(DiffLiveError::NoPolicy)?;
     let validated = validate_with(policy, input.image_defaults).map_err(|errors| DiffLiveError::Invalid {
         name: policy.metadata.name.clone().unwrap_or_default(),
-        problems: errors
-            .iter()
-            .map(|e| format!("  {e}"))
-            .collect::<Vec<_>>()
-            .join("\n"),
+        problems: problem_lines(&errors),
     })?;
     let listed_nodes = Api::<Node>::all(client.clone())
         .list(&list)
@@ -285,14 +278,7 @@ pub async fn diff_live(
     for set in &owned {
         for manifest in &set.rendered.objects {
             let (kind, namespace, name) =
-                apply::key_of(manifest).ok_or_else(|| apply::ApplyError::UnknownKind {
-                    api_version: manifest.object["apiVersion"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned(),
-                    kind: manifest.kind().to_owned(),
-                    name: manifest.name().to_owned(),
-                })?;
+                apply::key_of(manifest).ok_or_else(|| apply::ApplyError::unknown_kind(manifest))?;
             let managed = MANAGED_KINDS
                 .iter()
                 .find(|k| k.kind == kind)
@@ -341,6 +327,15 @@ pub async fn diff_live(
 /// The spec of a DaemonSet as the API server would store it when created as `object` is: a dry-run create
 /// under a generated name, so the server's own defaults (whatever its version) fill it in and nothing is
 /// written.
+/// A policy's validation errors as the commands print them: one a line, indented under the heading.
+fn problem_lines(errors: &[FieldError]) -> String {
+    errors
+        .iter()
+        .map(|e| format!("  {e}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 async fn stored_spec(
     client: &kube::Client,
     namespace: &str,

@@ -23,7 +23,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use gpuop_api::labels::{self, GpuDetection, MANAGED_BY, MANAGED_BY_VALUE};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -40,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::apply::{MANAGED_KINDS, ManagedKind};
+use crate::caches::spawn_until_cancelled;
 use crate::labeler::{NodePatch, desired_labels};
 
 /// How to uninstall.
@@ -486,19 +486,9 @@ where
     T: Send,
 {
     let changed = changed.clone();
-    let stop = stop.clone();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => break,
-                item = stream.next() => match item {
-                    Some(Ok(_)) => changed.notify_one(),
-                    Some(Err(error)) => warn!(kind, %error, "watch failed; retrying with back-off"),
-                    None => break,
-                },
-            }
-        }
+    spawn_until_cancelled(stream, stop, move |item| match item {
+        Ok(_) => changed.notify_one(),
+        Err(error) => warn!(kind, %error, "watch failed; retrying with back-off"),
     });
 }
 
@@ -690,17 +680,11 @@ mod tests {
     use super::*;
     use gpuop_api::labels::OWNED_LABELS;
     use gpuop_api::labels::{DRIVER_OWNER, GPU_PRESENT, UPGRADE_ENABLED_ANNOTATION, UPGRADE_STATE};
-
-    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
+    use gpuop_testkit::fixture;
 
     #[test]
     fn only_what_the_operator_wrote_is_removed_from_a_node() {
-        let labels = map(&[
+        let labels = fixture::labels(&[
             (GPU_PRESENT, "true"),
             ("nvidia.com/gpu.deploy.driver", "true"),
             // Written as "true", since changed by a person: theirs now.
@@ -709,7 +693,7 @@ mod tests {
             (DRIVER_OWNER, "default"),
             (UPGRADE_STATE, "validation-required"),
         ]);
-        let annotations = map(&[
+        let annotations = fixture::labels(&[
             (
                 OWNED_LABELS,
                 "nvidia.com/gpu.present=true,nvidia.com/gpu.deploy.driver=true,nvidia.com/gpu.deploy.dcgm=true",
@@ -738,8 +722,8 @@ mod tests {
         assert!(patch["metadata"]["labels"].get("team").is_none());
 
         // Once patched, nothing is left.
-        let after = map(&[("nvidia.com/gpu.deploy.dcgm", "false"), ("team", "ml")]);
-        assert!(node_cleanup(&after, &map(&[("note", "a person's")]), false).is_empty());
+        let after = fixture::labels(&[("nvidia.com/gpu.deploy.dcgm", "false"), ("team", "ml")]);
+        assert!(node_cleanup(&after, &fixture::labels(&[("note", "a person's")]), false).is_empty());
     }
 
     #[test]

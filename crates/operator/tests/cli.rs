@@ -22,6 +22,12 @@ fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// Asserts that the command exited 0, showing what it printed where it did not.
+fn assert_exited_0(output: &Output) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{}{stderr}", stdout(output));
+}
+
 #[path = "cli/chart.rs"]
 mod chart;
 #[path = "../../../scripts/tools.rs"]
@@ -192,6 +198,23 @@ mod hooks {
 mod check {
     use super::*;
 
+    /// Runs `gpu-operator check -f` on a file `name` that holds `contents`; returns the file's path as the
+    /// report prints it, and the run.
+    fn check_written(name: &str, contents: &str) -> (String, Output) {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(name);
+        std::fs::write(&file, contents).unwrap();
+        let output = gpu_operator(&["check", "-f", file.to_str().unwrap()]);
+        (file.display().to_string(), output)
+    }
+
+    /// Asserts that each of `lines` is a whole line of `text`.
+    fn assert_lines(text: &str, lines: impl IntoIterator<Item = String>) {
+        for line in lines {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+    }
+
     #[test]
     fn the_samples_are_valid() {
         let output = gpu_operator(&[
@@ -222,29 +245,24 @@ mod check {
 
     #[test]
     fn problems_are_printed_with_file_document_and_path() {
-        let dir = tempfile::tempdir().unwrap();
         let sample = std::fs::read_to_string(repo_root().join("deploy/samples/clusterpolicy.yaml")).unwrap();
         let broken = sample
             .replace("strategy: single", "strategy: double")
             .replace("  psa:\n", "  pas:\n")
             .replace("maxUnavailable: \"1\"", "maxUnavailable: \"0\"");
-        let file = dir.path().join("broken.yaml");
-        std::fs::write(&file, format!("{sample}---\n{broken}")).unwrap();
-        let output = gpu_operator(&["check", "-f", file.to_str().unwrap()]);
+        let (name, output) = check_written("broken.yaml", &format!("{sample}---\n{broken}"));
         let text = stdout(&output);
         assert_eq!(output.status.code(), Some(1), "{text}");
-        let name = file.display();
         let second_document_line = sample.lines().count() + 2;
-        for line in [
+        let lines = [
             format!("{name}: document 1 (line 1) ClusterPolicy \"cluster-policy\": valid"),
             format!("{name}: document 2 (line {second_document_line}) ClusterPolicy \"cluster-policy\": invalid"),
             r#"  error: spec.mig.strategy: "double" is not one of [none, single, mixed]"#.to_owned(),
             r#"  error: spec.pas: unknown field; the API server would silently drop it (did you mean "psa"?)"#.to_owned(),
             r#"  error: spec.daemonsets.rollingUpdate.maxUnavailable: "0" must not be 0: a DaemonSet could never replace a pod"#.to_owned(),
             "2 checked: 1 valid, 1 invalid (3 errors, 0 warnings)".to_owned(),
-        ] {
-            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
-        }
+        ];
+        assert_lines(&text, lines);
     }
 
     #[test]
@@ -269,10 +287,8 @@ mod check {
         assert_eq!(output.status.code(), Some(2));
         assert!(String::from_utf8_lossy(&output.stderr).contains("no/such/file.yaml: cannot read"));
 
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("ns.yaml");
-        std::fs::write(&file, "apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n").unwrap();
-        let output = gpu_operator(&["check", "-f", file.to_str().unwrap()]);
+        let namespace = "apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n";
+        let (_, output) = check_written("ns.yaml", namespace);
         assert_eq!(output.status.code(), Some(1));
         assert!(stdout(&output).ends_with("no ClusterPolicy or NVIDIADriver found\n"));
     }
@@ -281,7 +297,6 @@ mod check {
     /// syntax error says where it is in the file.
     #[test]
     fn a_wrong_type_does_not_hide_the_other_problems() {
-        let dir = tempfile::tempdir().unwrap();
         let sample = std::fs::read_to_string(repo_root().join("deploy/samples/clusterpolicy.yaml")).unwrap();
         let broken = sample
             .replacen("version: \"595.91.07\"", "version: 595", 1)
@@ -291,22 +306,19 @@ mod check {
                 1,
             );
         assert_ne!(broken, sample);
-        let file = dir.path().join("policy.yaml");
-        std::fs::write(&file, format!("{broken}---\nkind: ClusterPolicy\nspec: [\n")).unwrap();
-        let output = gpu_operator(&["check", "-f", file.to_str().unwrap()]);
+        let contents = format!("{broken}---\nkind: ClusterPolicy\nspec: [\n");
+        let (name, output) = check_written("policy.yaml", &contents);
         let text = stdout(&output);
         assert_eq!(output.status.code(), Some(1), "{text}");
-        let name = file.display();
         let syntax_line = broken.lines().count() + 3;
-        for line in [
+        let lines = [
             format!("{name}: document 1 (line 1) ClusterPolicy \"cluster-policy\": invalid"),
             "  error: spec.driver.version: 595 is an integer, expected a string".to_owned(),
             "  error: spec.devicePlugin.config.name: required when spec.devicePlugin.config.default is set: the default names a key of that ConfigMap".to_owned(),
             r#"  warning: spec.devicePlugin.imagePullPolicy: "Sometimes" is not Always, Never or IfNotPresent; it is treated as IfNotPresent"#.to_owned(),
             format!("  error: not valid YAML: line {syntax_line} column 7: unclosed bracket '['"),
-        ] {
-            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
-        }
+        ];
+        assert_lines(&text, lines);
     }
 
     #[test]
@@ -323,13 +335,8 @@ mod check {
         .unwrap();
         let folder = dir.path().to_str().unwrap();
         let output = gpu_operator(&["check", "-f", folder]);
+        assert_exited_0(&output);
         let text = stdout(&output);
-        assert_eq!(
-            output.status.code(),
-            Some(0),
-            "{text}{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
         assert!(
             text.starts_with(&format!(
                 "{folder}/policy.yaml: document 1 (line 1) ClusterPolicy"
@@ -416,25 +423,26 @@ mod render {
         block.split("```").next().unwrap().to_owned()
     }
 
-    #[test]
-    fn the_documented_facts_file_renders() {
+    /// Renders the sample ClusterPolicy with a facts file that holds `facts`.
+    fn render_with_facts(facts: &str) -> Output {
         let dir = tempfile::tempdir().unwrap();
-        let facts = dir.path().join("facts.yaml");
-        std::fs::write(&facts, documented_facts()).unwrap();
-        let output = gpu_operator(&[
+        let file = dir.path().join("facts.yaml");
+        std::fs::write(&file, facts).unwrap();
+        let file = file.to_str().unwrap();
+        gpu_operator(&[
             "render",
             "-f",
             "deploy/samples/clusterpolicy.yaml",
             "--facts",
-            facts.to_str().unwrap(),
-        ]);
+            file,
+        ])
+    }
+
+    #[test]
+    fn the_documented_facts_file_renders() {
+        let output = render_with_facts(&documented_facts());
+        assert_exited_0(&output);
         let text = stdout(&output);
-        assert_eq!(
-            output.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
         // Two OS pools, CRI-O, the ServiceMonitor CRD: each fact shows in what is rendered.
         assert!(text.contains("name: nvidia-driver-daemonset-rhel9"), "{text}");
         assert!(
@@ -447,20 +455,7 @@ mod render {
 
     #[test]
     fn an_unknown_facts_key_is_named_with_its_place_and_the_accepted_keys() {
-        let dir = tempfile::tempdir().unwrap();
-        let facts = dir.path().join("facts.yaml");
-        std::fs::write(
-            &facts,
-            documented_facts().replace("runtime: crio", "runtme: crio"),
-        )
-        .unwrap();
-        let output = gpu_operator(&[
-            "render",
-            "-f",
-            "deploy/samples/clusterpolicy.yaml",
-            "--facts",
-            facts.to_str().unwrap(),
-        ]);
+        let output = render_with_facts(&documented_facts().replace("runtime: crio", "runtme: crio"));
         assert_eq!(output.status.code(), Some(1));
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(
@@ -469,14 +464,7 @@ mod render {
             ),
             "{stderr}"
         );
-        std::fs::write(&facts, documented_facts().replace("kernel:", "kernl:")).unwrap();
-        let output = gpu_operator(&[
-            "render",
-            "-f",
-            "deploy/samples/clusterpolicy.yaml",
-            "--facts",
-            facts.to_str().unwrap(),
-        ]);
+        let output = render_with_facts(&documented_facts().replace("kernel:", "kernl:"));
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(
             stderr.contains("unknown field `kernl`, expected one of osId, osVersion, kernel"),

@@ -168,6 +168,29 @@ impl<'a> ContainerSettings<'a> {
     pub fn host_network(self) -> bool {
         self.0.and_then(|c| c.host_network).unwrap_or(false)
     }
+
+    /// Replaces a container's arguments with the section's, when it sets any.
+    pub fn apply_args(self, container: &mut Container) {
+        if let Some(args) = self.args() {
+            container.args = Some(args);
+        }
+    }
+
+    /// Gives every container of a pod (sidecars too, init containers not) the section's resources.
+    pub fn apply_resources_to_containers(self, pod: &mut PodSpec) {
+        let resources = self.resources();
+        for container in &mut pod.containers {
+            apply_resources(container, resources.as_ref());
+        }
+    }
+
+    /// Applies the section to the operand's main container: resources, arguments, then environment (so
+    /// the section's variables win over those set before).
+    pub fn apply_to(self, container: &mut Container) {
+        apply_resources(container, self.resources().as_ref());
+        self.apply_args(container);
+        apply_env(container, self.env());
+    }
 }
 
 /// Applies the policy's resources to a container (when set).

@@ -233,6 +233,62 @@ pub(crate) fn run_nvidia_volume(kind: Option<&str>) -> Volume {
     host_path(RUN_NVIDIA_VOLUME, "/run/nvidia", kind)
 }
 
+/// `/run/nvidia` (volume [`RUN_NVIDIA_VOLUME`]) mounted at the same path: `Bidirectional` in the pods that
+/// install a driver there, `HostToContainer` in those that use it.
+pub(crate) fn run_nvidia_mount(propagation: Propagation) -> VolumeMount {
+    mount_with(RUN_NVIDIA_VOLUME, "/run/nvidia", false, Some(propagation))
+}
+
+/// The host's root filesystem (volume [`HOST_ROOT_VOLUME`]) mounted at `/host`, seeing the host's later
+/// mounts.
+pub(crate) fn host_root_mount(read_only: bool) -> VolumeMount {
+    mount_with(
+        HOST_ROOT_VOLUME,
+        "/host",
+        read_only,
+        Some(Propagation::HostToContainer),
+    )
+}
+
+/// The host-path volume of the host's root filesystem (rewritten by `hostPaths.rootFS`).
+pub(crate) fn host_root_volume() -> Volume {
+    host_path(HOST_ROOT_VOLUME, "/", None)
+}
+
+/// The driver install directory (volume [`DRIVER_INSTALL_DIR_VOLUME`]) mounted at `path`, seeing the
+/// driver container's later mounts.
+pub(crate) fn driver_install_dir_mount(path: &str) -> VolumeMount {
+    mount_with(
+        DRIVER_INSTALL_DIR_VOLUME,
+        path,
+        false,
+        Some(Propagation::HostToContainer),
+    )
+}
+
+/// The host-path volume of the driver install directory, created when missing (rewritten by
+/// `hostPaths.driverInstallDir`).
+pub(crate) fn driver_install_dir_volume() -> Volume {
+    host_path(
+        DRIVER_INSTALL_DIR_VOLUME,
+        "/run/nvidia/driver",
+        Some("DirectoryOrCreate"),
+    )
+}
+
+/// Name of the host-path volume of the CDI spec directory.
+const CDI_ROOT_VOLUME: &str = "cdi-root";
+
+/// The host's CDI spec directory mounted at the same path.
+pub(crate) fn cdi_root_mount() -> VolumeMount {
+    mount(CDI_ROOT_VOLUME, "/var/run/cdi")
+}
+
+/// The host-path volume of the CDI spec directory, created when missing.
+pub(crate) fn cdi_root_volume() -> Volume {
+    host_path(CDI_ROOT_VOLUME, "/var/run/cdi", Some("DirectoryOrCreate"))
+}
+
 /// How NVIDIA's asset of an operand spells its waiting init container: the echo text, and what it mounts.
 /// Matched word for word because the pod template is compared whole: a different text or mount restarts
 /// every pod of a cluster that migrates from NVIDIA's operator (docs/migrate.md).

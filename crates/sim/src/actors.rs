@@ -20,11 +20,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use gpuop_api::Operand;
 use gpuop_api::catalogue::status_file;
 use gpuop_api::labels::{self, MIG_CONFIG, MIG_CONFIG_STATE};
 use gpuop_api::placement::pod_fits;
+use gpuop_operator::caches::{Cached, spawn_until_cancelled};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus, ReplicaSet};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
@@ -105,37 +107,19 @@ pub fn spawn(
     caches.signal_when_synced(synced_sender);
     let mut tasks = Vec::new();
     if plays == Plays::Cluster {
-        tasks.push(tokio::spawn(daemonset_controller(
-            client.clone(),
-            caches.clone(),
-            shutdown.clone(),
-        )));
         // Only the ReplicaSet controller reads ReplicaSets: playing the nodes of a real cluster needs no
         // right to watch them.
         let replica_sets = cache::<ReplicaSet>(Api::all(client.clone()), &caches.changed, &shutdown);
-        tasks.push(tokio::spawn(replicaset_controller(
-            client.clone(),
-            caches.clone(),
-            replica_sets,
-            shutdown.clone(),
-        )));
-        tasks.push(tokio::spawn(scheduler(
-            client.clone(),
-            caches.clone(),
-            shutdown.clone(),
-        )));
         let budgets = cache::<PodDisruptionBudget>(Api::all(client.clone()), &caches.changed, &shutdown);
-        tasks.push(tokio::spawn(disruption_controller(
-            client.clone(),
-            caches.clone(),
-            budgets,
-            shutdown.clone(),
-        )));
-        tasks.push(tokio::spawn(pod_garbage_collector(
-            client.clone(),
-            caches.clone(),
-            shutdown.clone(),
-        )));
+        // The control plane's controllers, which a real cluster runs itself.
+        let controllers: [BoxFuture<'static, ()>; 5] = [
+            daemonset_controller(client.clone(), caches.clone(), shutdown.clone()).boxed(),
+            replicaset_controller(client.clone(), caches.clone(), replica_sets, shutdown.clone()).boxed(),
+            scheduler(client.clone(), caches.clone(), shutdown.clone()).boxed(),
+            disruption_controller(client.clone(), caches.clone(), budgets, shutdown.clone()).boxed(),
+            pod_garbage_collector(client.clone(), caches.clone(), shutdown.clone()).boxed(),
+        ];
+        tasks.extend(controllers.map(tokio::spawn));
     }
     if let Some(heartbeats) = state.timing.heartbeats {
         tasks.push(tokio::spawn(node_heartbeats(
@@ -299,13 +283,7 @@ impl Caches {
 
 fn cache<K>(api: Api<K>, changed: &Arc<watch::Sender<()>>, shutdown: &CancellationToken) -> Store<K>
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Cached,
 {
     cache_observed(api, changed, shutdown, |_| {})
 }
@@ -319,13 +297,7 @@ fn cache_observed<K>(
     mut observe: impl FnMut(&watcher::Event<K>) + Send + 'static,
 ) -> Store<K>
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Cached,
 {
     let (reader, writer) = reflector::store();
     // Managed fields are most of a stored object and no actor reads them.
@@ -334,22 +306,12 @@ where
         .modify(|object| object.managed_fields_mut().clear())
         .reflect(writer);
     let changed = changed.clone();
-    let shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                item = stream.next() => match item {
-                    Some(Ok(event)) => {
-                        observe(&event);
-                        changed.send_replace(());
-                    }
-                    Some(Err(error)) => debug!(%error, "simulator watch failed; retrying"),
-                    None => break,
-                },
-            }
+    spawn_until_cancelled(stream, shutdown, move |item| match item {
+        Ok(event) => {
+            observe(&event);
+            changed.send_replace(());
         }
+        Err(error) => debug!(%error, "simulator watch failed; retrying"),
     });
     reader
 }
@@ -1824,16 +1786,9 @@ async fn ensure_lease_namespace(client: &Client) {
             return;
         }
     }
-    let namespace = Namespace {
-        metadata: ObjectMeta {
-            name: Some(LEASE_NAMESPACE.to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    match namespaces.create(&PostParams::default(), &namespace).await {
-        Ok(_) => info!(namespace = LEASE_NAMESPACE, "created the node lease namespace"),
-        Err(kube::Error::Api(status)) if status.code == 409 => {}
+    match crate::simulation::create_namespace(client, LEASE_NAMESPACE).await {
+        Ok(true) => info!(namespace = LEASE_NAMESPACE, "created the node lease namespace"),
+        Ok(false) => {}
         Err(error) => warn!(%error, namespace = LEASE_NAMESPACE, "cannot create the node lease namespace"),
     }
 }

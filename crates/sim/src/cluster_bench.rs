@@ -11,7 +11,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,9 +21,10 @@ use gpuop_api::{ClusterPolicy, labels};
 use gpuop_fakeserver::FakeServer;
 use gpuop_fakeserver::accounting::{RequestCounts, RequestKey};
 use gpuop_operator::status::only_counts_differ;
-use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
-use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, PodTemplateSpec, Toleration};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use gpuop_testkit::fixture;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use tokio::time::Instant;
@@ -57,44 +57,22 @@ pub fn gpu_cluster(count: u32) -> ClusterSpec {
 
 pub use crate::proc_stats::peak_rss_mib;
 
+/// A DaemonSet `name` in `bench` with one pod on every GPU node, tolerating the GPU taint.
 fn bench_daemonset(name: &str) -> DaemonSet {
-    let labels = std::collections::BTreeMap::from([("app".to_owned(), name.to_owned())]);
-    DaemonSet {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("bench".into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(DaemonSetSpec {
-            selector: LabelSelector {
-                match_labels: Some(labels.clone()),
-                ..LabelSelector::default()
-            },
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(PodSpec {
-                    node_selector: Some([(labels::NFD_NVIDIA_PCI[0].to_owned(), "true".to_owned())].into()),
-                    tolerations: Some(vec![Toleration {
-                        key: Some(labels::GPU_TAINT.into()),
-                        operator: Some("Exists".into()),
-                        effect: Some("NoSchedule".into()),
-                        ..Toleration::default()
-                    }]),
-                    containers: vec![Container {
-                        name: "main".into(),
-                        image: Some("registry.local/bench:1".into()),
-                        ..Container::default()
-                    }],
-                    ..PodSpec::default()
-                }),
-            },
-            ..DaemonSetSpec::default()
-        }),
-        status: None,
-    }
+    let mut daemonset = fixture::daemonset(name)
+        .namespace("bench")
+        .selecting(&[("app", name)])
+        .node_selector(&[(labels::NFD_NVIDIA_PCI[0], "true")])
+        .container("main", "registry.local/bench:1")
+        .build();
+    let template = daemonset.spec.as_mut().and_then(|s| s.template.spec.as_mut());
+    template.expect("the builder set a pod spec").tolerations = Some(vec![Toleration {
+        key: Some(labels::GPU_TAINT.into()),
+        operator: Some("Exists".into()),
+        effect: Some("NoSchedule".into()),
+        ..Toleration::default()
+    }]);
+    daemonset
 }
 
 /// `gpu-sim bench nodes`.
@@ -245,6 +223,46 @@ pub(crate) fn operator_binary() -> anyhow::Result<PathBuf> {
         );
     }
     Ok(binary)
+}
+
+/// What the fake-server benchmarks measure: the fake server on a free port, a cluster simulated on it, and
+/// the `gpu-operator` binary as its own process on it, reading a kubeconfig from a temporary folder.
+pub(crate) struct FakeServerBench {
+    pub(crate) server: FakeServer,
+    pub(crate) running: gpuop_fakeserver::Running,
+    /// The simulator's client.
+    pub(crate) client: Client,
+    pub(crate) simulation: Simulation,
+    pub(crate) operator: tokio::process::Child,
+    /// The operator's process id, as `/proc` names it.
+    pub(crate) pid: String,
+    /// The folder of the operator's kubeconfig, removed when dropped.
+    pub(crate) dir: tempfile::TempDir,
+}
+
+impl FakeServerBench {
+    /// Serves the fake server, installs the CRDs and namespace, simulates `spec` and starts the operator.
+    pub(crate) async fn start(spec: ClusterSpec) -> anyhow::Result<Self> {
+        let binary = operator_binary()?;
+        let server = FakeServer::new();
+        let dir = tempfile::tempdir()?;
+        let kubeconfig = dir.path().join("kubeconfig");
+        let running = crate::serve::listen(&server, 0, Some(&kubeconfig)).await?;
+        let client: Client = server.client_as(crate::USER_AGENT);
+        install(&client).await?;
+        let simulation = Simulation::start(client.clone(), spec, Timing::instant()).await?;
+        let operator = spawn_operator(&binary, &kubeconfig)?;
+        let pid = operator.id().map(|p| p.to_string()).unwrap_or_default();
+        Ok(Self {
+            server,
+            running,
+            client,
+            simulation,
+            operator,
+            pid,
+            dir,
+        })
+    }
 }
 
 /// Every status write of the ClusterPolicy, as a watch sees it.
@@ -407,33 +425,23 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
         .map(|share| Churn::new(share, args.churn_seed))
         .transpose()
         .map_err(anyhow::Error::msg)?;
-    let binary = operator_binary()?;
-    let server = FakeServer::new();
-    let running = server.serve(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await?;
-    let dir = tempfile::tempdir()?;
-    let kubeconfig = dir.path().join("kubeconfig");
-    running.write_kubeconfig(&kubeconfig)?;
-    let client: Client = server.client_as(crate::USER_AGENT);
-    install(&client).await?;
-    let simulation = Simulation::start(client.clone(), gpu_cluster(args.nodes), Timing::instant()).await?;
-    let mut operator = spawn_operator(&binary, &kubeconfig)?;
-    let pid = operator.id().map(|p| p.to_string()).unwrap_or_default();
-    let before = server.requests();
+    let mut bench = FakeServerBench::start(gpu_cluster(args.nodes)).await?;
+    let before = bench.server.requests();
     let started = Instant::now();
     let statuses = Arc::new(Mutex::new(StatusLog::default()));
     let status_watch = tokio::spawn(watch_statuses(
-        client.clone(),
-        simulation.convergence(NAMESPACE),
+        bench.client.clone(),
+        bench.simulation.convergence(NAMESPACE),
         statuses.clone(),
     ));
-    let cpu_applied = Cpu::now(&pid);
-    apply_policy(&client, DEFAULT_POLICY).await?;
+    let cpu_applied = Cpu::now(&bench.pid);
+    apply_policy(&bench.client, DEFAULT_POLICY).await?;
     // The moment every operand pod was Ready on every node lies between the last look that found one not
     // Ready and the first look after it that found all Ready: each look reads the simulation's caches
     // (the nodes whose Node or pods changed since the last look), so it is known to within the time
     // between those two.
-    let mut convergence = simulation.convergence(NAMESPACE);
-    let policies: Api<ClusterPolicy> = Api::all(client.clone());
+    let mut convergence = bench.simulation.convergence(NAMESPACE);
+    let policies: Api<ClusterPolicy> = Api::all(bench.client.clone());
     let mut pods_unready_seen = started;
     let mut pods_ready_seen: Option<Instant> = None;
     loop {
@@ -462,18 +470,18 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
             break;
         }
         if started.elapsed() > args.deadline() {
-            let _ = operator.kill().await;
+            let _ = bench.operator.kill().await;
             bail!("not converged within {:?}", args.deadline());
         }
-        if let Some(status) = operator.try_wait()? {
+        if let Some(status) = bench.operator.try_wait()? {
             bail!("gpu-operator exited early: {status}");
         }
         tokio::time::sleep(look_interval(args.nodes)).await;
     }
     let converged = started.elapsed();
-    let cpu_rollout = Cpu::now(&pid).since(cpu_applied);
-    let peak_after_rollout = peak_rss_mib(&pid).unwrap_or(f64::NAN);
-    let at_convergence = server.requests();
+    let cpu_rollout = Cpu::now(&bench.pid).since(cpu_applied);
+    let peak_after_rollout = peak_rss_mib(&bench.pid).unwrap_or(f64::NAN);
+    let at_convergence = bench.server.requests();
     // The watch delivers the ready write moments after the snapshot above saw it; wait for its verdict.
     let judged = Instant::now();
     while !lock(&statuses).ready_seen && judged.elapsed() < Duration::from_secs(30) {
@@ -484,21 +492,21 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
     // The operator process names itself with its own User-Agent; its product token is what is counted.
     let operator_client = crate::product_token(gpuop_operator::USER_AGENT);
     let rollout = by_verb(&at_convergence.since(&before), operator_client);
-    let cpu_steady_start = Cpu::now(&pid);
+    let cpu_steady_start = Cpu::now(&bench.pid);
     tokio::time::sleep(Duration::from_secs(args.steady_seconds)).await;
-    let cpu_steady = Cpu::now(&pid).since(cpu_steady_start);
-    let after = server.requests();
+    let cpu_steady = Cpu::now(&bench.pid).since(cpu_steady_start);
+    let after = bench.server.requests();
     let steady = by_verb(&after.since(&at_convergence), operator_client);
     let steady_writes = writes_of(&after.since(&at_convergence), Some(operator_client));
     let churn_window = match churn {
         Some(churn) => {
-            let requests_before = server.requests();
-            let cpu_before = Cpu::now(&pid);
-            let churning = simulation.churn(churn);
+            let requests_before = bench.server.requests();
+            let cpu_before = Cpu::now(&bench.pid);
+            let churning = bench.simulation.churn(churn);
             tokio::time::sleep(Duration::from_secs(args.churn_seconds)).await;
             let changes = churning.stop().await;
-            let cpu = Cpu::now(&pid).since(cpu_before);
-            let requests = by_verb(&server.requests().since(&requests_before), operator_client);
+            let cpu = Cpu::now(&bench.pid).since(cpu_before);
+            let requests = by_verb(&bench.server.requests().since(&requests_before), operator_client);
             Some(ChurnWindow {
                 churn,
                 seconds: args.churn_seconds,
@@ -509,13 +517,13 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    if let Some(status) = operator.try_wait()? {
+    if let Some(status) = bench.operator.try_wait()? {
         bail!("gpu-operator exited during the steady or churn window: {status}");
     }
-    let peak = peak_rss_mib(&pid).unwrap_or(f64::NAN);
-    let cpu_operator_total = proc_stats::cpu_seconds(&pid).unwrap_or(f64::NAN);
-    let _ = operator.kill().await;
-    let policies: Api<ClusterPolicy> = Api::all(client.clone());
+    let peak = peak_rss_mib(&bench.pid).unwrap_or(f64::NAN);
+    let cpu_operator_total = proc_stats::cpu_seconds(&bench.pid).unwrap_or(f64::NAN);
+    let _ = bench.operator.kill().await;
+    let policies: Api<ClusterPolicy> = Api::all(bench.client.clone());
     let operands = policies
         .list(&ListParams::default())
         .await?
@@ -525,8 +533,8 @@ pub async fn converge(args: ConvergeBenchArgs) -> anyhow::Result<()> {
         .and_then(|p| p.status)
         .and_then(|s| s.operands)
         .unwrap_or_default();
-    simulation.stop().await;
-    running.shutdown().await;
+    bench.simulation.stop().await;
+    bench.running.shutdown().await;
     let simulator_cpu = proc_stats::cpu_seconds("self").unwrap_or(f64::NAN);
     let simulator_peak = peak_rss_mib("self").unwrap_or(f64::NAN);
     println!(

@@ -13,16 +13,15 @@ use gpuop_fakeserver::FakeServer;
 use gpuop_operator::crd_install;
 use gpuop_operator::run::{self, Config};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use tokio::time::Instant;
 
 use crate::cluster_spec::ClusterSpec;
 use crate::kubelet::Timing;
 use crate::progress::{Row, rows};
-use crate::simulation::Simulation;
+use crate::simulation::{Simulation, create_namespace};
 
 /// How long the CRDs may take to be served.
 const CRD_PATIENCE: Duration = Duration::from_secs(120);
@@ -48,19 +47,10 @@ pub struct DemoSettings {
 pub async fn install(client: &Client) -> anyhow::Result<()> {
     let (_, applied) = crd_install::apply_all(client, CRD_PATIENCE).await;
     applied.context("installing the CRDs")?;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let namespace = Namespace {
-        metadata: ObjectMeta {
-            name: Some(NAMESPACE.into()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    match namespaces.create(&PostParams::default(), &namespace).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
-        Err(error) => Err(error).context("creating the operator namespace"),
-    }
+    create_namespace(client, NAMESPACE)
+        .await
+        .context("creating the operator namespace")?;
+    Ok(())
 }
 
 /// Applies a ClusterPolicy manifest as a person would with `kubectl apply --server-side`.

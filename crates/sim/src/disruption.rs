@@ -60,27 +60,12 @@ pub fn status(budget: &PodDisruptionBudget, pods: &[&Pod]) -> Option<PodDisrupti
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+    use gpuop_testkit::fixture;
     use k8s_openapi::api::policy::v1::PodDisruptionBudgetSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector as Selector, ObjectMeta};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector as Selector;
 
     fn pod(app: &str, ready: bool) -> Pod {
-        Pod {
-            metadata: ObjectMeta {
-                labels: Some(BTreeMap::from([("app".to_owned(), app.to_owned())])),
-                ..ObjectMeta::default()
-            },
-            status: Some(PodStatus {
-                phase: Some("Running".into()),
-                conditions: Some(vec![PodCondition {
-                    type_: "Ready".into(),
-                    status: if ready { "True" } else { "False" }.into(),
-                    ..PodCondition::default()
-                }]),
-                ..PodStatus::default()
-            }),
-            ..Pod::default()
-        }
+        fixture::pod(app).labels(&[("app", app)]).running(ready).build()
     }
 
     fn budget(min: Option<IntOrString>, max: Option<IntOrString>) -> PodDisruptionBudget {

@@ -490,15 +490,21 @@ fn backoff_end(status: &ContainerStatus, timing: Timing) -> Option<Timestamp> {
     if waiting.reason.as_deref() != Some("CrashLoopBackOff") {
         return None;
     }
-    let finished = status
-        .last_state
-        .as_ref()?
-        .terminated
-        .as_ref()?
-        .finished_at
-        .as_ref()?
-        .0;
-    Some(finished + (API_TIME_PRECISION + timing.crash_backoff))
+    Some(last_finished(status)? + (API_TIME_PRECISION + timing.crash_backoff))
+}
+
+/// When the container last exited, as its last terminated state says.
+pub fn last_finished(status: &ContainerStatus) -> Option<Timestamp> {
+    Some(
+        status
+            .last_state
+            .as_ref()?
+            .terminated
+            .as_ref()?
+            .finished_at
+            .as_ref()?
+            .0,
+    )
 }
 
 /// The precision of the times the API server keeps (`metav1.Time` is RFC 3339 in whole seconds).

@@ -221,26 +221,15 @@ mig-configs:
                 .len(),
             3
         );
-        assert!(
-            mig_layout(MIG_CONFIG, "all-balanced", GpuModel::A100_80GB)
-                .unwrap_err()
-                .contains("no entry for A100-80GB")
-        );
-        assert!(
-            mig_layout(MIG_CONFIG, "nope", GpuModel::A100_80GB)
-                .unwrap_err()
-                .contains("defined: all-1g.10gb, all-balanced")
-        );
-        assert!(
-            mig_layout(MIG_CONFIG, "too-much", GpuModel::A100_80GB)
-                .unwrap_err()
-                .contains("at most 2")
-        );
-        assert!(
-            mig_layout(MIG_CONFIG, "all-1g.10gb", GpuModel::L4)
-                .unwrap_err()
-                .contains("no entry")
-        );
+        for (config, model, says) in [
+            ("all-balanced", GpuModel::A100_80GB, "no entry for A100-80GB"),
+            ("nope", GpuModel::A100_80GB, "defined: all-1g.10gb, all-balanced"),
+            ("too-much", GpuModel::A100_80GB, "at most 2"),
+            ("all-1g.10gb", GpuModel::L4, "no entry"),
+        ] {
+            let error = mig_layout(MIG_CONFIG, config, model).unwrap_err();
+            assert!(error.contains(says), "{config} on {model:?}: {error}");
+        }
     }
 
     fn plugin_spec(env_pairs: &[(&str, &str)], default_config: Option<&str>) -> PodSpec {

@@ -200,93 +200,35 @@ fn advertised(node: &Node) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::apps::v1::DaemonSetSpec;
-    use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStateWaiting, ContainerStatus, NodeStatus, PodCondition, PodSpec, PodStatus,
-        PodTemplateSpec,
-    };
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use gpuop_testkit::fixture;
 
     fn node(name: &str, labels: &[(&str, &str)], gpus: &str) -> Node {
-        Node {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                        .collect(),
-                ),
-                ..ObjectMeta::default()
-            },
-            spec: None,
-            status: Some(NodeStatus {
-                allocatable: Some([("nvidia.com/gpu".to_owned(), Quantity(gpus.into()))].into()),
-                ..NodeStatus::default()
-            }),
-        }
+        fixture::node(name)
+            .labels(labels)
+            .allocatable("nvidia.com/gpu", gpus)
+            .build()
     }
 
     fn daemonset(operand: Operand) -> DaemonSet {
         let info = operand.info();
-        DaemonSet {
-            metadata: ObjectMeta {
-                name: Some(info.daemonset.into()),
-                labels: Some([(gpuop_api::labels::COMPONENT.to_owned(), info.component.to_owned())].into()),
-                ..ObjectMeta::default()
-            },
-            spec: Some(DaemonSetSpec {
-                template: PodTemplateSpec {
-                    metadata: None,
-                    spec: Some(PodSpec {
-                        node_selector: Some([(info.deploy_label.to_owned(), "true".to_owned())].into()),
-                        ..PodSpec::default()
-                    }),
-                },
-                ..DaemonSetSpec::default()
-            }),
-            status: None,
-        }
+        fixture::daemonset(info.daemonset)
+            .labels(&[(gpuop_api::labels::COMPONENT, info.component)])
+            .node_selector(&[(info.deploy_label, "true")])
+            .build()
     }
 
     fn pod(operand: Operand, node: &str, ready: bool, crash: bool) -> Pod {
-        let waiting = crash.then(|| ContainerStatus {
-            state: Some(ContainerState {
-                waiting: Some(ContainerStateWaiting {
-                    reason: Some("CrashLoopBackOff".into()),
-                    message: None,
-                }),
-                ..ContainerState::default()
-            }),
-            ..ContainerStatus::default()
-        });
-        Pod {
-            metadata: ObjectMeta {
-                labels: Some(
-                    [(
-                        gpuop_api::labels::COMPONENT.to_owned(),
-                        operand.info().component.to_owned(),
-                    )]
-                    .into(),
-                ),
-                ..ObjectMeta::default()
-            },
-            spec: Some(PodSpec {
-                node_name: Some(node.into()),
-                ..PodSpec::default()
-            }),
-            status: Some(PodStatus {
-                phase: Some("Running".into()),
-                conditions: Some(vec![PodCondition {
-                    type_: "Ready".into(),
-                    status: if ready { "True" } else { "False" }.into(),
-                    ..PodCondition::default()
-                }]),
-                container_statuses: waiting.map(|w| vec![w]),
-                ..PodStatus::default()
-            }),
+        let component = operand.info().component;
+        let pod = fixture::pod(&format!("{component}-{node}"))
+            .labels(&[(gpuop_api::labels::COMPONENT, component)])
+            .on(node)
+            .running(ready);
+        if crash {
+            pod.waiting("CrashLoopBackOff")
+        } else {
+            pod
         }
+        .build()
     }
 
     #[test]

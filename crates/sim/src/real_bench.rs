@@ -288,16 +288,19 @@ async fn measure_upgrade(
         .collect();
     let mut writes = BTreeMap::new();
     for event in during.iter().filter(|e| e.is_write()) {
-        let resource = if event.subresource.is_empty() {
-            event.resource.clone()
+        let attrs = &event.attrs;
+        let resource = if attrs.subresource.is_empty() {
+            attrs.resource.clone()
         } else {
-            format!("{}/{}", event.resource, event.subresource)
+            format!("{}/{}", attrs.resource, attrs.subresource)
         };
-        *writes.entry(format!("{} {resource}", event.verb)).or_default() += 1;
+        *writes.entry(format!("{} {resource}", attrs.verb)).or_default() += 1;
     }
     let evictions: Vec<&&AuditEvent> = during
         .iter()
-        .filter(|e| e.verb == "create" && e.resource == "pods" && e.subresource == "eviction")
+        .filter(|e| {
+            e.attrs.verb == "create" && e.attrs.resource == "pods" && e.attrs.subresource == "eviction"
+        })
         .collect();
     Ok(UpgradeRun {
         converged: converged_after,
@@ -364,83 +367,64 @@ async fn workload_ready(client: &Client, replicas: u32) -> Result<(), String> {
 }
 
 fn print_upgrade(args: &UpgradeBenchArgs, ours: &UpgradeRun, theirs: &UpgradeRun, whole: Duration) {
-    println!(
-        "| measurement ({} GPU nodes, as many GPU pods as nodes behind a PodDisruptionBudget of maxUnavailable 10%, \
-         maxParallelUpgrades {}, maxUnavailable 25%, real control plane, kube-apiserver's audit log) \
-         | this operator | NVIDIA's operator |",
-        args.nodes, args.max_parallel
-    );
-    println!("| --- | --- | --- |");
-    row(
-        "policy applied → every node `upgrade-done`, every GPU pod running",
-        format!("{:.1} s", ours.converged.as_secs_f64()),
-        format!("{:.1} s", theirs.converged.as_secs_f64()),
-    );
-    row(
-        "driver version changed → every node on it, `upgrade-done`, uncordoned",
-        format!("{:.1} s", ours.upgraded.as_secs_f64()),
-        format!("{:.1} s", theirs.upgraded.as_secs_f64()),
-    );
-    row(
-        "requests during the upgrade",
-        total(&ours.requests).to_string(),
-        total(&theirs.requests).to_string(),
-    );
-    row(
-        "requests during the upgrade, by verb",
-        verbs_text(&ours.requests),
-        verbs_text(&theirs.requests),
-    );
     let per_node = |run: &UpgradeRun, what: &str| {
         let count = run.writes.get(what).copied().unwrap_or(0);
         format!("{:.1}", count as f64 / f64::from(args.nodes.max(1)))
     };
-    row(
-        "writes during the upgrade",
-        total(&ours.writes).to_string(),
-        total(&theirs.writes).to_string(),
-    );
-    row(
-        "node patches per upgraded node",
-        per_node(ours, "patch nodes"),
-        per_node(theirs, "patch nodes"),
-    );
-    row(
-        "writes during the upgrade, by verb and resource",
-        verbs_text(&ours.writes),
-        verbs_text(&theirs.writes),
-    );
-    row(
-        "evictions asked (of which refused with 429)",
-        format!("{} ({})", ours.evictions, ours.refused_evictions),
-        format!("{} ({})", theirs.evictions, theirs.refused_evictions),
-    );
-    row(
-        &format!("most nodes upgrading at once (limit {})", args.max_parallel),
-        ours.max_in_progress.to_string(),
-        theirs.max_in_progress.to_string(),
-    );
-    row(
-        &format!(
-            "most nodes unavailable at once (limit {})",
-            allowed_unavailable(args.nodes)
+    let measurements: [Measurement<'_, UpgradeRun>; 12] = [
+        (
+            "policy applied → every node `upgrade-done`, every GPU pod running".into(),
+            &|run| format!("{:.1} s", run.converged.as_secs_f64()),
         ),
-        ours.max_unavailable.to_string(),
-        theirs.max_unavailable.to_string(),
-    );
-    row(
-        "CPU during the upgrade",
-        format!("{:.2} s", ours.cpu),
-        format!("{:.2} s", theirs.cpu),
-    );
-    row(
-        "peak memory (VmHWM, converge and upgrade)",
-        format!("{:.0} MiB", mib(ours.usage.peak_memory)),
-        format!("{:.0} MiB", mib(theirs.usage.peak_memory)),
-    );
-    println!(
-        "| the whole benchmark run (both operators) | {:.0} s | |",
-        whole.as_secs_f64()
+        (
+            "driver version changed → every node on it, `upgrade-done`, uncordoned".into(),
+            &|run| format!("{:.1} s", run.upgraded.as_secs_f64()),
+        ),
+        ("requests during the upgrade".into(), &|run| {
+            total(&run.requests).to_string()
+        }),
+        ("requests during the upgrade, by verb".into(), &|run| {
+            verbs_text(&run.requests)
+        }),
+        ("writes during the upgrade".into(), &|run| {
+            total(&run.writes).to_string()
+        }),
+        ("node patches per upgraded node".into(), &|run| {
+            per_node(run, "patch nodes")
+        }),
+        ("writes during the upgrade, by verb and resource".into(), &|run| {
+            verbs_text(&run.writes)
+        }),
+        ("evictions asked (of which refused with 429)".into(), &|run| {
+            format!("{} ({})", run.evictions, run.refused_evictions)
+        }),
+        (
+            format!("most nodes upgrading at once (limit {})", args.max_parallel),
+            &|run| run.max_in_progress.to_string(),
+        ),
+        (
+            format!(
+                "most nodes unavailable at once (limit {})",
+                allowed_unavailable(args.nodes)
+            ),
+            &|run| run.max_unavailable.to_string(),
+        ),
+        ("CPU during the upgrade".into(), &|run| {
+            format!("{:.2} s", run.cpu)
+        }),
+        ("peak memory (VmHWM, converge and upgrade)".into(), &|run| {
+            format!("{:.0} MiB", mib(run.usage.peak_memory))
+        }),
+    ];
+    print_table(
+        &format!(
+            "measurement ({} GPU nodes, as many GPU pods as nodes behind a PodDisruptionBudget of maxUnavailable \
+             10%, maxParallelUpgrades {}, maxUnavailable 25%, real control plane, kube-apiserver's audit log)",
+            args.nodes, args.max_parallel
+        ),
+        &measurements,
+        [ours, theirs],
+        whole,
     );
 }
 
@@ -527,7 +511,7 @@ impl Bed {
 fn by_verb(events: &[&AuditEvent]) -> BTreeMap<String, u64> {
     let mut verbs = BTreeMap::new();
     for event in events {
-        *verbs.entry(event.verb.to_uppercase()).or_default() += 1;
+        *verbs.entry(event.attrs.verb.to_uppercase()).or_default() += 1;
     }
     verbs
 }
@@ -594,65 +578,61 @@ fn total(verbs: &BTreeMap<String, u64>) -> u64 {
 }
 
 fn print(args: &ConvergeBenchArgs, ours: &Run, theirs: &Run, whole: Duration) {
-    println!(
-        "| measurement ({} GPU nodes, real control plane, kube-apiserver's audit log) | this operator | NVIDIA's operator |",
-        args.nodes
-    );
-    println!("| --- | --- | --- |");
-    row(
-        "policy applied → policy `ready`, every operand DaemonSet rolled out",
-        format!("{:.1} s", ours.converged.as_secs_f64()),
-        format!("{:.1} s", theirs.converged.as_secs_f64()),
-    );
-    row(
-        "requests to converge",
-        total(&ours.converge_requests).to_string(),
-        total(&theirs.converge_requests).to_string(),
-    );
-    row(
-        "of which writes",
-        ours.converge_writes.to_string(),
-        theirs.converge_writes.to_string(),
-    );
-    row(
-        "requests to converge, by verb",
-        verbs_text(&ours.converge_requests),
-        verbs_text(&theirs.converge_requests),
-    );
     let rate = |run: &Run| total(&run.steady_requests) as f64 / run.steady.as_secs_f64().max(1.0);
-    row(
-        &format!(
-            "requests per second at rest (a {} s window after converging)",
-            args.steady_seconds
+    let measurements: [Measurement<'_, Run>; 10] = [
+        (
+            "policy applied → policy `ready`, every operand DaemonSet rolled out".into(),
+            &|run| format!("{:.1} s", run.converged.as_secs_f64()),
         ),
-        format!("{:.2}", rate(ours)),
-        format!("{:.2}", rate(theirs)),
+        ("requests to converge".into(), &|run| {
+            total(&run.converge_requests).to_string()
+        }),
+        ("of which writes".into(), &|run| run.converge_writes.to_string()),
+        ("requests to converge, by verb".into(), &|run| {
+            verbs_text(&run.converge_requests)
+        }),
+        (
+            format!(
+                "requests per second at rest (a {} s window after converging)",
+                args.steady_seconds
+            ),
+            &|run| format!("{:.2}", rate(run)),
+        ),
+        ("requests at rest, by verb".into(), &|run| {
+            or_none(&run.steady_requests)
+        }),
+        ("writes at rest".into(), &|run| run.steady_writes.to_string()),
+        ("CPU to converge".into(), &|run| {
+            format!("{:.2} s", run.cpu_converge)
+        }),
+        ("CPU at rest".into(), &|run| format!("{:.2} s", run.cpu_steady)),
+        ("peak memory (VmHWM)".into(), &|run| {
+            format!("{:.0} MiB", mib(run.usage.peak_memory))
+        }),
+    ];
+    print_table(
+        &format!(
+            "measurement ({} GPU nodes, real control plane, kube-apiserver's audit log)",
+            args.nodes
+        ),
+        &measurements,
+        [ours, theirs],
+        whole,
     );
-    row(
-        "requests at rest, by verb",
-        or_none(&ours.steady_requests),
-        or_none(&theirs.steady_requests),
-    );
-    row(
-        "writes at rest",
-        ours.steady_writes.to_string(),
-        theirs.steady_writes.to_string(),
-    );
-    row(
-        "CPU to converge",
-        format!("{:.2} s", ours.cpu_converge),
-        format!("{:.2} s", theirs.cpu_converge),
-    );
-    row(
-        "CPU at rest",
-        format!("{:.2} s", ours.cpu_steady),
-        format!("{:.2} s", theirs.cpu_steady),
-    );
-    row(
-        "peak memory (VmHWM)",
-        format!("{:.0} MiB", mib(ours.usage.peak_memory)),
-        format!("{:.0} MiB", mib(theirs.usage.peak_memory)),
-    );
+}
+
+/// One row of a side-by-side table: what is measured, and how it reads from one operator's run.
+type Measurement<'a, R> = (String, &'a dyn Fn(&R) -> String);
+
+/// Prints a side-by-side table in Markdown: a row per measurement of `runs` (ours, then NVIDIA's), then
+/// how long the whole benchmark took.
+fn print_table<R>(header: &str, measurements: &[Measurement<'_, R>], runs: [&R; 2], whole: Duration) {
+    println!("| {header} | this operator | NVIDIA's operator |");
+    println!("| --- | --- | --- |");
+    let [ours, theirs] = runs;
+    for (label, measure) in measurements {
+        row(label, measure(ours), measure(theirs));
+    }
     println!(
         "| the whole benchmark run (both operators) | {:.0} s | |",
         whole.as_secs_f64()

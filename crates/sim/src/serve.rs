@@ -1,6 +1,7 @@
 //! `gpu-sim serve`: the fake API server on loopback until interrupted.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -35,18 +36,29 @@ pub fn build(args: &ServeArgs) -> anyhow::Result<FakeServer> {
     Ok(server)
 }
 
-/// Serves until SIGINT or SIGTERM.
-pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let server = build(&args)?;
+/// Serves `server` on 127.0.0.1:`port` (0 picks a free one), writing a kubeconfig for it to
+/// `kubeconfig_out` when given.
+pub async fn listen(
+    server: &FakeServer,
+    port: u16,
+    kubeconfig_out: Option<&Path>,
+) -> anyhow::Result<gpuop_fakeserver::Running> {
     let running = server
-        .serve(SocketAddr::from((Ipv4Addr::LOCALHOST, args.port)))
+        .serve(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
         .await
-        .with_context(|| format!("listening on 127.0.0.1:{}", args.port))?;
-    if let Some(path) = &args.kubeconfig_out {
+        .with_context(|| format!("listening on 127.0.0.1:{port}"))?;
+    if let Some(path) = kubeconfig_out {
         running
             .write_kubeconfig(path)
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    Ok(running)
+}
+
+/// Serves until SIGINT or SIGTERM.
+pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let server = build(&args)?;
+    let running = listen(&server, args.port, args.kubeconfig_out.as_deref()).await?;
     // One line on stdout that scripts can read; logs go to stderr.
     println!("{}", running.url());
     tracing::info!(url = %running.url(), kubeconfig = ?args.kubeconfig_out, "serving the fake API server");

@@ -452,6 +452,23 @@ fn describe(target: &ObjectRef) -> String {
     }
 }
 
+/// Creates the namespace `name`: `true` where this call created it, `false` where it already existed.
+pub(crate) async fn create_namespace(client: &Client, name: &str) -> Result<bool, kube::Error> {
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    match namespaces.create(&PostParams::default(), &namespace).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
 /// Creates a workload's namespace when missing, and applies its ReplicaSet and disruption budget.
 async fn add_workload(client: &Client, workload: &Workload) -> Result<(), SimError> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -461,23 +478,9 @@ async fn add_workload(client: &Client, workload: &Workload) -> Result<(), SimErr
         .map_err(|source| api_error(format!("read namespace {}", workload.namespace), source))?
         .is_some();
     if !exists {
-        let namespace = Namespace {
-            metadata: ObjectMeta {
-                name: Some(workload.namespace.clone()),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        };
-        match namespaces.create(&PostParams::default(), &namespace).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
-            Err(source) => {
-                return Err(api_error(
-                    format!("create namespace {}", workload.namespace),
-                    source,
-                ));
-            }
-        }
+        create_namespace(client, &workload.namespace)
+            .await
+            .map_err(|source| api_error(format!("create namespace {}", workload.namespace), source))?;
     }
     let apply = PatchParams::apply(SIM_MANAGER).force();
     let what = |kind: &str| format!("apply {kind} {}/{}", workload.namespace, workload.name);

@@ -3,7 +3,6 @@
 //! cluster; with `--kubeconfig` the simulator plays the nodes against an existing API server instead. A
 //! scenario adds a timeline of events.
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -21,6 +20,7 @@ use crate::demo::{NAMESPACE, install};
 use crate::heartbeat::Heartbeats;
 use crate::kubelet::Timing;
 use crate::scenario::Scenario;
+use crate::serve::listen;
 use crate::simulation::{Plays, Simulation};
 
 /// Reads a scenario file, or the demo cluster with no events.
@@ -75,15 +75,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             let server = FakeServer::builder()
                 .authorization(args.authorization.into())
                 .build();
-            let running = server
-                .serve(SocketAddr::from((Ipv4Addr::LOCALHOST, args.port)))
-                .await
-                .with_context(|| format!("listening on 127.0.0.1:{}", args.port))?;
-            if let Some(path) = &args.kubeconfig_out {
-                running
-                    .write_kubeconfig(path)
-                    .with_context(|| format!("writing {}", path.display()))?;
-            }
+            let running = listen(&server, args.port, args.kubeconfig_out.as_deref()).await?;
             let client = server.client_as(USER_AGENT);
             install(&client).await?;
             url = Some(running.url());

@@ -7,7 +7,6 @@
 //! upgrading at once (neither may exceed the budget).
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,7 +15,6 @@ use futures::StreamExt;
 use gpuop_api::ClusterPolicy;
 use gpuop_api::labels::UPGRADE_STATE;
 use gpuop_api::upgrade::UpgradeState;
-use gpuop_fakeserver::FakeServer;
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
@@ -26,9 +24,8 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::cli::UpgradeBenchArgs;
-use crate::cluster_bench::{by_verb, gpu_cluster, operator_binary, peak_rss_mib, spawn_operator, verbs_text};
-use crate::demo::{DEFAULT_POLICY, apply_policy, install};
-use crate::kubelet::Timing;
+use crate::cluster_bench::{FakeServerBench, by_verb, gpu_cluster, peak_rss_mib, verbs_text};
+use crate::demo::{DEFAULT_POLICY, apply_policy};
 use crate::simulation::Simulation;
 use crate::workload::Workload;
 
@@ -90,18 +87,16 @@ pub(crate) fn watch_budget(client: &Client) -> (Arc<Mutex<Budget>>, tokio::task:
 
 /// `gpu-sim bench upgrade`.
 pub async fn upgrade(args: UpgradeBenchArgs) -> anyhow::Result<()> {
-    let binary = operator_binary()?;
-    let server = FakeServer::new();
-    let running = server.serve(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await?;
-    let dir = tempfile::tempdir()?;
-    let kubeconfig = dir.path().join("kubeconfig");
-    running.write_kubeconfig(&kubeconfig)?;
-    let client: Client = server.client_as(crate::USER_AGENT);
-    install(&client).await?;
     let spec = gpu_cluster(args.nodes).with_workload(Workload::gpu("train", args.nodes).in_namespace("ml"));
-    let simulation = Simulation::start(client.clone(), spec, Timing::instant()).await?;
-    let mut operator = spawn_operator(&binary, &kubeconfig)?;
-    let pid = operator.id().map(|p| p.to_string()).unwrap_or_default();
+    let FakeServerBench {
+        server,
+        running,
+        client,
+        simulation,
+        mut operator,
+        pid,
+        dir: _dir,
+    } = FakeServerBench::start(spec).await?;
     let (budget, node_watch) = watch_budget(&client);
     apply_policy(&client, DEFAULT_POLICY).await?;
     let policies: Api<ClusterPolicy> = Api::all(client.clone());

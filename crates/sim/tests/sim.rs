@@ -20,6 +20,7 @@
 //! - `chaos`: `gpu-sim chaos` on a few short seeds, two operator replicas under injected faults;
 //! - `citizen`: the simulator on a real control plane, judged by its controllers (nodes stay Ready);
 //! - `differential`: the fake server and kube-apiserver sent the same requests, their answers compared;
+//! - `pods`: the cluster's pods as the tests list them;
 //! - `oracle`: NVIDIA's operator and ours on real control planes with the same input, every object compared;
 //! - `docs`: every console example in `README.md` and `docs/` run as written, its shown output checked.
 
@@ -49,6 +50,8 @@ mod migrate;
 mod operator;
 #[path = "sim/oracle.rs"]
 mod oracle;
+#[path = "sim/pods.rs"]
+mod pods;
 #[path = "sim/rbac.rs"]
 mod rbac;
 #[path = "sim/scale.rs"]

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use gpuop_fakeserver::authz::rbac::{Attributes, UserInfo};
 use gpuop_fakeserver::{RequestCounts, RequestKey, Verb, client_label};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
@@ -22,27 +23,13 @@ const SETTLE_PATIENCE: Duration = Duration::from_secs(30);
 /// One request, as the audit log records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuditEvent {
-    /// The user (`admin`, `system:serviceaccount:gpu-operator:gpu-operator`, ...).
-    pub user: String,
-    /// The user's groups.
-    pub groups: Vec<String>,
+    /// The user (`admin`, `system:serviceaccount:gpu-operator:gpu-operator`, ...) and its groups.
+    pub user: UserInfo,
     /// The `User-Agent` header.
     pub user_agent: String,
-    /// The Kubernetes verb: `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
-    /// `deletecollection`.
-    pub verb: String,
-    /// The API group of the object (`""` for the core group).
-    pub api_group: String,
-    /// Its version.
-    pub api_version: String,
-    /// Its resource (`pods`), `""` for a non-resource URL.
-    pub resource: String,
-    /// Its subresource (`status`, `eviction`, ...) or `""`.
-    pub subresource: String,
-    /// Its namespace or `""`.
-    pub namespace: String,
-    /// Its name or `""`.
-    pub name: String,
+    /// What the request asked, as the authorizer was asked it: the verb, the object (`resource` is `""`
+    /// for a non-resource URL) and the path without its query.
+    pub attrs: Attributes,
     /// The answer's code (a watch's as it started).
     pub code: u16,
     /// The answer's `Status` reason, where it failed.
@@ -62,16 +49,14 @@ impl AuditEvent {
     /// Whether the request asked for a change.
     pub fn is_write(&self) -> bool {
         matches!(
-            self.verb.as_str(),
+            self.attrs.verb.as_str(),
             "create" | "update" | "patch" | "delete" | "deletecollection"
         )
     }
 
     /// The request path, without its query.
     pub fn path(&self) -> &str {
-        self.uri
-            .split_once('?')
-            .map_or(self.uri.as_str(), |(path, _)| path)
+        &self.attrs.path
     }
 
     /// Whether the client is `agent`: its user agent is `agent` or starts with `agent/`.
@@ -85,16 +70,17 @@ impl AuditEvent {
     /// the same verb, resource, scope and code, the user agent as the client. Server-side apply is a
     /// `patch` to the audit log (the fake server counts it as `APPLY`).
     pub fn key(&self) -> Option<RequestKey> {
+        let attrs = &self.attrs;
         Some(RequestKey {
-            verb: Verb::parse(&self.verb)?,
-            group: self.api_group.clone(),
-            version: self.api_version.clone(),
-            resource: self.resource.clone(),
-            subresource: self.subresource.clone(),
+            verb: Verb::parse(&attrs.verb)?,
+            group: attrs.api_group.clone(),
+            version: attrs.api_version.clone(),
+            resource: attrs.resource.clone(),
+            subresource: attrs.subresource.clone(),
             // As kube-apiserver's request metrics (and the fake server) scope a request.
-            scope: if !self.name.is_empty() {
+            scope: if !attrs.name.is_empty() {
                 "resource".to_owned()
-            } else if self.namespace.is_empty() {
+            } else if attrs.namespace.is_empty() {
                 "cluster".to_owned()
             } else {
                 "namespace".to_owned()
@@ -220,9 +206,11 @@ impl AuditLog {
         let started = Instant::now();
         loop {
             let mut events = self.read()?;
-            let is_mark = |e: &AuditEvent| e.resource == "namespaces" && e.name == mark;
+            let is_mark = |e: &AuditEvent| e.attrs.resource == "namespaces" && e.attrs.name == mark;
             if events.iter().any(is_mark) {
-                events.retain(|e| !(e.resource == "namespaces" && e.name.starts_with("gpuop-testkit-mark-")));
+                events.retain(|e| {
+                    !(e.attrs.resource == "namespaces" && e.attrs.name.starts_with("gpuop-testkit-mark-"))
+                });
                 return Ok(events);
             }
             if started.elapsed() > SETTLE_PATIENCE {
@@ -253,17 +241,32 @@ fn parse(text: &str) -> Result<Vec<AuditEvent>, (usize, serde_json::Error)> {
         let wire: Wire = serde_json::from_str(line).map_err(|error| (number + 1, error))?;
         let object = wire.object_ref.unwrap_or_default();
         let status = wire.response_status.unwrap_or_default();
+        let path = wire
+            .request_uri
+            .split_once('?')
+            .map_or(wire.request_uri.as_str(), |(path, _)| path);
+        let attrs = if object.resource.is_empty() {
+            Attributes::non_resource(&wire.verb, path)
+        } else {
+            Attributes {
+                verb: wire.verb,
+                resource_request: true,
+                api_group: object.api_group,
+                api_version: object.api_version,
+                resource: object.resource,
+                subresource: object.subresource,
+                namespace: object.namespace,
+                name: object.name,
+                path: path.to_owned(),
+            }
+        };
         let event = AuditEvent {
-            user: wire.user.username,
-            groups: wire.user.groups,
+            user: UserInfo {
+                name: wire.user.username,
+                groups: wire.user.groups,
+            },
             user_agent: wire.user_agent,
-            verb: wire.verb,
-            api_group: object.api_group,
-            api_version: object.api_version,
-            resource: object.resource,
-            subresource: object.subresource,
-            namespace: object.namespace,
-            name: object.name,
+            attrs,
             code: status.code,
             reason: status.reason,
             message: status.message,
@@ -306,13 +309,17 @@ mod tests {
         assert_eq!(events.len(), 2, "{events:#?}");
         let watch = &events[0];
         assert_eq!(
-            (watch.verb.as_str(), watch.resource.as_str(), watch.code),
+            (
+                watch.attrs.verb.as_str(),
+                watch.attrs.resource.as_str(),
+                watch.code
+            ),
             ("watch", "nodes", 200)
         );
         assert!(watch.by_agent("gpu-operator") && !watch.by_agent("gpu-op"));
         assert!(!watch.is_write());
         let patch = &events[1];
-        assert_eq!(patch.user, "system:serviceaccount:gpu-operator:gpu-operator");
+        assert_eq!(patch.user.name, "system:serviceaccount:gpu-operator:gpu-operator");
         assert_eq!((patch.code, patch.reason.as_str()), (403, "Forbidden"));
         assert_eq!(patch.decision, "forbid");
         assert!(
@@ -325,9 +332,9 @@ mod tests {
         assert_eq!(patch.path(), "/apis/apps/v1/namespaces/gpu-operator/daemonsets/x");
         assert_eq!(
             (
-                patch.api_group.as_str(),
-                patch.namespace.as_str(),
-                patch.name.as_str()
+                patch.attrs.api_group.as_str(),
+                patch.attrs.namespace.as_str(),
+                patch.attrs.name.as_str()
             ),
             ("apps", "gpu-operator", "x")
         );

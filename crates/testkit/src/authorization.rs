@@ -3,7 +3,7 @@
 //! the cluster's Roles and ClusterRoles that allows it, so that a test judges a chart's RBAC ("no request
 //! refused, every granted rule used or justified") the same way on both backends.
 
-use gpuop_fakeserver::authz::rbac::{Attributes, RbacIndex, RbacKind, UserInfo};
+use gpuop_fakeserver::authz::rbac::{Attributes, RbacIndex, RbacKind};
 use gpuop_fakeserver::{AuthorizationReport, Decided};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, ListParams};
@@ -74,34 +74,23 @@ fn decided(event: &AuditEvent) -> Vec<Decided> {
         "forbid" => Some(event.message.clone()),
         _ => return Vec::new(),
     };
-    let user = UserInfo {
-        name: event.user.clone(),
-        groups: event.groups.clone(),
-    };
-    if event.resource.is_empty() {
-        let attrs = Attributes::non_resource(&event.verb, event.path());
-        return vec![Decided { user, attrs, refused }];
-    }
-    let attrs = |verb: &str| Attributes {
-        verb: verb.to_owned(),
-        resource_request: true,
-        api_group: event.api_group.clone(),
-        api_version: event.api_version.clone(),
-        resource: event.resource.clone(),
-        subresource: event.subresource.clone(),
-        namespace: event.namespace.clone(),
-        name: event.name.clone(),
-        path: event.path().to_owned(),
-    };
+    let user = event.user.clone();
     let mut decided = vec![Decided {
         user: user.clone(),
-        attrs: attrs(&event.verb),
+        attrs: event.attrs.clone(),
         refused,
     }];
-    if matches!(event.verb.as_str(), "patch" | "update") && event.code == 201 {
+    if event.attrs.resource_request
+        && matches!(event.attrs.verb.as_str(), "patch" | "update")
+        && event.code == 201
+    {
+        let attrs = Attributes {
+            verb: "create".to_owned(),
+            ..event.attrs.clone()
+        };
         decided.push(Decided {
             user,
-            attrs: attrs("create"),
+            attrs,
             refused: None,
         });
     }
@@ -111,19 +100,21 @@ fn decided(event: &AuditEvent) -> Vec<Decided> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuop_fakeserver::authz::rbac::UserInfo;
 
     fn event(verb: &str, code: u16, decision: &str) -> AuditEvent {
+        let path = "/apis/apps/v1/namespaces/gpu-operator/daemonsets/x";
         AuditEvent {
-            user: "system:serviceaccount:gpu-operator:gpu-operator".to_owned(),
-            groups: vec!["system:serviceaccounts".to_owned()],
+            user: UserInfo {
+                name: "system:serviceaccount:gpu-operator:gpu-operator".to_owned(),
+                groups: vec!["system:serviceaccounts".to_owned()],
+            },
             user_agent: "gpu-operator".to_owned(),
-            verb: verb.to_owned(),
-            api_group: "apps".to_owned(),
-            api_version: "v1".to_owned(),
-            resource: "daemonsets".to_owned(),
-            subresource: String::new(),
-            namespace: "gpu-operator".to_owned(),
-            name: "x".to_owned(),
+            attrs: Attributes {
+                api_version: "v1".to_owned(),
+                path: path.to_owned(),
+                ..Attributes::resource(verb, "apps", "daemonsets", "gpu-operator", "x")
+            },
             code,
             reason: String::new(),
             message: if decision == "forbid" {
@@ -132,7 +123,7 @@ mod tests {
                 String::new()
             },
             decision: decision.to_owned(),
-            uri: "/apis/apps/v1/namespaces/gpu-operator/daemonsets/x?fieldManager=gpu-operator".to_owned(),
+            uri: format!("{path}?fieldManager=gpu-operator"),
             received: jiff::Timestamp::UNIX_EPOCH,
         }
     }

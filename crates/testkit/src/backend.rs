@@ -131,8 +131,8 @@ impl Backend {
                 .filter_map(|event| {
                     Some(Received {
                         key: event.key()?,
-                        namespace: event.namespace,
-                        name: event.name,
+                        namespace: event.attrs.namespace,
+                        name: event.attrs.name,
                     })
                 })
                 .collect(),

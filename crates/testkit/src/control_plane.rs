@@ -24,7 +24,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -571,27 +571,7 @@ current-context: control-plane
     /// A token for the ServiceAccount `namespace/name`, valid for an hour, from the TokenRequest API, as a
     /// pod's projected token is.
     pub async fn token_for(&self, namespace: &str, name: &str) -> Result<String, Error> {
-        let accounts: Api<ServiceAccount> = Api::namespaced(self.admin().await?, namespace);
-        let request = TokenRequest {
-            spec: TokenRequestSpec {
-                audiences: Vec::new(),
-                expiration_seconds: Some(3600),
-                ..TokenRequestSpec::default()
-            },
-            ..TokenRequest::default()
-        };
-        let granted = accounts
-            .create_token_request(name, &PostParams::default(), &request)
-            .await
-            .map_err(|e| client_error(format!("requesting a token for {namespace}/{name}"))(e.into()))?;
-        granted
-            .status
-            .map(|s| s.token)
-            .filter(|token| !token.is_empty())
-            .ok_or_else(|| Error::Client {
-                what: format!("the TokenRequest for {namespace}/{name}"),
-                source: "answered without a token".into(),
-            })
+        request_token(self.admin().await?, namespace, name).await
     }
 
     /// A client acting as the ServiceAccount `namespace/name`, with `User-Agent: <agent>` where one is given.
@@ -634,6 +614,26 @@ impl Drop for ControlPlane {
             );
         }
     }
+}
+
+/// A token for the ServiceAccount `namespace/name`, valid for an hour, that `client` requests from the
+/// TokenRequest API as the kubelet does for a pod's projected token; on any API server, fake or real.
+pub async fn request_token(client: kube::Client, namespace: &str, name: &str) -> Result<String, Error> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client, namespace);
+    let mut request = TokenRequest::default();
+    request.spec.expiration_seconds = Some(3600);
+    let granted = accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .map_err(|e| client_error(format!("requesting a token for {namespace}/{name}"))(e.into()))?;
+    granted
+        .status
+        .map(|s| s.token)
+        .filter(|token| !token.is_empty())
+        .ok_or_else(|| Error::Client {
+            what: format!("the TokenRequest for {namespace}/{name}"),
+            source: "answered without a token".into(),
+        })
 }
 
 /// How many times [`ControlPlane::start`] tries when a port it picked was taken meanwhile.
@@ -926,25 +926,32 @@ mod tests {
         let events = plane.audit().settled(&admin).await.expect("the audit log reads");
         let refusal = events
             .iter()
-            .find(|e| e.by_agent("probe-agent") && e.resource == "nodes")
+            .find(|e| e.by_agent("probe-agent") && e.attrs.resource == "nodes")
             .expect("the refused list is in the audit log");
         assert_eq!(
-            (refusal.user.as_str(), refusal.verb.as_str(), refusal.code),
+            (
+                refusal.user.name.as_str(),
+                refusal.attrs.verb.as_str(),
+                refusal.code
+            ),
             ("system:serviceaccount:probe:default", "list", 403)
         );
         let annotated = events
             .iter()
-            .find(|e| e.resource == "nodes" && e.name == "quiet" && e.verb == "patch")
+            .find(|e| e.attrs.resource == "nodes" && e.attrs.name == "quiet" && e.attrs.verb == "patch")
             .expect("the node's annotation is in the audit log");
-        assert_eq!(annotated.user, "system:serviceaccount:kube-system:ttl-controller");
+        assert_eq!(
+            annotated.user.name,
+            "system:serviceaccount:kube-system:ttl-controller"
+        );
         let refused: Vec<_> = events
             .iter()
             .filter(|e| {
                 e.code == 403
-                    && (e.user == CONTROLLER_MANAGER
-                        || e.user.starts_with("system:serviceaccount:kube-system:"))
+                    && (e.user.name == CONTROLLER_MANAGER
+                        || e.user.name.starts_with("system:serviceaccount:kube-system:"))
             })
-            .map(|e| format!("{} {} {}", e.user, e.verb, e.resource))
+            .map(|e| format!("{} {} {}", e.user.name, e.attrs.verb, e.attrs.resource))
             .collect();
         assert!(refused.is_empty(), "controllers were refused: {refused:?}");
     }

@@ -6,7 +6,9 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use super::support::{daemonset, failure, server};
+use super::support::{
+    applied, apply, assert_contains, assert_only_status_written, daemonset, failure, server,
+};
 
 fn managers(ds: &DaemonSet) -> Vec<(String, String)> {
     ds.metadata
@@ -34,17 +36,13 @@ fn image(ds: &DaemonSet) -> String {
 async fn apply_creates_updates_and_removes_what_is_no_longer_applied() {
     let server = server();
     let api: Api<DaemonSet> = Api::default_namespaced(server.client());
-    let operator = PatchParams::apply("gpu-operator");
     let mut desired = daemonset("plugin");
     desired
         .metadata
         .labels
         .get_or_insert_default()
         .insert("extra".into(), "yes".into());
-    let created = api
-        .patch("plugin", &operator, &Patch::Apply(&desired))
-        .await
-        .expect("created by apply");
+    let created = applied(&api, "gpu-operator", &desired).await;
     assert_eq!(
         managers(&created),
         [("gpu-operator".to_owned(), "Apply".to_owned())]
@@ -60,10 +58,7 @@ async fn apply_creates_updates_and_removes_what_is_no_longer_applied() {
     );
 
     let trimmed = daemonset("plugin");
-    let updated = api
-        .patch("plugin", &operator, &Patch::Apply(&trimmed))
-        .await
-        .expect("applied");
+    let updated = applied(&api, "gpu-operator", &trimmed).await;
     assert_eq!(
         updated.metadata.labels.as_ref().and_then(|l| l.get("extra")),
         None,
@@ -77,10 +72,7 @@ async fn apply_creates_updates_and_removes_what_is_no_longer_applied() {
 
     // The steady state: applying the same thing again writes nothing.
     let version = server.resource_version();
-    let again = api
-        .patch("plugin", &operator, &Patch::Apply(&trimmed))
-        .await
-        .expect("applied");
+    let again = applied(&api, "gpu-operator", &trimmed).await;
     assert_eq!(again.metadata.resource_version, updated.metadata.resource_version);
     assert_eq!(server.resource_version(), version);
     assert_eq!(server.requests().count(Verb::Apply, "daemonsets"), 3);
@@ -90,13 +82,7 @@ async fn apply_creates_updates_and_removes_what_is_no_longer_applied() {
 async fn another_managers_field_conflicts_until_forced() {
     let server = server();
     let api: Api<DaemonSet> = Api::default_namespaced(server.client());
-    api.patch(
-        "plugin",
-        &PatchParams::apply("gpu-operator"),
-        &Patch::Apply(&daemonset("plugin")),
-    )
-    .await
-    .expect("created");
+    applied(&api, "gpu-operator", &daemonset("plugin")).await;
 
     let mut theirs = daemonset("plugin");
     theirs
@@ -106,10 +92,7 @@ async fn another_managers_field_conflicts_until_forced() {
         .expect("pod spec")
         .containers[0]
         .image = Some("mine:v2".into());
-    let conflict = failure(
-        api.patch("plugin", &PatchParams::apply("someone"), &Patch::Apply(&theirs))
-            .await,
-    );
+    let conflict = failure(apply(&api, "someone", &theirs).await);
     assert_eq!((conflict.code, conflict.reason.as_str()), (409, "Conflict"));
     assert_eq!(
         conflict.message,
@@ -132,33 +115,15 @@ async fn another_managers_field_conflicts_until_forced() {
         .expect("forced");
     assert_eq!(image(&forced), "mine:v2");
     // The operator lost the image: its next apply of the old image conflicts with the new owner.
-    let back = failure(
-        api.patch(
-            "plugin",
-            &PatchParams::apply("gpu-operator"),
-            &Patch::Apply(&daemonset("plugin")),
-        )
-        .await,
-    );
-    assert!(
-        back.message.contains(r#"conflict with "someone""#),
-        "{}",
-        back.message
-    );
+    let back = failure(apply(&api, "gpu-operator", &daemonset("plugin")).await);
+    assert_contains(&back.message, r#"conflict with "someone""#);
 }
 
 #[tokio::test]
 async fn other_writes_take_ownership_of_what_they_change() {
     let server = server();
     let operator: Api<DaemonSet> = Api::default_namespaced(server.client());
-    operator
-        .patch(
-            "plugin",
-            &PatchParams::apply("gpu-operator"),
-            &Patch::Apply(&daemonset("plugin")),
-        )
-        .await
-        .expect("created");
+    applied(&operator, "gpu-operator", &daemonset("plugin")).await;
     let person: Api<DaemonSet> = Api::default_namespaced(server.client_as("kubectl-edit/v1.32.4"));
     let edit =
         json!({"spec": {"template": {"spec": {"containers": [{"name": "main", "image": "hotfix:1"}]}}}});
@@ -171,33 +136,15 @@ async fn other_writes_take_ownership_of_what_they_change() {
         "{:?}",
         managers(&edited)
     );
-    let conflict = failure(
-        operator
-            .patch(
-                "plugin",
-                &PatchParams::apply("gpu-operator"),
-                &Patch::Apply(&daemonset("plugin")),
-            )
-            .await,
-    );
-    assert!(
-        conflict.message.contains(r#"conflict with "kubectl-edit""#),
-        "{}",
-        conflict.message
-    );
+    let conflict = failure(apply(&operator, "gpu-operator", &daemonset("plugin")).await);
+    assert_contains(&conflict.message, r#"conflict with "kubectl-edit""#);
 }
 
 #[tokio::test]
 async fn apply_to_status_touches_only_status() {
     let server = server();
     let api: Api<DaemonSet> = Api::default_namespaced(server.client());
-    api.patch(
-        "plugin",
-        &PatchParams::apply("gpu-operator"),
-        &Patch::Apply(&daemonset("plugin")),
-    )
-    .await
-    .expect("created");
+    applied(&api, "gpu-operator", &daemonset("plugin")).await;
     let status = json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
         "spec": {"minReadySeconds": 99},
         "status": {"desiredNumberScheduled": 3, "currentNumberScheduled": 3, "numberMisscheduled": 0, "numberReady": 2}});
@@ -209,12 +156,7 @@ async fn apply_to_status_touches_only_status() {
         )
         .await
         .expect("applied");
-    assert_eq!(written.status.as_ref().map(|s| s.number_ready), Some(2));
-    assert_eq!(
-        written.spec.as_ref().and_then(|s| s.min_ready_seconds),
-        None,
-        "spec ignored on /status"
-    );
+    assert_only_status_written(&written, 2);
     let entry = written
         .metadata
         .managed_fields

@@ -1,6 +1,7 @@
 //! CRDs: registration in discovery at once, validation of custom resources against the schema with every
 //! field named, pruning and defaults, the status subresource, selectable fields, and cleanup on delete.
 
+use gpuop_fakeserver::FakeServer;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
@@ -9,9 +10,14 @@ use kube::api::{
 use kube::discovery::Discovery;
 use serde_json::json;
 
-use super::support::{clusterpolicy_crd, failure, server};
+use super::support::{
+    assert_contains, assert_ends_with, assert_starts_with, clusterpolicy_crd, created, failure,
+    merge_patched, merge_patched_status, server,
+};
 
-async fn with_crd(server: &gpuop_fakeserver::FakeServer) -> Api<DynamicObject> {
+/// A server with the ClusterPolicy CRD established through the API, and an `Api` of ClusterPolicies.
+async fn with_crd() -> (FakeServer, Api<DynamicObject>) {
+    let server = server();
     let crds: Api<CustomResourceDefinition> = Api::all(server.client());
     let crd: CustomResourceDefinition = serde_json::from_value(clusterpolicy_crd()).expect("crd");
     let created = crds
@@ -28,7 +34,8 @@ async fn with_crd(server: &gpuop_fakeserver::FakeServer) -> Api<DynamicObject> {
         &GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy"),
         "clusterpolicies",
     );
-    Api::all_with(server.client(), &resource)
+    let policies = Api::all_with(server.client(), &resource);
+    (server, policies)
 }
 
 fn policy(name: &str, spec: serde_json::Value) -> DynamicObject {
@@ -40,8 +47,7 @@ fn policy(name: &str, spec: serde_json::Value) -> DynamicObject {
 
 #[tokio::test]
 async fn a_crd_is_discovered_and_served_at_once() {
-    let server = server();
-    let policies = with_crd(&server).await;
+    let (server, policies) = with_crd().await;
     let discovery = Discovery::new(server.client()).run().await.expect("discovery");
     let group = discovery.get("nvidia.com").expect("group discovered");
     let (resource, capabilities) = group.recommended_kind("ClusterPolicy").expect("kind discovered");
@@ -54,20 +60,13 @@ async fn a_crd_is_discovered_and_served_at_once() {
             .any(|(r, _)| r.plural == "status")
     );
 
-    let created = policies
-        .create(
-            &PostParams::default(),
-            &policy("cluster-policy", json!({"driver": {}})),
-        )
-        .await
-        .expect("created");
+    let created = created(&policies, &policy("cluster-policy", json!({"driver": {}}))).await;
     assert_eq!(created.metadata.generation, Some(1));
 }
 
 #[tokio::test]
 async fn invalid_custom_resources_name_every_field() {
-    let server = server();
-    let policies = with_crd(&server).await;
+    let (_server, policies) = with_crd().await;
     let bad = policy(
         "x",
         json!({"driver": {"version": "v1!", "replicas": 0, "enabled": "yes"}, "mig": {"strategy": "double"}}),
@@ -92,19 +91,10 @@ async fn invalid_custom_resources_name_every_field() {
             "spec.mig.strategy"
         ]
     );
-    assert!(
-        invalid
-            .message
-            .starts_with(r#"ClusterPolicy.nvidia.com "x" is invalid: ["#),
-        "{}",
-        invalid.message
-    );
-    assert!(
-        invalid.message.contains(
-            r#"spec.mig.strategy: Unsupported value: "double": supported values: "none", "single", "mixed""#
-        ),
-        "{}",
-        invalid.message
+    assert_starts_with(&invalid.message, r#"ClusterPolicy.nvidia.com "x" is invalid: ["#);
+    assert_contains(
+        &invalid.message,
+        r#"spec.mig.strategy: Unsupported value: "double": supported values: "none", "single", "mixed""#,
     );
 
     let missing = failure(
@@ -120,8 +110,7 @@ async fn invalid_custom_resources_name_every_field() {
 
 #[tokio::test]
 async fn cel_rules_are_enforced_with_old_self_on_updates() {
-    let server = server();
-    let policies = with_crd(&server).await;
+    let (_server, policies) = with_crd().await;
     let too_many = failure(
         policies
             .create(
@@ -143,28 +132,21 @@ async fn cel_rules_are_enforced_with_old_self_on_updates() {
         .expect("valid");
     let change = Patch::Merge(json!({"spec": {"mig": {"strategy": "mixed"}}}));
     let refused = failure(policies.patch("p", &PatchParams::default(), &change).await);
-    assert!(
-        refused
-            .message
-            .contains("spec.mig.strategy: Invalid value: \"string\": the MIG strategy cannot change"),
-        "{}",
-        refused.message
+    assert_contains(
+        &refused.message,
+        "spec.mig.strategy: Invalid value: \"string\": the MIG strategy cannot change",
     );
 }
 
 #[tokio::test]
 async fn unknown_fields_are_pruned_unless_preserved_and_defaults_filled() {
-    let server = server();
-    let policies = with_crd(&server).await;
+    let (_server, policies) = with_crd().await;
     // Defaults fill absent fields of objects that are present (`mig`), as structural defaulting does.
     let sent = policy(
         "p",
         json!({"driver": {"enabled": true, "bogus": 1}, "free": {"anything": [1]}, "mig": {}, "typo": true}),
     );
-    let stored = policies
-        .create(&PostParams::default(), &sent)
-        .await
-        .expect("created");
+    let stored = created(&policies, &sent).await;
     assert_eq!(
         stored.data["spec"],
         json!({"driver": {"enabled": true}, "free": {"anything": [1]}, "mig": {"strategy": "single"}})
@@ -181,34 +163,18 @@ async fn unknown_fields_are_pruned_unless_preserved_and_defaults_filled() {
     );
     // Apply types the configuration before merging: an undeclared field fails it whatever the directive.
     assert_eq!(refused.code, 500);
-    assert!(
-        refused
-            .message
-            .ends_with(".spec.typo: field not declared in schema"),
-        "{}",
-        refused.message
-    );
+    assert_ends_with(&refused.message, ".spec.typo: field not declared in schema");
 }
 
 #[tokio::test]
 async fn the_status_subresource_separates_spec_and_status() {
-    let server = server();
-    let policies = with_crd(&server).await;
+    let (_server, policies) = with_crd().await;
     let mut sent = policy("p", json!({"driver": {}}));
     sent.data["status"] = json!({"state": "ready"});
-    let created = policies
-        .create(&PostParams::default(), &sent)
-        .await
-        .expect("created");
+    let created = created(&policies, &sent).await;
     assert_eq!(created.data.get("status"), None, "status is dropped on create");
-    let status = policies
-        .patch_status(
-            "p",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"state": "notReady"}, "spec": {"driver": {"enabled": false}}})),
-        )
-        .await
-        .expect("status patched");
+    let both = json!({"status": {"state": "notReady"}, "spec": {"driver": {"enabled": false}}});
+    let status = merge_patched_status(&policies, "p", both).await;
     assert_eq!(status.data["status"]["state"], "notReady");
     assert_eq!(
         status.data["spec"]["driver"],
@@ -216,14 +182,7 @@ async fn the_status_subresource_separates_spec_and_status() {
         "spec ignored on /status"
     );
     assert_eq!(status.metadata.generation, Some(1));
-    let spec = policies
-        .patch(
-            "p",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"driver": {"enabled": false}}})),
-        )
-        .await
-        .expect("spec patched");
+    let spec = merge_patched(&policies, "p", json!({"spec": {"driver": {"enabled": false}}})).await;
     assert_eq!(spec.metadata.generation, Some(2));
     let strategic = failure(
         policies
@@ -239,16 +198,13 @@ async fn the_status_subresource_separates_spec_and_status() {
 
 #[tokio::test]
 async fn selectable_fields_and_crd_deletion() {
-    let server = server();
-    let policies = with_crd(&server).await;
+    let (server, policies) = with_crd().await;
     for (name, strategy) in [("a", "single"), ("b", "mixed")] {
-        policies
-            .create(
-                &PostParams::default(),
-                &policy(name, json!({"driver": {}, "mig": {"strategy": strategy}})),
-            )
-            .await
-            .expect("created");
+        created(
+            &policies,
+            &policy(name, json!({"driver": {}, "mig": {"strategy": strategy}})),
+        )
+        .await;
     }
     let mixed = policies
         .list(&ListParams::default().fields("spec.mig.strategy=mixed"))

@@ -7,7 +7,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::support::{call, configmap, daemonset, failure, json_of, pod, server, within};
+use super::support::{
+    assert_contains, assert_starts_with, call, configmap, created, daemonset, failure, json_of, pod, server,
+    within,
+};
 
 #[tokio::test]
 async fn the_server_sets_identity_and_versions() {
@@ -15,8 +18,8 @@ async fn the_server_sets_identity_and_versions() {
     let api: Api<ConfigMap> = Api::default_namespaced(server.client());
     let mut cm = configmap("a");
     cm.data = Some([("k".to_owned(), "v".to_owned())].into());
-    let created = api.create(&PostParams::default(), &cm).await.expect("created");
-    let meta = &created.metadata;
+    let stored = created(&api, &cm).await;
+    let meta = &stored.metadata;
     assert_eq!(meta.uid.as_ref().map(String::len), Some(36));
     assert_eq!(
         meta.creation_timestamp.as_ref().map(|t| t.0.to_string()),
@@ -38,10 +41,7 @@ async fn the_server_sets_identity_and_versions() {
     );
 
     let daemonsets: Api<DaemonSet> = Api::default_namespaced(server.client());
-    let ds = daemonsets
-        .create(&PostParams::default(), &daemonset("plugin"))
-        .await
-        .expect("created");
+    let ds = created(&daemonsets, &daemonset("plugin")).await;
     assert_eq!(ds.metadata.generation, Some(1));
 }
 
@@ -49,9 +49,7 @@ async fn the_server_sets_identity_and_versions() {
 async fn errors_carry_the_reasons_clients_branch_on() {
     let server = server();
     let api: Api<ConfigMap> = Api::default_namespaced(server.client());
-    api.create(&PostParams::default(), &configmap("a"))
-        .await
-        .expect("created");
+    created(&api, &configmap("a")).await;
 
     let exists = failure(api.create(&PostParams::default(), &configmap("a")).await);
     assert_eq!((exists.code, exists.reason.as_str()), (409, "AlreadyExists"));
@@ -76,14 +74,8 @@ async fn generate_name_picks_a_free_name() {
     let mut template = configmap("");
     template.metadata.name = None;
     template.metadata.generate_name = Some("probe-".into());
-    let first = api
-        .create(&PostParams::default(), &template)
-        .await
-        .expect("created");
-    let second = api
-        .create(&PostParams::default(), &template)
-        .await
-        .expect("created");
+    let first = created(&api, &template).await;
+    let second = created(&api, &template).await;
     let (a, b) = (
         first.metadata.name.expect("named"),
         second.metadata.name.expect("named"),
@@ -96,10 +88,7 @@ async fn generate_name_picks_a_free_name() {
 async fn updates_are_conditional_on_the_resource_version() {
     let server = server();
     let api: Api<ConfigMap> = Api::default_namespaced(server.client());
-    let created = api
-        .create(&PostParams::default(), &configmap("a"))
-        .await
-        .expect("created");
+    let created = created(&api, &configmap("a")).await;
 
     let mut fresh = created.clone();
     fresh.data = Some([("k".to_owned(), "1".to_owned())].into());
@@ -135,7 +124,7 @@ async fn patches_of_every_kind() {
     let pods: Api<Pod> = Api::default_namespaced(server.client());
     let mut p = pod("p", None);
     p.metadata.finalizers = Some(vec!["example.com/a".into()]);
-    pods.create(&PostParams::default(), &p).await.expect("created");
+    created(&pods, &p).await;
     let pp = PatchParams::default();
 
     // JSON patch with a failing `test` changes nothing and answers 422.
@@ -181,10 +170,7 @@ async fn patches_of_every_kind() {
 async fn objects_read_back_with_the_servers_defaults() {
     let server = server();
     let daemonsets: Api<DaemonSet> = Api::default_namespaced(server.client());
-    let ds = daemonsets
-        .create(&PostParams::default(), &daemonset("plugin"))
-        .await
-        .expect("created");
+    let ds = created(&daemonsets, &daemonset("plugin")).await;
     let spec = ds.spec.expect("spec");
     let strategy = spec.update_strategy.expect("defaulted");
     assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
@@ -196,10 +182,7 @@ async fn objects_read_back_with_the_servers_defaults() {
     let pods: Api<Pod> = Api::default_namespaced(server.client());
     let mut critical = pod("critical", None);
     critical.spec.as_mut().expect("spec").priority_class_name = Some("system-node-critical".into());
-    let created = pods
-        .create(&PostParams::default(), &critical)
-        .await
-        .expect("created");
+    let created = created(&pods, &critical).await;
     assert_eq!(
         created.spec.as_ref().and_then(|s| s.priority),
         Some(2_000_001_000)
@@ -228,10 +211,7 @@ async fn jobs_are_defaulted_and_need_a_restart_policy_that_ends() {
         }))
         .expect("job")
     };
-    let created = jobs
-        .create(&PostParams::default(), &job("hook", "Never"))
-        .await
-        .expect("created");
+    let created = created(&jobs, &job("hook", "Never")).await;
     assert_eq!(created.data["spec"]["backoffLimit"], 6);
     assert_eq!(created.data["spec"]["completions"], 1);
     let refused = failure(
@@ -239,12 +219,9 @@ async fn jobs_are_defaulted_and_need_a_restart_policy_that_ends() {
             .await,
     );
     assert!(refused.is_invalid());
-    assert!(
-        refused
-            .message
-            .contains("spec.template.spec.restartPolicy: Unsupported value: \"Always\""),
-        "{}",
-        refused.message
+    assert_contains(
+        &refused.message,
+        "spec.template.spec.restartPolicy: Unsupported value: \"Always\"",
     );
 }
 
@@ -273,13 +250,7 @@ async fn invalid_objects_are_refused_with_every_field_named() {
             "spec.template.spec.containers[0].image"
         ]
     );
-    assert!(
-        invalid
-            .message
-            .starts_with(r#"DaemonSet.apps "plugin" is invalid: ["#),
-        "{}",
-        invalid.message
-    );
+    assert_starts_with(&invalid.message, r#"DaemonSet.apps "plugin" is invalid: ["#);
 
     // A wrong type is a 400 naming the field.
     let raw: Api<kube::api::DynamicObject> =
@@ -289,21 +260,14 @@ async fn invalid_objects_are_refused_with_every_field_named() {
     typo.data["spec"]["revisionHistoryLimit"] = json!("ten");
     let bad = failure(raw.create(&PostParams::default(), &typo).await);
     assert_eq!(bad.code, 400);
-    assert!(
-        bad.message.contains("spec.revisionHistoryLimit"),
-        "{}",
-        bad.message
-    );
+    assert_contains(&bad.message, "spec.revisionHistoryLimit");
 }
 
 #[tokio::test]
 async fn deletes_answer_as_the_api_server_does() {
     let server = server();
     let configmaps: Api<ConfigMap> = Api::default_namespaced(server.client());
-    configmaps
-        .create(&PostParams::default(), &configmap("a"))
-        .await
-        .expect("created");
+    created(&configmaps, &configmap("a")).await;
     let wrong_uid = DeleteParams {
         preconditions: Some(kube::api::Preconditions {
             uid: Some("x".into()),
@@ -320,9 +284,7 @@ async fn deletes_answer_as_the_api_server_does() {
     assert!(failure(configmaps.get("a").await).is_not_found());
 
     let pods: Api<Pod> = Api::default_namespaced(server.client());
-    pods.create(&PostParams::default(), &pod("p", Some("n1")))
-        .await
-        .expect("created");
+    created(&pods, &pod("p", Some("n1"))).await;
     let deleted = pods.delete("p", &DeleteParams::default()).await.expect("deleted");
     assert!(deleted.is_left(), "pods answer the deleted object");
 
@@ -345,10 +307,7 @@ async fn the_event_recorder_creates_then_counts_repeats() {
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(server.client());
     let node: k8s_openapi::api::core::v1::Node =
         serde_json::from_value(json!({"metadata": {"name": "gpu-1"}})).expect("node");
-    let node = nodes
-        .create(&PostParams::default(), &node)
-        .await
-        .expect("created");
+    let node = created(&nodes, &node).await;
     let recorder = Recorder::new(server.client_as("gpu-operator"), Reporter::from("gpu-operator"));
     let event = Event {
         type_: EventType::Warning,

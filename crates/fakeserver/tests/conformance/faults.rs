@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use gpuop_fakeserver::{FakeServer, Faults, InjectedError, Verb};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::support::{configmap, failure, within};
+use super::support::{configmap, created, failure, listed, next_event, watch_from, with_faults, within};
 
 async fn outcomes(seed: u64) -> Vec<u16> {
     let faults = Faults::new(seed).error(
@@ -19,7 +19,7 @@ async fn outcomes(seed: u64) -> Vec<u16> {
         0.5,
         InjectedError::Internal,
     );
-    let server = FakeServer::builder().faults(faults).build();
+    let server = with_faults(faults);
     let api: Api<ConfigMap> = Api::default_namespaced(server.client());
     api.create(&PostParams::default(), &configmap("a"))
         .await
@@ -54,7 +54,7 @@ async fn throttling_answers_429_with_retry_after_and_is_counted() {
             retry_after_seconds: 7,
         },
     );
-    let server = FakeServer::builder().faults(faults).build();
+    let server = with_faults(faults);
     let api: Api<ConfigMap> = Api::default_namespaced(server.client());
     let throttled = failure(api.get("anything").await);
     assert_eq!(
@@ -78,10 +78,10 @@ async fn throttling_answers_429_with_retry_after_and_is_counted() {
 #[tokio::test(start_paused = true)]
 async fn latency_delays_matching_requests() {
     let faults = Faults::new(0).latency(Some(Verb::List), Some("configmaps"), Duration::from_secs(3));
-    let server = FakeServer::builder().faults(faults).build();
+    let server = with_faults(faults);
     let api: Api<ConfigMap> = Api::default_namespaced(server.client());
     let before = tokio::time::Instant::now();
-    api.list(&Default::default()).await.expect("listed");
+    listed(&api).await;
     assert!(
         before.elapsed() >= Duration::from_secs(3),
         "the paused clock moved by the injected latency"
@@ -90,14 +90,10 @@ async fn latency_delays_matching_requests() {
 
 #[tokio::test]
 async fn watches_are_dropped_after_n_events() {
-    let server = FakeServer::builder()
-        .faults(Faults::new(0).drop_watches_after(2))
-        .build();
+    let server = with_faults(Faults::new(0).drop_watches_after(2));
     let api: Api<ConfigMap> = Api::default_namespaced(server.client());
     for name in ["a", "b", "c"] {
-        api.create(&PostParams::default(), &configmap(name))
-            .await
-            .expect("created");
+        created(&api, &configmap(name)).await;
     }
     let events: Vec<_> = within(
         "dropped watch",
@@ -123,9 +119,7 @@ fn added_name<K: kube::Resource>(event: &WatchEvent<K>) -> Option<String> {
 
 #[tokio::test]
 async fn delayed_watch_events_arrive_late_in_order_while_lists_see_the_write_at_once() {
-    let server = FakeServer::builder()
-        .faults(Faults::new(0).delay_watch_events("configmaps", WATCH_DELAY))
-        .build();
+    let server = with_faults(Faults::new(0).delay_watch_events("configmaps", WATCH_DELAY));
     let configmaps: Api<ConfigMap> = Api::default_namespaced(server.client());
     let secrets: Api<Secret> = Api::default_namespaced(server.client());
     let from = server.resource_version().to_string();
@@ -140,9 +134,8 @@ async fn delayed_watch_events_arrive_late_in_order_while_lists_see_the_write_at_
             .await
             .expect("the write is acknowledged at once");
     }
-    let listed = configmaps.list(&ListParams::default()).await.expect("listed");
-    let names: Vec<_> = listed
-        .items
+    let names: Vec<_> = listed(&configmaps)
+        .await
         .iter()
         .filter_map(|cm| cm.metadata.name.clone())
         .collect();
@@ -151,14 +144,8 @@ async fn delayed_watch_events_arrive_late_in_order_while_lists_see_the_write_at_
     // Another resource's stream is not held back: its event comes while the config maps still wait.
     let mut secret = Secret::default();
     secret.metadata.name = Some("s".into());
-    secrets
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("created");
-    let event = within("secret event", prompt.try_next())
-        .await
-        .expect("ok")
-        .expect("event");
+    created(&secrets, &secret).await;
+    let event = next_event("secret event", &mut prompt).await;
     assert_eq!(added_name(&event).as_deref(), Some("s"), "{event:?}");
     assert!(
         written.elapsed() < WATCH_DELAY,
@@ -170,10 +157,7 @@ async fn delayed_watch_events_arrive_late_in_order_while_lists_see_the_write_at_
 
     let mut seen = Vec::new();
     while seen.len() < 2 {
-        let event = within("delayed events", delayed.try_next())
-            .await
-            .expect("ok")
-            .expect("event");
+        let event = next_event("delayed events", &mut delayed).await;
         seen.extend(added_name(&event));
     }
     assert_eq!(seen, ["a", "b"], "delivered in order");
@@ -192,15 +176,8 @@ async fn bookmarks_never_claim_a_delayed_change() {
         .build();
     let api: Api<ConfigMap> = Api::default_namespaced(server.client());
     let from = server.resource_version().to_string();
-    let mut stream = api
-        .watch(&WatchParams::default(), &from)
-        .await
-        .expect("watch")
-        .boxed();
-    let created = api
-        .create(&PostParams::default(), &configmap("a"))
-        .await
-        .expect("created");
+    let mut stream = watch_from(&api, &from).await;
+    let created = created(&api, &configmap("a")).await;
     let version: u64 = created
         .metadata
         .resource_version
@@ -209,11 +186,7 @@ async fn bookmarks_never_claim_a_delayed_change() {
         .expect("a numeric version");
     let mut bookmarks = Vec::new();
     let added = loop {
-        match within("the delayed event", stream.try_next())
-            .await
-            .expect("ok")
-            .expect("event")
-        {
+        match next_event("the delayed event", &mut stream).await {
             WatchEvent::Bookmark(bookmark) => {
                 bookmarks.push(
                     bookmark
@@ -233,10 +206,7 @@ async fn bookmarks_never_claim_a_delayed_change() {
         "a bookmark claimed {bookmarks:?} before the change at {version} was delivered"
     );
     // Once delivered, bookmarks move on past it.
-    let next = within("a later bookmark", stream.try_next())
-        .await
-        .expect("ok")
-        .expect("event");
+    let next = next_event("a later bookmark", &mut stream).await;
     assert!(
         matches!(&next, WatchEvent::Bookmark(b) if b.metadata.resource_version.parse::<u64>().is_ok_and(|at| at >= version)),
         "{next:?}"
@@ -245,9 +215,7 @@ async fn bookmarks_never_claim_a_delayed_change() {
 
 #[tokio::test]
 async fn a_delay_of_forever_holds_events_back_without_breaking_the_stream() {
-    let server = FakeServer::builder()
-        .faults(Faults::new(0).delay_watch_events("configmaps", Duration::MAX))
-        .build();
+    let server = with_faults(Faults::new(0).delay_watch_events("configmaps", Duration::MAX));
     let configmaps: Api<ConfigMap> = Api::default_namespaced(server.client());
     let from = server.resource_version().to_string();
     let params = WatchParams::default().disable_bookmarks();
@@ -258,38 +226,25 @@ async fn a_delay_of_forever_holds_events_back_without_breaking_the_stream() {
         .expect("the write is acknowledged at once");
     let held = tokio::time::timeout(Duration::from_millis(300), delayed.next()).await;
     assert!(held.is_err(), "the stream neither ended nor delivered: {held:?}");
-    let listed = configmaps.list(&ListParams::default()).await.expect("listed");
-    assert_eq!(listed.items.len(), 1, "a fresh LIST sees the write");
+    assert_eq!(listed(&configmaps).await.len(), 1, "a fresh LIST sees the write");
 }
 
 #[tokio::test]
 async fn drop_watches_ends_every_open_stream_and_spares_later_ones() {
     let server = FakeServer::new();
     let api: Api<ConfigMap> = Api::default_namespaced(server.client());
-    api.create(&PostParams::default(), &configmap("a"))
-        .await
-        .expect("created");
-    let mut open = api
-        .watch(&WatchParams::default(), "0")
-        .await
-        .expect("watch")
-        .boxed();
+    created(&api, &configmap("a")).await;
+    let mut open = watch_from(&api, "0").await;
     let first = within("the first event", open.next()).await;
     assert!(matches!(first, Some(Ok(WatchEvent::Added(_)))), "{first:?}");
     server.drop_watches();
     let ended = within("the dropped stream's end", open.next()).await;
     assert!(ended.is_none(), "the open stream ended: {ended:?}");
     // A stream opened after the drop lives on and sees new changes.
-    let mut later = api
-        .watch(&WatchParams::default(), "0")
-        .await
-        .expect("watch")
-        .boxed();
+    let mut later = watch_from(&api, "0").await;
     let replayed = within("the replayed event", later.next()).await;
     assert!(matches!(replayed, Some(Ok(WatchEvent::Added(_)))), "{replayed:?}");
-    api.create(&PostParams::default(), &configmap("b"))
-        .await
-        .expect("created");
+    created(&api, &configmap("b")).await;
     let added = within("the new event", later.next()).await;
     assert_eq!(
         added.and_then(|e| e.ok()).as_ref().and_then(added_name),
@@ -307,9 +262,7 @@ async fn the_journal_names_each_requests_listener_object_and_times() {
     let before = std::time::Instant::now();
     for (running, name) in [(&a, "from-a"), (&b, "from-b")] {
         let api: Api<ConfigMap> = Api::default_namespaced(running.client().await.expect("client"));
-        api.create(&PostParams::default(), &configmap(name))
-            .await
-            .expect("created");
+        created(&api, &configmap(name)).await;
     }
     let (entries, dropped) = server.take_journal();
     assert_eq!(dropped, 0);

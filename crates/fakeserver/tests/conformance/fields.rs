@@ -12,14 +12,22 @@ use super::support::{call, clusterpolicy_crd, json_of, server};
 
 const POLICIES: &str = "/apis/nvidia.com/v1/clusterpolicies";
 
-fn request(method: &str, uri: &str, content_type: &str, body: &Value) -> http::Request<Body> {
-    http::Request::builder()
+/// Sends `body` as a `method` of `uri`, as a client (`probe/1.0`) would: the answer's code, headers and body.
+async fn send(
+    server: &FakeServer,
+    method: &str,
+    uri: &str,
+    content_type: &str,
+    body: &Value,
+) -> (u16, http::HeaderMap, String) {
+    let request = http::Request::builder()
         .method(method)
         .uri(uri)
         .header("content-type", content_type)
         .header("user-agent", "probe/1.0")
         .body(Body::from(body.to_string()))
-        .expect("request")
+        .expect("request");
+    call(server, request).await
 }
 
 fn policy(name: &str, spec: &Value) -> Value {
@@ -50,11 +58,7 @@ async fn strict_apply_of_a_custom_resource_treats_metadata_as_object_meta() {
     let uri = format!("{POLICIES}/p?fieldManager=helm&fieldValidation=Strict");
     // Twice: the second apply merges into a stored object carrying uid, creationTimestamp, managedFields.
     for round in ["creates", "updates"] {
-        let (code, _, body) = call(
-            &server,
-            request("PATCH", &uri, "application/apply-patch+yaml", &config),
-        )
-        .await;
+        let (code, _, body) = send(&server, "PATCH", &uri, "application/apply-patch+yaml", &config).await;
         assert!(code == 201 || code == 200, "the apply {round}: {code} {body}");
         config["metadata"]["labels"]["round"] = json!(round);
     }
@@ -78,7 +82,7 @@ async fn strict_create_and_update_refuse_unknown_fields_with_400_naming_each() {
     let mut sent = policy("p", &json!({"driver": {"enabled": true, "bogus": 1}, "foo": "x"}));
     sent["metadata"]["nonsense"] = json!("y");
     let strict = format!("{POLICIES}?fieldValidation=Strict");
-    let (code, _, body) = call(&server, request("POST", &strict, "application/json", &sent)).await;
+    let (code, _, body) = send(&server, "POST", &strict, "application/json", &sent).await;
     assert_eq!(code, 400, "{body}");
     let status = json_of(&body);
     assert_eq!(status["reason"], "BadRequest");
@@ -101,27 +105,11 @@ async fn strict_create_and_update_refuse_unknown_fields_with_400_naming_each() {
     );
 
     // The same object is accepted once clean, and a strict update of it is refused the same way.
-    let (code, _, body) = call(
-        &server,
-        request(
-            "POST",
-            &strict,
-            "application/json",
-            &policy("p", &json!({"driver": {}})),
-        ),
-    )
-    .await;
+    let clean = policy("p", &json!({"driver": {}}));
+    let (code, _, body) = send(&server, "POST", &strict, "application/json", &clean).await;
     assert_eq!(code, 201, "{body}");
-    let (code, _, body) = call(
-        &server,
-        request(
-            "PUT",
-            &format!("{POLICIES}/p?fieldValidation=Strict"),
-            "application/json",
-            &sent,
-        ),
-    )
-    .await;
+    let strict_update = format!("{POLICIES}/p?fieldValidation=Strict");
+    let (code, _, body) = send(&server, "PUT", &strict_update, "application/json", &sent).await;
     assert_eq!(code, 400, "{body}");
     assert!(body.contains(r#"unknown field \"spec.foo\""#), "{body}");
 }
@@ -145,7 +133,7 @@ async fn warn_is_the_default_and_ignore_is_silent_both_drop_the_fields() {
     ] {
         let mut sent = sent.clone();
         sent["metadata"]["name"] = json!(name);
-        let (code, headers, body) = call(&server, request("POST", &uri, "application/json", &sent)).await;
+        let (code, headers, body) = send(&server, "POST", &uri, "application/json", &sent).await;
         assert_eq!(code, 201, "{name}: {body}");
         assert_eq!(warnings(&headers), expected, "{name}");
         assert_eq!(json_of(&body)["spec"], json!({"driver": {}}), "{name}: pruned");
@@ -160,11 +148,7 @@ async fn a_strict_patch_is_refused_with_422_about_the_patch() {
         .expect("inserted");
     let uri = format!("{POLICIES}/p?fieldValidation=Strict");
     let patch = json!({"spec": {"foo": 1}});
-    let (code, _, body) = call(
-        &server,
-        request("PATCH", &uri, "application/merge-patch+json", &patch),
-    )
-    .await;
+    let (code, _, body) = send(&server, "PATCH", &uri, "application/merge-patch+json", &patch).await;
     assert_eq!(code, 422, "{body}");
     let status = json_of(&body);
     assert_eq!(status["reason"], "Invalid");
@@ -179,16 +163,8 @@ async fn a_strict_patch_is_refused_with_422_about_the_patch() {
         "{message}"
     );
     // The same patch under Warn is applied, minus the unknown field, with a warning.
-    let (code, headers, body) = call(
-        &server,
-        request(
-            "PATCH",
-            &format!("{POLICIES}/p"),
-            "application/merge-patch+json",
-            &patch,
-        ),
-    )
-    .await;
+    let warn = format!("{POLICIES}/p");
+    let (code, headers, body) = send(&server, "PATCH", &warn, "application/merge-patch+json", &patch).await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(warnings(&headers), [r#"299 - "unknown field \"spec.foo\"""#]);
 }
@@ -199,11 +175,7 @@ async fn apply_refuses_undeclared_fields_whatever_the_directive() {
     for directive in ["Strict", "Warn", "Ignore"] {
         let uri = format!("{POLICIES}/p?fieldManager=helm&fieldValidation={directive}");
         let config = policy("p", &json!({"driver": {"enabled": true}, "typo": 1}));
-        let (code, _, body) = call(
-            &server,
-            request("PATCH", &uri, "application/apply-patch+yaml", &config),
-        )
-        .await;
+        let (code, _, body) = send(&server, "PATCH", &uri, "application/apply-patch+yaml", &config).await;
         assert_eq!(code, 500, "{directive}: {body}");
         assert_eq!(
             json_of(&body)["message"],
@@ -215,9 +187,12 @@ async fn apply_refuses_undeclared_fields_whatever_the_directive() {
     let mut with_status = policy("p", &json!({"driver": {}}));
     with_status["status"] = json!({"state": "ready"});
     let uri = format!("{POLICIES}/p?fieldManager=helm&fieldValidation=Strict");
-    let (code, _, body) = call(
+    let (code, _, body) = send(
         &server,
-        request("PATCH", &uri, "application/apply-patch+yaml", &with_status),
+        "PATCH",
+        &uri,
+        "application/apply-patch+yaml",
+        &with_status,
     )
     .await;
     assert_eq!(code, 201, "{body}");
@@ -227,11 +202,7 @@ async fn apply_refuses_undeclared_fields_whatever_the_directive() {
                  "template": {"metadata": {"labels": {"app": "d"}},
                               "spec": {"containers": [{"name": "c", "image": "i", "imagePullPolcy": "Always"}]}}}});
     let uri = "/apis/apps/v1/namespaces/default/deployments/d?fieldManager=helm&fieldValidation=Strict";
-    let (code, _, body) = call(
-        &server,
-        request("PATCH", uri, "application/apply-patch+yaml", &deployment),
-    )
-    .await;
+    let (code, _, body) = send(&server, "PATCH", uri, "application/apply-patch+yaml", &deployment).await;
     assert_eq!(code, 500, "{body}");
     assert_eq!(
         json_of(&body)["message"],

@@ -16,7 +16,7 @@ use gpuop_fakeserver::{Authorization, FakeServer};
 use serde_json::json;
 use tower::ServiceExt;
 
-use super::support::{seed, seeded_server, status_problem};
+use super::support::{LIST_PARAMETERS, seed, seeded_server, status_problem};
 
 /// SplitMix64: small, fast and the same on every platform, so a seed names a run.
 struct Rng(u64);
@@ -44,6 +44,15 @@ impl Rng {
 
     fn byte(&mut self) -> u8 {
         self.next().to_le_bytes()[0]
+    }
+
+    /// A query parameter's name, every one as likely.
+    fn parameter(&mut self) -> &'static str {
+        let index = self.below(LIST_PARAMETERS.len() + OTHER_PARAMETERS.len());
+        match LIST_PARAMETERS.get(index) {
+            Some(name) => name,
+            None => OTHER_PARAMETERS[index - LIST_PARAMETERS.len()],
+        }
     }
 }
 
@@ -97,17 +106,9 @@ const PATHS: &[&str] = &[
     "/api/v1/watch/nodes",
 ];
 
-const PARAMETERS: &[&str] = &[
-    "labelSelector",
-    "fieldSelector",
-    "limit",
-    "continue",
-    "resourceVersion",
-    "resourceVersionMatch",
-    "timeoutSeconds",
+/// The query parameters [`LIST_PARAMETERS`] leaves out: `watch`, and those of writes, deletes and logs.
+const OTHER_PARAMETERS: &[&str] = &[
     "watch",
-    "allowWatchBookmarks",
-    "sendInitialEvents",
     "dryRun",
     "fieldManager",
     "fieldValidation",
@@ -490,7 +491,7 @@ fn request(rng: &mut Rng, bodies: &[Vec<u8>], token: Option<&str>) -> (http::Req
     }
     for _ in 0..rng.below(if template.is_some() { 3 } else { 5 }) {
         let key = if rng.chance(90) {
-            rng.pick(PARAMETERS).to_owned()
+            rng.parameter().to_owned()
         } else {
             String::from_utf8_lossy(&mutate(rng, b"k".to_vec(), 16)).into_owned()
         };

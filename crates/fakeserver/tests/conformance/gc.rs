@@ -8,33 +8,28 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::support::{configmap, daemonset, failure, pod, server, within};
+use super::support::{configmap, created, daemonset, failure, merge_patched, pod, server, within};
 
 async fn owned_pods(server: &gpuop_fakeserver::FakeServer) -> (Api<DaemonSet>, Api<Pod>) {
     let daemonsets: Api<DaemonSet> = Api::default_namespaced(server.client());
     let pods: Api<Pod> = Api::default_namespaced(server.client());
-    let owner = daemonsets
-        .create(&PostParams::default(), &daemonset("plugin"))
-        .await
-        .expect("created");
+    let owner = created(&daemonsets, &daemonset("plugin")).await;
     let mut reference = owner.controller_owner_ref(&()).expect("owner reference");
     // As the DaemonSet controller sets it: foreground deletion waits only for blocking dependents.
     reference.block_owner_deletion = Some(true);
     for name in ["plugin-a", "plugin-b"] {
         let mut p = pod(name, Some("gpu-1"));
         p.metadata.owner_references = Some(vec![reference.clone()]);
-        pods.create(&PostParams::default(), &p).await.expect("created");
+        created(&pods, &p).await;
     }
-    pods.create(&PostParams::default(), &pod("unowned", Some("gpu-1")))
-        .await
-        .expect("created");
+    created(&pods, &pod("unowned", Some("gpu-1"))).await;
     (daemonsets, pods)
 }
 
@@ -63,13 +58,12 @@ async fn background_deletion_takes_the_dependents() {
 async fn foreground_deletion_waits_for_blocking_dependents() {
     let server = server();
     let (daemonsets, pods) = owned_pods(&server).await;
-    pods.patch(
+    merge_patched(
+        &pods,
         "plugin-a",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold"]}})),
+        json!({"metadata": {"finalizers": ["example.com/hold"]}}),
     )
-    .await
-    .expect("held");
+    .await;
     daemonsets
         .delete("plugin", &DeleteParams::foreground())
         .await
@@ -81,13 +75,7 @@ async fn foreground_deletion_waits_for_blocking_dependents() {
     assert!(held.metadata.deletion_timestamp.is_some());
     assert_eq!(pod_names(&pods).await, ["plugin-a", "unowned"]);
 
-    pods.patch(
-        "plugin-a",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-    )
-    .await
-    .expect("released");
+    merge_patched(&pods, "plugin-a", json!({"metadata": {"finalizers": null}})).await;
     assert!(
         failure(daemonsets.get("plugin").await).is_not_found(),
         "the owner goes with its last dependent"
@@ -113,23 +101,14 @@ async fn orphan_deletion_leaves_dependents_without_the_owner() {
 async fn a_dependent_with_another_live_owner_only_loses_the_reference() {
     let server = server();
     let configmaps: Api<ConfigMap> = Api::default_namespaced(server.client());
-    let first = configmaps
-        .create(&PostParams::default(), &configmap("first"))
-        .await
-        .expect("created");
-    let second = configmaps
-        .create(&PostParams::default(), &configmap("second"))
-        .await
-        .expect("created");
+    let first = created(&configmaps, &configmap("first")).await;
+    let second = created(&configmaps, &configmap("second")).await;
     let mut shared = configmap("shared");
     shared.metadata.owner_references = Some(vec![
         first.owner_ref(&()).expect("ref"),
         second.owner_ref(&()).expect("ref"),
     ]);
-    configmaps
-        .create(&PostParams::default(), &shared)
-        .await
-        .expect("created");
+    created(&configmaps, &shared).await;
     configmaps
         .delete("first", &DeleteParams::default())
         .await
@@ -167,10 +146,7 @@ async fn a_controller_with_a_finalizer_cleans_up_before_the_object_goes() {
     let handle = tokio::spawn(controller);
 
     let plain: Api<ConfigMap> = Api::default_namespaced(server.client());
-    plain
-        .create(&PostParams::default(), &configmap("watched"))
-        .await
-        .expect("created");
+    created(&plain, &configmap("watched")).await;
     within("finalizer added", async {
         loop {
             if plain.get("watched").await.expect("exists").finalizers() == ["example.com/cleanup"] {
@@ -203,21 +179,12 @@ async fn deleting_a_namespace_empties_it_first() {
     let server = server();
     let namespaces: Api<Namespace> = Api::all(server.client());
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "gpu-operator"}})).expect("ns");
-    namespaces
-        .create(&PostParams::default(), &ns)
-        .await
-        .expect("created");
+    created(&namespaces, &ns).await;
     let configmaps: Api<ConfigMap> = Api::namespaced(server.client(), "gpu-operator");
     let mut held = configmap("held");
     held.metadata.finalizers = Some(vec!["example.com/hold".into()]);
-    configmaps
-        .create(&PostParams::default(), &held)
-        .await
-        .expect("created");
-    configmaps
-        .create(&PostParams::default(), &configmap("plain"))
-        .await
-        .expect("created");
+    created(&configmaps, &held).await;
+    created(&configmaps, &configmap("plain")).await;
 
     namespaces
         .delete("gpu-operator", &DeleteParams::default())
@@ -239,13 +206,6 @@ async fn deleting_a_namespace_empties_it_first() {
     );
     assert_eq!(refused.code, 403);
 
-    configmaps
-        .patch(
-            "held",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .expect("released");
+    merge_patched(&configmaps, "held", json!({"metadata": {"finalizers": null}})).await;
     assert!(failure(namespaces.get("gpu-operator").await).is_not_found());
 }

@@ -8,7 +8,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
-use super::support::{clusterpolicy_crd, configmap, failure, server};
+use super::support::{assert_contains, assert_ends_with, clusterpolicy_crd, configmap, failure, server};
 
 async fn create<K>(api: &Api<K>, object: Value) -> Result<K, kube::Error>
 where
@@ -41,12 +41,9 @@ async fn event_notes_are_limited_to_1024_characters() {
     let mut untyped = event_v1("untyped", "n");
     untyped["type"] = json!("Info");
     let refused = failure(create(&events, untyped).await);
-    assert!(
-        refused
-            .message
-            .ends_with(r#"type: Invalid value: "": has invalid value: Info"#),
-        "{}",
-        refused.message
+    assert_ends_with(
+        &refused.message,
+        r#"type: Invalid value: "": has invalid value: Info"#,
     );
 }
 
@@ -100,19 +97,12 @@ async fn label_keys_and_values_have_their_lengths() {
         )
     );
     let refused = failure(create(&api, labelled("b", "k", &"v".repeat(64))).await);
-    assert!(
-        refused.message.ends_with("must be no more than 63 characters"),
-        "{}",
-        refused.message
-    );
+    assert_ends_with(&refused.message, "must be no more than 63 characters");
     let long_prefix = format!("{longest_prefix}p/k");
     let refused = failure(create(&api, labelled("c", &long_prefix, "v")).await);
-    assert!(
-        refused
-            .message
-            .ends_with("prefix part must be no more than 253 characters"),
-        "{}",
-        refused.message
+    assert_ends_with(
+        &refused.message,
+        "prefix part must be no more than 253 characters",
     );
     // Every reason is given, as kube-apiserver lists them.
     let refused = failure(create(&api, labelled("d", &format!("-{}", "k".repeat(63)), "v")).await);
@@ -157,21 +147,14 @@ async fn names_follow_each_kinds_rule() {
             .create(&PostParams::default(), &configmap(&"c".repeat(254)))
             .await,
     );
-    assert!(
-        refused.message.ends_with("must be no more than 253 characters"),
-        "{}",
-        refused.message
-    );
+    assert_ends_with(&refused.message, "must be no more than 253 characters");
 
     let namespaces: Api<Namespace> = Api::all(server.client());
     let long = "n".repeat(64);
     let refused = failure(create(&namespaces, json!({"metadata": {"name": long}})).await);
-    assert!(
-        refused.message.contains(&format!(
-            r#"metadata.name: Invalid value: "{long}": must be no more than 63 characters"#
-        )),
-        "{}",
-        refused.message
+    assert_contains(
+        &refused.message,
+        &format!(r#"metadata.name: Invalid value: "{long}": must be no more than 63 characters"#),
     );
 
     // Service names are DNS-1035 labels: they start with a letter.
@@ -183,11 +166,7 @@ async fn names_follow_each_kinds_rule() {
         )
         .await,
     );
-    assert!(
-        refused.message.contains("a DNS-1035 label must consist of"),
-        "{}",
-        refused.message
-    );
+    assert_contains(&refused.message, "a DNS-1035 label must consist of");
 
     // Custom resources' names are DNS subdomains.
     let policies = policies(&server).await;
@@ -196,13 +175,7 @@ async fn names_follow_each_kinds_rule() {
         "metadata": {"name": "Cluster-Policy"}, "spec": {"driver": {}}}))
         .expect("dynamic object");
     let refused = failure(policies.create(&PostParams::default(), &policy).await);
-    assert!(
-        refused
-            .message
-            .contains("a lowercase RFC 1123 subdomain must consist of"),
-        "{}",
-        refused.message
-    );
+    assert_contains(&refused.message, "a lowercase RFC 1123 subdomain must consist of");
 }
 
 async fn policies(server: &FakeServer) -> Api<DynamicObject> {

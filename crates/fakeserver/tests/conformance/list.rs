@@ -2,10 +2,12 @@
 //! reads, label-selector syntax and its edge cases, field selectors.
 
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, VersionMatch};
+use kube::api::{Api, ListParams, VersionMatch};
 use serde_json::json;
 
-use super::support::{configmap, failure, labelled_configmap, pod, server};
+use super::support::{
+    assert_starts_with, configmap, created, failure, labelled_configmap, merge_patched, pod, server,
+};
 
 fn names<K: kube::ResourceExt>(items: &[K]) -> Vec<String> {
     items.iter().map(kube::ResourceExt::name_any).collect()
@@ -16,9 +18,7 @@ async fn pages_walk_one_consistent_snapshot() {
     let server = server();
     let api: Api<ConfigMap> = Api::default_namespaced(server.client());
     for i in 0..7 {
-        api.create(&PostParams::default(), &configmap(&format!("cm-{i}")))
-            .await
-            .expect("created");
+        created(&api, &configmap(&format!("cm-{i}"))).await;
     }
     let first = api
         .list(&ListParams::default().limit(3))
@@ -32,9 +32,7 @@ async fn pages_walk_one_consistent_snapshot() {
         "lists carry a resource version"
     );
     // A change after the first page is not part of this list.
-    api.create(&PostParams::default(), &configmap("cm-late"))
-        .await
-        .expect("created");
+    created(&api, &configmap("cm-late")).await;
     let token = first.metadata.continue_.clone().expect("more pages");
     let second = api
         .list(&ListParams::default().limit(3).continue_token(&token))
@@ -68,21 +66,10 @@ async fn pages_walk_one_consistent_snapshot() {
 async fn resource_version_rules() {
     let server = server();
     let api: Api<ConfigMap> = Api::default_namespaced(server.client());
-    let a = api
-        .create(&PostParams::default(), &configmap("a"))
-        .await
-        .expect("created");
+    let a = created(&api, &configmap("a")).await;
     let then = a.metadata.resource_version.clone().expect("versioned");
-    api.create(&PostParams::default(), &configmap("b"))
-        .await
-        .expect("created");
-    api.patch(
-        "a",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"k": "v"}})),
-    )
-    .await
-    .expect("patched");
+    created(&api, &configmap("b")).await;
+    merge_patched(&api, "a", json!({"data": {"k": "v"}})).await;
 
     // resourceVersion=0 is served from "cache" and ignores limit, as the API server does (kubectl sends
     // `limit=500&resourceVersion=0`; kube drops the version when a limit is set, so ask by hand).
@@ -135,9 +122,7 @@ async fn label_selectors_with_every_operator() {
         ("bare", &[]),
     ];
     for (name, labels) in fixtures {
-        api.create(&PostParams::default(), &labelled_configmap(name, labels))
-            .await
-            .expect("created");
+        created(&api, &labelled_configmap(name, labels)).await;
     }
     let select = |selector: &'static str| {
         let api = api.clone();
@@ -187,9 +172,7 @@ async fn field_selectors_per_resource() {
     let server = server();
     let pods: Api<Pod> = Api::default_namespaced(server.client());
     for (name, node) in [("a", Some("gpu-1")), ("b", Some("gpu-2")), ("c", None)] {
-        pods.create(&PostParams::default(), &pod(name, node))
-            .await
-            .expect("created");
+        created(&pods, &pod(name, node)).await;
     }
     let on = |selector: &'static str| {
         let pods = pods.clone();
@@ -215,12 +198,9 @@ async fn field_selectors_per_resource() {
     assert_eq!(everywhere.items.len(), 3);
     let unsupported = failure(pods.list(&ListParams::default().fields("spec.priority=1")).await);
     assert_eq!(unsupported.code, 400);
-    assert!(
-        unsupported
-            .message
-            .starts_with(r#""spec.priority" is not a known field selector: only "metadata.name", "#),
-        "{}",
-        unsupported.message
+    assert_starts_with(
+        &unsupported.message,
+        r#""spec.priority" is not a known field selector: only "metadata.name", "#,
     );
 
     let events: Api<Event> = Api::default_namespaced(server.client());
@@ -229,10 +209,7 @@ async fn field_selectors_per_resource() {
         "reason": "Scheduled", "type": "Normal"
     }))
     .expect("event");
-    events
-        .create(&PostParams::default(), &event)
-        .await
-        .expect("created");
+    created(&events, &event).await;
     let about = events
         .list(&ListParams::default().fields("involvedObject.kind=Pod,involvedObject.name=a"))
         .await

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use super::support::{call, json_of, seeded_server, status_problem};
+use super::support::{LIST_PARAMETERS, call, json_of, seeded_server, status_problem};
 
 fn get(uri: &str) -> http::Request<Body> {
     http::Request::get(uri).body(Body::empty()).expect("request")
@@ -288,19 +288,6 @@ fn encode(text: &str) -> String {
     form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }
 
-/// The list and watch parameters a client controls.
-const PARAMETERS: &[&str] = &[
-    "labelSelector",
-    "fieldSelector",
-    "limit",
-    "continue",
-    "resourceVersion",
-    "resourceVersionMatch",
-    "timeoutSeconds",
-    "allowWatchBookmarks",
-    "sendInitialEvents",
-];
-
 proptest! {
     #![proptest_config(config())]
 
@@ -308,7 +295,7 @@ proptest! {
     /// a watch with it is a stream or a refusal.
     #[test]
     fn list_parameters_are_answered(
-        values in prop::collection::vec((prop::sample::select(PARAMETERS), text()), 1..4),
+        values in prop::collection::vec((prop::sample::select(LIST_PARAMETERS), text()), 1..4),
         watch in any::<bool>(),
     ) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");

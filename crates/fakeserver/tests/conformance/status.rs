@@ -8,18 +8,15 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::support::{daemonset, failure, pod, server};
+use super::support::{
+    assert_only_status_written, created, daemonset, failure, merge_patched, merge_patched_status, pod, server,
+};
 
 #[tokio::test]
 async fn main_writes_ignore_status_and_status_writes_ignore_the_rest() {
     let server = server();
     let api: Api<DaemonSet> = Api::default_namespaced(server.client());
-    let created = api
-        .create(&PostParams::default(), &daemonset("plugin"))
-        .await
-        .expect("created");
-
-    let mut both = created.clone();
+    let mut both = created(&api, &daemonset("plugin")).await;
     both.status.as_mut().expect("status").number_ready = 5;
     both.metadata
         .labels
@@ -43,22 +40,10 @@ async fn main_writes_ignore_status_and_status_writes_ignore_the_rest() {
         .replace_status("plugin", &PostParams::default(), &status_write)
         .await
         .expect("status replaced");
-    assert_eq!(status.status.as_ref().map(|s| s.number_ready), Some(5));
-    assert_eq!(
-        status.spec.as_ref().and_then(|s| s.min_ready_seconds),
-        None,
-        "spec ignored on /status"
-    );
+    assert_only_status_written(&status, 5);
     assert_eq!(status.metadata.generation, Some(1));
 
-    let spec = api
-        .patch(
-            "plugin",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"minReadySeconds": 30}})),
-        )
-        .await
-        .expect("patched");
+    let spec = merge_patched(&api, "plugin", json!({"spec": {"minReadySeconds": 30}})).await;
     assert_eq!(
         spec.metadata.generation,
         Some(2),
@@ -80,7 +65,7 @@ async fn nodes_keep_the_status_they_are_created_with() {
         "status": {"capacity": {"nvidia.com/gpu": "8"}, "conditions": [{"type": "Ready", "status": "True"}]}
     }))
     .expect("node");
-    let created = api.create(&PostParams::default(), &node).await.expect("created");
+    let created = created(&api, &node).await;
     let capacity = created.status.and_then(|s| s.capacity).expect("capacity");
     assert_eq!(capacity.get("nvidia.com/gpu").map(|q| q.0.as_str()), Some("8"));
 }
@@ -91,7 +76,7 @@ async fn deletion_with_finalizers_sets_a_timestamp_and_waits() {
     let api: Api<DaemonSet> = Api::default_namespaced(server.client());
     let mut ds = daemonset("plugin");
     ds.metadata.finalizers = Some(vec!["nvidia.com/cleanup".into()]);
-    api.create(&PostParams::default(), &ds).await.expect("created");
+    created(&api, &ds).await;
     let pending = api
         .delete("plugin", &DeleteParams::default())
         .await
@@ -112,13 +97,7 @@ async fn deletion_with_finalizers_sets_a_timestamp_and_waits() {
         .await,
     );
     assert_eq!(refused.code, 422, "no new finalizers once deleting");
-    api.patch(
-        "plugin",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-    )
-    .await
-    .expect("released");
+    merge_patched(&api, "plugin", json!({"metadata": {"finalizers": null}})).await;
     assert!(failure(api.get("plugin").await).is_not_found());
 }
 
@@ -126,9 +105,7 @@ async fn deletion_with_finalizers_sets_a_timestamp_and_waits() {
 async fn binding_places_a_pod_once() {
     let server = server();
     let api: Api<Pod> = Api::default_namespaced(server.client());
-    api.create(&PostParams::default(), &pod("p", None))
-        .await
-        .expect("created");
+    created(&api, &pod("p", None)).await;
     let client = server.client();
     let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"}, "target": {"kind": "Node", "name": "gpu-1"}});
     let request = http::Request::post("/api/v1/namespaces/default/pods/p/binding")
@@ -153,14 +130,10 @@ async fn eviction_honours_disruption_budgets() {
     let server = server();
     let pods: Api<Pod> = Api::default_namespaced(server.client());
     for name in ["a", "b"] {
-        pods.create(&PostParams::default(), &pod(name, Some("gpu-1")))
-            .await
-            .expect("created");
+        created(&pods, &pod(name, Some("gpu-1"))).await;
         let ready =
             json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
-        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(ready))
-            .await
-            .expect("running");
+        merge_patched_status(&pods, name, ready).await;
     }
     let budgets: Api<PodDisruptionBudget> = Api::default_namespaced(server.client());
     let budget: PodDisruptionBudget = serde_json::from_value(json!({
@@ -168,10 +141,7 @@ async fn eviction_honours_disruption_budgets() {
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "gpu"}}}
     }))
     .expect("pdb");
-    budgets
-        .create(&PostParams::default(), &budget)
-        .await
-        .expect("created");
+    created(&budgets, &budget).await;
     pods.evict("a", &EvictParams::default())
         .await
         .expect("one may go");

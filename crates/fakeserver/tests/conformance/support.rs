@@ -4,16 +4,39 @@ use std::future::Future;
 use std::time::Duration;
 
 use axum::body::Body;
-use gpuop_fakeserver::{FakeServer, ManualClock};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStream, TryStreamExt};
+use gpuop_fakeserver::{FakeServer, Faults, ManualClock};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::ObjectMeta;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::json;
 use tower::ServiceExt;
+
+/// The list and watch parameters a client controls (but `watch` itself).
+pub const LIST_PARAMETERS: &[&str] = &[
+    "labelSelector",
+    "fieldSelector",
+    "limit",
+    "continue",
+    "resourceVersion",
+    "resourceVersionMatch",
+    "timeoutSeconds",
+    "allowWatchBookmarks",
+    "sendInitialEvents",
+];
 
 /// A server with a stopped clock, so timestamps are predictable.
 pub fn server() -> FakeServer {
     FakeServer::builder().clock(ManualClock::default()).build()
+}
+
+/// A server on the system clock with `faults` in force from the start.
+pub fn with_faults(faults: Faults) -> FakeServer {
+    FakeServer::builder().faults(faults).build()
 }
 
 /// Fails the test if `future` does not finish in 10 s: a guard against hangs, not a timing assertion.
@@ -21,6 +44,104 @@ pub async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(10), future)
         .await
         .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+/// What `kube::Api` needs of the objects it reads.
+pub trait Object: Clone + DeserializeOwned + std::fmt::Debug {}
+
+impl<K: Clone + DeserializeOwned + std::fmt::Debug> Object for K {}
+
+/// Creates `object`, failing the test if the server refuses it.
+pub async fn created<K: Object + Serialize>(api: &Api<K>, object: &K) -> K {
+    api.create(&PostParams::default(), object).await.expect("created")
+}
+
+/// Server-side applies `object`, found by its own name, as `manager`: the server's answer.
+pub async fn apply<K>(api: &Api<K>, manager: &str, object: &K) -> Result<K, kube::Error>
+where
+    K: Object + Serialize + kube::Resource,
+{
+    let params = PatchParams::apply(manager);
+    api.patch(&object.name_any(), &params, &Patch::Apply(object))
+        .await
+}
+
+/// [`apply`], failing the test if the server refuses.
+pub async fn applied<K: Object + Serialize + kube::Resource>(api: &Api<K>, manager: &str, object: &K) -> K {
+    apply(api, manager, object).await.expect("applied")
+}
+
+/// Every object `api` lists, failing the test if the server refuses.
+pub async fn listed<K: Object>(api: &Api<K>) -> Vec<K> {
+    api.list(&ListParams::default()).await.expect("listed").items
+}
+
+/// Merge-patches the object `name` with `patch`, failing the test if the server refuses.
+pub async fn merge_patched<K: Object>(api: &Api<K>, name: &str, patch: serde_json::Value) -> K {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .expect("merge-patched")
+}
+
+/// Merge-patches the `/status` of the object `name` with `patch`, failing the test if the server refuses.
+pub async fn merge_patched_status<K: Object>(api: &Api<K>, name: &str, patch: serde_json::Value) -> K {
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .expect("status merge-patched")
+}
+
+/// A watch of `api` from `version`, failing the test if the server refuses it.
+pub async fn watch_from<K>(api: &Api<K>, version: &str) -> BoxStream<'static, kube::Result<WatchEvent<K>>>
+where
+    K: Object + Send + 'static,
+{
+    api.watch(&WatchParams::default(), version)
+        .await
+        .expect("watch")
+        .boxed()
+}
+
+/// The next item of a watch or watcher `stream`, failing the test on an error, an end, or a wait of
+/// [`within`]'s bound (`what` names the wait).
+pub async fn next_event<S>(what: &str, stream: &mut S) -> S::Ok
+where
+    S: TryStream + Unpin,
+    S::Error: std::fmt::Debug,
+{
+    within(what, stream.try_next()).await.expect("ok").expect("event")
+}
+
+/// Fails the test unless `written`, the answer to a write of a DaemonSet's `/status` that set both
+/// `status.numberReady` and `spec.minReadySeconds`, took the one and ignored the other.
+#[track_caller]
+pub fn assert_only_status_written(written: &DaemonSet, number_ready: i32) {
+    assert_eq!(
+        written.status.as_ref().map(|s| s.number_ready),
+        Some(number_ready)
+    );
+    assert_eq!(
+        written.spec.as_ref().and_then(|s| s.min_ready_seconds),
+        None,
+        "spec ignored on /status"
+    );
+}
+
+/// Fails the test, showing `text`, unless it contains `part`.
+#[track_caller]
+pub fn assert_contains(text: &str, part: &str) {
+    assert!(text.contains(part), "{text}");
+}
+
+/// Fails the test, showing `text`, unless it starts with `prefix`.
+#[track_caller]
+pub fn assert_starts_with(text: &str, prefix: &str) {
+    assert!(text.starts_with(prefix), "{text}");
+}
+
+/// Fails the test, showing `text`, unless it ends with `suffix`.
+#[track_caller]
+pub fn assert_ends_with(text: &str, suffix: &str) {
+    assert!(text.ends_with(suffix), "{text}");
 }
 
 pub fn configmap(name: &str) -> ConfigMap {

@@ -9,12 +9,16 @@ use gpuop_fakeserver::{FakeServer, ManualClock};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 
-use super::support::{call, clusterpolicy_crd, json_of};
+use super::support::{call, clusterpolicy_crd, json_of, merge_patched_status};
 
 const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
+
+/// The Table the server answers a GET of `uri` with, asked for as kubectl asks.
+async fn table_at(server: &FakeServer, uri: &str) -> Value {
+    json_of(&call(server, get(uri, TABLE)).await.2)
+}
 
 fn get(uri: &str, accept: &str) -> http::Request<Body> {
     http::Request::get(uri)
@@ -123,10 +127,14 @@ async fn nodes_print_as_kubectl_get_nodes_shows_them() {
 #[tokio::test]
 async fn rows_carry_what_include_object_asks_and_unknown_forms_are_refused() {
     let server = server_with(&[node()]);
-    let (_, _, body) = call(&server, get("/api/v1/nodes?includeObject=Object", TABLE)).await;
-    assert_eq!(json_of(&body)["rows"][0]["object"]["kind"], "Node");
-    let (_, _, body) = call(&server, get("/api/v1/nodes?includeObject=None", TABLE)).await;
-    assert_eq!(json_of(&body)["rows"][0]["object"], Value::Null);
+    assert_eq!(
+        table_at(&server, "/api/v1/nodes?includeObject=Object").await["rows"][0]["object"]["kind"],
+        "Node"
+    );
+    assert_eq!(
+        table_at(&server, "/api/v1/nodes?includeObject=None").await["rows"][0]["object"],
+        Value::Null
+    );
 
     let (code, _, body) = call(&server, get("/api/v1/nodes?includeObject=Bogus", TABLE)).await;
     assert_eq!(code, 400, "{body}");
@@ -152,8 +160,7 @@ async fn rows_carry_what_include_object_asks_and_unknown_forms_are_refused() {
         (code, json_of(&body)["apiVersion"].as_str()),
         (200, Some("meta.k8s.io/v1beta1"))
     );
-    let (_, _, body) = call(&server, get("/api/v1/nodes/h100-3", TABLE)).await;
-    let one = json_of(&body);
+    let one = table_at(&server, "/api/v1/nodes/h100-3").await;
     assert_eq!(one["rows"].as_array().map(Vec::len), Some(1));
     assert!(one["metadata"]["resourceVersion"].is_string());
 }
@@ -188,21 +195,12 @@ async fn pods_daemonsets_and_a_crds_printer_columns() {
     let server = server_with(&[namespace, pod, daemonset, clusterpolicy_crd()]);
     // Status is the kubelet's and the DaemonSet controller's to write, through `/status`.
     let pods: Api<Pod> = Api::namespaced(server.client(), "gpu-operator");
-    pods.patch_status("plugin-x", &PatchParams::default(), &Patch::Merge(&pod_status))
-        .await
-        .expect("pod status");
+    merge_patched_status(&pods, "plugin-x", pod_status).await;
     let daemonsets: Api<DaemonSet> = Api::namespaced(server.client(), "gpu-operator");
-    daemonsets
-        .patch_status(
-            "nvidia-device-plugin-daemonset",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"status": daemonset_status})),
-        )
-        .await
-        .expect("DaemonSet status");
+    let status = json!({"status": daemonset_status});
+    merge_patched_status(&daemonsets, "nvidia-device-plugin-daemonset", status).await;
 
-    let (_, _, body) = call(&server, get("/api/v1/namespaces/gpu-operator/pods", TABLE)).await;
-    let table = json_of(&body);
+    let table = table_at(&server, "/api/v1/namespaces/gpu-operator/pods").await;
     assert_eq!(
         table["rows"][0]["cells"],
         json!([
@@ -218,12 +216,7 @@ async fn pods_daemonsets_and_a_crds_printer_columns() {
         ])
     );
 
-    let (_, _, body) = call(
-        &server,
-        get("/apis/apps/v1/namespaces/gpu-operator/daemonsets", TABLE),
-    )
-    .await;
-    let table = json_of(&body);
+    let table = table_at(&server, "/apis/apps/v1/namespaces/gpu-operator/daemonsets").await;
     assert_eq!(
         typed(&table).into_iter().take(8).collect::<Vec<_>>(),
         [
@@ -255,19 +248,13 @@ async fn pods_daemonsets_and_a_crds_printer_columns() {
     );
 
     // A CRD without printer columns: Name and Age; the CRD itself: Name and Created At.
-    let (_, _, body) = call(
-        &server,
-        get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", TABLE),
-    )
-    .await;
-    let table = json_of(&body);
+    let table = table_at(&server, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions").await;
     assert_eq!(typed(&table), ["Name:string", "Created At:date"]);
     assert_eq!(table["rows"][0]["cells"][0], "clusterpolicies.nvidia.com");
     let policy = json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "p"},
                         "spec": {"driver": {"enabled": true}}});
     server.insert(policy).expect("policy stored");
-    let (_, _, body) = call(&server, get("/apis/nvidia.com/v1/clusterpolicies", TABLE)).await;
-    let table = json_of(&body);
+    let table = table_at(&server, "/apis/nvidia.com/v1/clusterpolicies").await;
     assert_eq!(typed(&table), ["Name:string", "Age:date"]);
     assert_eq!(table["rows"][0]["cells"], json!(["p", "0s"]));
 }

@@ -3,14 +3,17 @@
 
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use gpuop_fakeserver::{FakeServer, Faults, Verb};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, Patch, PatchParams, WatchEvent, WatchParams};
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 
-use super::support::{configmap, labelled_configmap, server, within};
+use super::support::{
+    configmap, created, labelled_configmap, merge_patched, next_event, server, watch_from, with_faults,
+    within,
+};
 
 fn name_of(event: &WatchEvent<ConfigMap>) -> String {
     match event {
@@ -31,48 +34,24 @@ async fn a_watch_from_a_version_replays_what_followed_then_sends_bookmarks() {
         .bookmark_interval(Duration::from_millis(50))
         .build();
     let api: Api<ConfigMap> = Api::default_namespaced(server.client());
-    let a = api
-        .create(&PostParams::default(), &configmap("a"))
-        .await
-        .expect("created");
+    let a = created(&api, &configmap("a")).await;
     let from = a.metadata.resource_version.clone().expect("versioned");
-    api.patch(
-        "a",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"k": "v"}})),
-    )
-    .await
-    .expect("patched");
-    api.create(&PostParams::default(), &configmap("b"))
-        .await
-        .expect("created");
+    merge_patched(&api, "a", json!({"data": {"k": "v"}})).await;
+    created(&api, &configmap("b")).await;
 
-    let mut stream = api
-        .watch(&WatchParams::default(), &from)
-        .await
-        .expect("watch")
-        .boxed();
-    let first = within("replayed modify", stream.try_next())
-        .await
-        .expect("ok")
-        .expect("event");
+    let mut stream = watch_from(&api, &from).await;
+    let first = next_event("replayed modify", &mut stream).await;
     assert!(
         matches!(&first, WatchEvent::Modified(cm) if cm.data.is_some()),
         "{first:?}"
     );
-    let second = within("replayed add", stream.try_next())
-        .await
-        .expect("ok")
-        .expect("event");
+    let second = next_event("replayed add", &mut stream).await;
     assert!(
         matches!(&second, WatchEvent::Added(cm) if cm.metadata.name.as_deref() == Some("b")),
         "{second:?}"
     );
     let current: u64 = server.resource_version();
-    let bookmark = within("bookmark", stream.try_next())
-        .await
-        .expect("ok")
-        .expect("event");
+    let bookmark = next_event("bookmark", &mut stream).await;
     let WatchEvent::Bookmark(bookmark) = bookmark else {
         panic!("expected a bookmark, got {bookmark:?}")
     };
@@ -84,13 +63,8 @@ async fn a_watch_from_a_version_replays_what_followed_then_sends_bookmarks() {
 async fn an_expired_version_is_an_error_event_with_code_410_then_the_end() {
     let server = server();
     let api: Api<ConfigMap> = Api::default_namespaced(server.client());
-    let a = api
-        .create(&PostParams::default(), &configmap("a"))
-        .await
-        .expect("created");
-    api.create(&PostParams::default(), &configmap("b"))
-        .await
-        .expect("created");
+    let a = created(&api, &configmap("a")).await;
+    created(&api, &configmap("b")).await;
     server.compact();
     let old = a.metadata.resource_version.expect("versioned");
     // The request itself succeeds (HTTP 200): the expiry is reported inside the stream.
@@ -113,26 +87,16 @@ async fn an_expired_version_is_an_error_event_with_code_410_then_the_end() {
 async fn the_watcher_relists_after_an_expired_version() {
     // Watches end at once, so the watcher keeps re-watching from its list's version; compaction then
     // expires that version, and the watcher must relist to see what changed.
-    let server = FakeServer::builder()
-        .faults(Faults::new(0).drop_watches_after(0))
-        .build();
+    let server = with_faults(Faults::new(0).drop_watches_after(0));
     let api: Api<ConfigMap> = Api::default_namespaced(server.client());
-    api.create(&PostParams::default(), &configmap("before"))
-        .await
-        .expect("created");
+    created(&api, &configmap("before")).await;
     let mut events = watcher::watcher(api.clone(), watcher::Config::default()).boxed();
     loop {
-        if let Event::InitDone = within("initial list", events.try_next())
-            .await
-            .expect("ok")
-            .expect("event")
-        {
+        if let Event::InitDone = next_event("initial list", &mut events).await {
             break;
         }
     }
-    api.create(&PostParams::default(), &configmap("after"))
-        .await
-        .expect("created");
+    created(&api, &configmap("after")).await;
     server.compact();
     server.set_faults(Faults::default());
     let mut relisted = Vec::new();
@@ -156,19 +120,13 @@ async fn streaming_lists_finish_with_the_initial_events_end_bookmark() {
     let server = server();
     let api: Api<ConfigMap> = Api::default_namespaced(server.client());
     for name in ["a", "b"] {
-        api.create(&PostParams::default(), &configmap(name))
-            .await
-            .expect("created");
+        created(&api, &configmap(name)).await;
     }
     let config = watcher::Config::default().streaming_lists();
     let mut events = watcher::watcher(api.clone(), config).boxed();
     let mut initial = Vec::new();
     loop {
-        match within("initial events", events.try_next())
-            .await
-            .expect("ok")
-            .expect("event")
-        {
+        match next_event("initial events", &mut events).await {
             Event::InitApply(cm) => initial.push(cm.metadata.name.unwrap_or_default()),
             Event::InitDone => break,
             _ => {}
@@ -180,13 +138,8 @@ async fn streaming_lists_finish_with_the_initial_events_end_bookmark() {
         0,
         "no LIST with streaming lists"
     );
-    api.create(&PostParams::default(), &configmap("c"))
-        .await
-        .expect("created");
-    let live = within("live event", events.try_next())
-        .await
-        .expect("ok")
-        .expect("event");
+    created(&api, &configmap("c")).await;
+    let live = next_event("live event", &mut events).await;
     assert!(matches!(live, Event::Apply(cm) if cm.metadata.name.as_deref() == Some("c")));
 }
 
@@ -200,12 +153,7 @@ async fn objects_entering_and_leaving_a_selector_are_added_and_deleted() {
         .await
         .expect("watch")
         .boxed();
-    api.create(
-        &PostParams::default(),
-        &labelled_configmap("n1", &[("gpu", "false")]),
-    )
-    .await
-    .expect("created");
+    created(&api, &labelled_configmap("n1", &[("gpu", "false")])).await;
     let patch = |value: &str| Patch::Merge(json!({"metadata": {"labels": {"gpu": value}}}));
     api.patch("n1", &PatchParams::default(), &patch("true"))
         .await
@@ -215,10 +163,7 @@ async fn objects_entering_and_leaving_a_selector_are_added_and_deleted() {
         .expect("patched");
     let mut seen = Vec::new();
     for _ in 0..2 {
-        let event = within("selector events", stream.try_next())
-            .await
-            .expect("ok")
-            .expect("event");
+        let event = next_event("selector events", &mut stream).await;
         seen.push(match event {
             WatchEvent::Added(cm) => format!("ADDED {:?}", cm.labels().get("gpu")),
             WatchEvent::Deleted(cm) => format!("DELETED {:?}", cm.labels().get("gpu")),

@@ -19,16 +19,14 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::RenderError;
-use crate::daemonset::OperandPod;
-use crate::inputs::{Inputs, add_pull_secrets, apply_env, apply_host_network, apply_resources};
+use crate::inputs::{Inputs, apply_env, apply_host_network, apply_resources};
 use crate::manifest::{Objects, Owner, meta};
 use crate::monitoring::ServiceMonitor;
 use crate::operands::metrics::metrics_service;
-use crate::operands::{add_validator_pull_secrets, container};
+use crate::operands::{OperandPods, container, validated_pod};
 use crate::pod::{
-    apply_host_paths, config_map_volume, env, field_env, file_mount, host_path, mount_with, privileged,
-    run_nvidia_volume, set_env, status_file_waits,
+    config_map_volume, env, field_env, file_mount, host_path, mount_with, privileged, run_nvidia_volume,
+    set_env, status_file_waits,
 };
 use crate::rbac::{access, push_exporter_read_pods};
 
@@ -51,7 +49,7 @@ pub(crate) fn render_host_engine(
     inputs: &Inputs<'_>,
     info: &OperandInfo,
     objects: &mut Objects,
-) -> Result<Vec<OperandPod>, RenderError> {
+) -> OperandPods {
     let name = info.daemonset;
     objects.push(
         Owner::operand(info),
@@ -97,25 +95,15 @@ pub(crate) fn render_host_engine(
         readiness_probe: Some(tcp_probe()),
         ..container("nvidia-dcgm-ctr", &image)
     };
-    let mut spec = PodSpec {
+    let spec = PodSpec {
         service_account_name: Some(access(info.operand).account.to_owned()),
         init_containers: Some(status_file_waits(info, &validator)),
         containers: vec![engine],
         volumes: Some(vec![run_nvidia_volume(Some("Directory"))]),
         ..PodSpec::default()
     };
-    apply_host_paths(&mut spec, &inputs.host_paths);
-    let mut pod = OperandPod::new(info, spec);
-    add_validator_pull_secrets(inputs, &mut pod);
-    add_pull_secrets(&mut pod.spec, inputs.pull_secrets(info.image_section));
-    {
-        let ctr = &mut pod.spec.containers[0];
-        apply_resources(ctr, settings.resources().as_ref());
-        if let Some(args) = settings.args() {
-            ctr.args = Some(args);
-        }
-        apply_env(ctr, settings.env());
-    }
+    let mut pod = validated_pod(inputs, info, spec);
+    settings.apply_to(&mut pod.spec.containers[0]);
     inputs.gpu_access(&mut pod, "nvidia-dcgm-ctr");
     apply_host_network(&mut pod.spec, settings.host_network());
     Ok(vec![pod])
@@ -144,11 +132,7 @@ fn env_reads_api(vars: &[PolicyEnvVar]) -> bool {
 
 /// Renders the exporter's pod-reading RBAC (when needed), Service and ServiceMonitor, and returns its
 /// DaemonSet.
-pub(crate) fn render_exporter(
-    inputs: &Inputs<'_>,
-    info: &OperandInfo,
-    objects: &mut Objects,
-) -> Result<Vec<OperandPod>, RenderError> {
+pub(crate) fn render_exporter(inputs: &Inputs<'_>, info: &OperandInfo, objects: &mut Objects) -> OperandPods {
     let exporter = &inputs.spec.dcgm_exporter;
     let settings = inputs.container(info.image_section);
     let pod_metadata = exporter.needs_pod_metadata() || env_enables_pod_metadata(settings.env());
@@ -222,7 +206,7 @@ pub(crate) fn render_exporter(
         security_context: Some(privileged()),
         ..container(info.daemonset, &image)
     };
-    let mut spec = PodSpec {
+    let spec = PodSpec {
         service_account_name: Some(access(info.operand).account.to_owned()),
         automount_service_account_token: Some(false),
         init_containers: Some(status_file_waits(info, &validator)),
@@ -240,17 +224,12 @@ pub(crate) fn render_exporter(
         ]),
         ..PodSpec::default()
     };
-    apply_host_paths(&mut spec, &inputs.host_paths);
-    let mut pod = OperandPod::new(info, spec);
-    add_validator_pull_secrets(inputs, &mut pod);
-    add_pull_secrets(&mut pod.spec, inputs.pull_secrets(info.image_section));
+    let mut pod = validated_pod(inputs, info, spec);
     pod.annotate(exporter.annotations.clone().unwrap_or_default());
     {
         let ctr = &mut pod.spec.containers[0];
         apply_resources(ctr, settings.resources().as_ref());
-        if let Some(args) = settings.args() {
-            ctr.args = Some(args);
-        }
+        settings.apply_args(ctr);
         if inputs.spec.dcgm.is_enabled() {
             set_env(
                 ctr,

@@ -17,48 +17,37 @@
 use gpuop_api::OperandInfo;
 use gpuop_api::cluster_policy::DEFAULT_MPS_ROOT;
 use gpuop_api::labels::DEVICE_PLUGIN_CONFIG;
-use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec, ResourceRequirements};
+use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec};
 
 use crate::RenderError;
 use crate::daemonset::OperandPod;
-use crate::inputs::{Inputs, PulledImage, add_pull_secrets, apply_env, apply_host_network, apply_resources};
-use crate::manifest::{Objects, Owner};
-use crate::operands::{add_validator_pull_secrets, config_map, container};
+use crate::inputs::{ContainerSettings, Inputs, PulledImage, apply_env, apply_host_network, apply_resources};
+use crate::manifest::Objects;
+use crate::operands::{Entrypoint, OperandPods, container, validated_pod};
 use crate::pod::{
-    DRIVER_INSTALL_DIR_VOLUME, HOST_ROOT_VOLUME, Propagation, VALIDATIONS_VOLUME, apply_host_paths,
-    config_map_volume, empty_dir, env, field_env, host_path, mount, mount_with, privileged,
-    run_nvidia_volume, set_env, status_file_waits, validations_volume,
+    Propagation, VALIDATIONS_VOLUME, cdi_root_mount, cdi_root_volume, config_map_volume,
+    driver_install_dir_mount, driver_install_dir_volume, empty_dir, env, field_env, host_path,
+    host_root_mount, host_root_volume, mount, mount_with, privileged, run_nvidia_volume, set_env,
+    status_file_waits, validations_volume,
 };
 use crate::rbac::access;
 
 /// The entrypoint script.
-const ENTRYPOINT: &str = include_str!("scripts/device-plugin-entrypoint.sh");
-/// Name of the ConfigMap holding it.
-const ENTRYPOINT_CONFIG_MAP: &str = "nvidia-device-plugin-entrypoint";
+const ENTRYPOINT: Entrypoint = Entrypoint {
+    config_map: "nvidia-device-plugin-entrypoint",
+    script: include_str!("scripts/device-plugin-entrypoint.sh"),
+};
 /// The plugin container's name.
 const PLUGIN_CONTAINER: &str = "nvidia-device-plugin";
 /// Where the selected configuration is written.
 const CONFIG_FILE: &str = "/config/config.yaml";
 
 /// Renders the entrypoint ConfigMap and returns the device plugin DaemonSet.
-pub(crate) fn render(
-    inputs: &Inputs<'_>,
-    info: &OperandInfo,
-    objects: &mut Objects,
-) -> Result<Vec<OperandPod>, RenderError> {
-    objects.push(
-        Owner::operand(info),
-        config_map(
-            ENTRYPOINT_CONFIG_MAP,
-            Some(info.daemonset),
-            &[("entrypoint.sh", ENTRYPOINT.to_owned())],
-        ),
-    );
+pub(crate) fn render(inputs: &Inputs<'_>, info: &OperandInfo, objects: &mut Objects) -> OperandPods {
+    ENTRYPOINT.push_config_map(objects, info);
     let validator = inputs.validator_image(info)?;
     let image = inputs.image(info.image_section, info)?;
     let plugin = Container {
-        command: Some(vec!["/bin/sh".to_owned(), "-c".to_owned()]),
-        args: Some(vec!["/bin/entrypoint.sh".to_owned()]),
         security_context: Some(privileged()),
         env: Some(vec![
             env("PASS_DEVICE_SPECS", "true"),
@@ -70,57 +59,38 @@ pub(crate) fn render(
             env("MPS_ROOT", DEFAULT_MPS_ROOT),
         ]),
         volume_mounts: Some(vec![
-            crate::pod::file_mount(ENTRYPOINT_CONFIG_MAP, "/bin/entrypoint.sh", "entrypoint.sh"),
+            ENTRYPOINT.mount(),
             mount("device-plugin", "/var/lib/kubelet/device-plugins"),
             mount(VALIDATIONS_VOLUME, "/run/nvidia/validations"),
-            mount_with(
-                DRIVER_INSTALL_DIR_VOLUME,
-                "/driver-root",
-                false,
-                Some(Propagation::HostToContainer),
-            ),
-            mount_with(
-                HOST_ROOT_VOLUME,
-                "/host",
-                true,
-                Some(Propagation::HostToContainer),
-            ),
-            mount("cdi-root", "/var/run/cdi"),
+            driver_install_dir_mount("/driver-root"),
+            host_root_mount(true),
+            cdi_root_mount(),
             // The daemon's /dev/shm, for health-checking MPS.
             mount("mps-shm", "/dev/shm"),
             mount("mps-root", "/mps"),
         ]),
-        ..container(PLUGIN_CONTAINER, &image)
+        ..ENTRYPOINT.container(PLUGIN_CONTAINER, &image)
     };
-    let mut spec = PodSpec {
+    let spec = PodSpec {
         service_account_name: Some(access(info.operand).account.to_owned()),
         init_containers: Some(status_file_waits(info, &validator)),
         containers: vec![plugin],
         volumes: Some(vec![
-            config_map_volume(ENTRYPOINT_CONFIG_MAP, ENTRYPOINT_CONFIG_MAP, Some(0o700), &[]),
+            ENTRYPOINT.volume(),
             host_path("device-plugin", "/var/lib/kubelet/device-plugins", None),
             validations_volume(),
-            host_path(
-                DRIVER_INSTALL_DIR_VOLUME,
-                "/run/nvidia/driver",
-                Some("DirectoryOrCreate"),
-            ),
-            host_path(HOST_ROOT_VOLUME, "/", None),
-            host_path("cdi-root", "/var/run/cdi", Some("DirectoryOrCreate")),
+            driver_install_dir_volume(),
+            host_root_volume(),
+            cdi_root_volume(),
             host_path("mps-root", DEFAULT_MPS_ROOT, Some("DirectoryOrCreate")),
             host_path("mps-shm", &format!("{DEFAULT_MPS_ROOT}/shm"), None),
         ]),
         ..PodSpec::default()
     };
-    apply_host_paths(&mut spec, &inputs.host_paths);
-    let mut pod = OperandPod::new(info, spec);
-    add_validator_pull_secrets(inputs, &mut pod);
-    add_pull_secrets(&mut pod.spec, inputs.pull_secrets(info.image_section));
+    let mut pod = validated_pod(inputs, info, spec);
 
     let settings = inputs.container(info.image_section);
-    if let Some(args) = settings.args() {
-        pod.spec.containers[0].args = Some(args);
-    }
+    settings.apply_args(&mut pod.spec.containers[0]);
     {
         let ctr = &mut pod.spec.containers[0];
         if inputs.spec.gds_enabled() {
@@ -131,16 +101,8 @@ pub(crate) fn render(
             set_env(ctr, "GDRCOPY_ENABLED", "true");
         }
     }
-    config_manager(
-        inputs,
-        &mut pod.spec,
-        &image,
-        "nvidia-device-plugin",
-        settings.resources().as_ref(),
-    );
-    for ctr in &mut pod.spec.containers {
-        apply_resources(ctr, settings.resources().as_ref());
-    }
+    config_manager(inputs, &mut pod.spec, &image, "nvidia-device-plugin", settings);
+    settings.apply_resources_to_containers(&mut pod.spec);
     inputs.gpu_access(&mut pod, PLUGIN_CONTAINER);
     let custom_mps_root = custom_mps_root(inputs);
     {
@@ -226,13 +188,15 @@ fn config_manager_container(
 
 /// With `devicePlugin.config.name` set: the config-manager init container (after the other init
 /// containers) and sidecar (after the main container), the ConfigMap and shared `config` volumes,
-/// `CONFIG_FILE` in the main container, and a shared process namespace unless the pod has the host's.
+/// `CONFIG_FILE` in the main container, and a shared process namespace unless the pod has the host's. The
+/// init container gets the operand section's resources (the sidecar gets them with the pod's other
+/// containers).
 pub(crate) fn config_manager(
     inputs: &Inputs<'_>,
     pod: &mut PodSpec,
     image: &PulledImage,
     process: &str,
-    resources: Option<&ResourceRequirements>,
+    settings: ContainerSettings<'_>,
 ) {
     let Some(config) = inputs.spec.device_plugin.config.as_ref() else {
         return;
@@ -253,7 +217,7 @@ pub(crate) fn config_manager(
     volumes.push(config_map_volume(name, name, None, &[]));
     volumes.push(empty_dir("config"));
     let mut init = config_manager_container(image, true, process, default, name);
-    apply_resources(&mut init, resources);
+    apply_resources(&mut init, settings.resources().as_ref());
     pod.init_containers.get_or_insert_with(Vec::new).push(init);
     pod.containers
         .push(config_manager_container(image, false, process, default, name));
@@ -312,19 +276,15 @@ pub(crate) fn mps_control_daemon(inputs: &Inputs<'_>, info: &OperandInfo) -> Res
         ]),
         ..PodSpec::default()
     };
-    let mut pod = OperandPod::new(info, spec);
-    add_validator_pull_secrets(inputs, &mut pod);
-    add_pull_secrets(&mut pod.spec, inputs.pull_secrets(info.image_section));
+    let mut pod = validated_pod(inputs, info, spec);
     config_manager(
         inputs,
         &mut pod.spec,
         &image,
         "/usr/bin/mps-control-daemon",
-        settings.resources().as_ref(),
+        settings,
     );
-    for ctr in &mut pod.spec.containers {
-        apply_resources(ctr, settings.resources().as_ref());
-    }
+    settings.apply_resources_to_containers(&mut pod.spec);
     inputs.gpu_access(&mut pod, "mps-control-daemon-ctr");
     inputs.mig_env(&mut pod.spec.containers[0]);
     if let Some(root) = custom_mps_root(inputs) {

@@ -24,8 +24,9 @@ use gpuop_api::labels::{
 };
 use gpuop_api::{ImageSection, OperandInfo};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, EnvFromSource, ExecAction, KeyToPath, Lifecycle, LifecycleHandler, PodAffinityTerm,
-    PodAntiAffinity, PodSpec, Probe, SecretEnvSource, SecretVolumeSource, Volume, VolumeMount,
+    Affinity, Container, EnvFromSource, EnvVar, ExecAction, KeyToPath, Lifecycle, LifecycleHandler,
+    PodAffinityTerm, PodAntiAffinity, PodSpec, Probe, SecretEnvSource, SecretVolumeSource, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use serde::Serialize;
@@ -33,11 +34,12 @@ use serde::Serialize;
 use crate::daemonset::{OperandPod, Rollout, labels};
 use crate::image::{is_digest, pool_os_tag, with_os_suffix};
 use crate::inputs::{Inputs, PulledImage, add_pull_secrets, apply_env, apply_host_network, apply_resources};
-use crate::manifest::{Objects, Owner};
-use crate::operands::{config_map, container};
+use crate::manifest::Objects;
+use crate::operands::{OperandPods, container, push_script};
 use crate::pod::{
-    Propagation, apply_host_paths, config_map_volume, field_env, file_mount, host_path, mount, mount_with,
-    privileged, privileged_s0, set_env,
+    HOST_ROOT_VOLUME, Propagation, apply_host_paths, config_map_volume, env, field_env, file_mount,
+    host_path, host_root_mount, host_root_volume, mount, mount_with, privileged, privileged_s0,
+    run_nvidia_mount, run_nvidia_volume, set_env,
 };
 use crate::rbac::access;
 use crate::{OsPool, RenderError};
@@ -165,18 +167,13 @@ fn kernel_targets(base: &str, pools: &[OsPool]) -> Result<Vec<OsTarget>, RenderE
 }
 
 /// Renders the probe ConfigMap and returns the driver DaemonSets.
-pub(crate) fn render(
-    inputs: &Inputs<'_>,
-    info: &OperandInfo,
-    objects: &mut Objects,
-) -> Result<Vec<OperandPod>, RenderError> {
-    objects.push(
-        Owner::operand(info),
-        config_map(
-            STARTUP_PROBE_CONFIG_MAP,
-            Some(info.daemonset),
-            &[("startup-probe.sh", STARTUP_PROBE.to_owned())],
-        ),
+pub(crate) fn render(inputs: &Inputs<'_>, info: &OperandInfo, objects: &mut Objects) -> OperandPods {
+    push_script(
+        objects,
+        info,
+        STARTUP_PROBE_CONFIG_MAP,
+        "startup-probe.sh",
+        STARTUP_PROBE.to_owned(),
     );
     let image = inputs.image(ImageSection::Driver, info)?;
     let pools = &inputs.facts.driver_pools;
@@ -229,25 +226,29 @@ pub(crate) fn driver_pod(
     if rdma.is_some() {
         pod.containers.push(peermem_container(&driver_image));
     }
-    if spec.gds_enabled() {
-        let gds = inputs.image(ImageSection::Gds, info)?;
-        pod.containers.push(module_container(
+    // GPUDirect Storage, then GDRCopy: (on, image, container, installer, kernel module).
+    let modules = [
+        (
+            spec.gds_enabled(),
+            ImageSection::Gds,
             "nvidia-fs-ctr",
-            &gds,
-            &target.os_tag,
             "nvidia-gds-driver",
             "nvidia_fs",
-        ));
-    }
-    if spec.gdrcopy_enabled() {
-        let gdrcopy = inputs.image(ImageSection::Gdrcopy, info)?;
-        pod.containers.push(module_container(
+        ),
+        (
+            spec.gdrcopy_enabled(),
+            ImageSection::Gdrcopy,
             "nvidia-gdrcopy-ctr",
-            &gdrcopy,
-            &target.os_tag,
             "nvidia-gdrcopy-driver",
             "gdrdrv",
-        ));
+        ),
+    ];
+    for (enabled, section, name, installer, module) in modules {
+        if enabled {
+            let image = inputs.image(section, info)?;
+            pod.containers
+                .push(module_container(name, &image, &target.os_tag, installer, module));
+        }
     }
     apply_host_paths(&mut pod, &inputs.host_paths);
 
@@ -283,9 +284,7 @@ pub(crate) fn driver_pod(
     {
         let ctr = &mut pod.containers[0];
         apply_resources(ctr, resources.as_ref());
-        if let Some(args) = settings.args() {
-            ctr.args = Some(args);
-        }
+        settings.apply_args(ctr);
         let module_type = inputs.policy.kernel_module_type;
         set_env(ctr, "KERNEL_MODULE_TYPE", module_type.as_str());
         if module_type == KernelModuleType::Open {
@@ -368,19 +367,22 @@ pub(crate) fn driver_pod(
         .and_then(|c| c.get())
         .filter(|_| !precompiled);
     let mut build_mounts: Vec<VolumeMount> = Vec::new();
-    if let Some(name) = repo_config {
-        let field = "spec.driver.repoConfig.configMapName";
-        let dir = repo_config_dir(&target.os_id).ok_or_else(|| RenderError::UnsupportedOsForConfig {
-            field,
-            os_id: target.os_id.clone(),
-        })?;
-        let (mounts, volume) = config_map_files(inputs, field, name, dir)?;
-        build_mounts.extend(mounts);
-        extra_volumes.push(volume);
-    }
-    if let Some(name) = cert_config {
-        let field = "spec.driver.certConfig.name";
-        let dir = cert_config_dir(&target.os_id).ok_or_else(|| RenderError::UnsupportedOsForConfig {
+    // Package repositories, then CA certificates: each ConfigMap's files go where the driver image's OS
+    // reads them.
+    let dirs = build_config_dirs(&target.os_id);
+    let build_configs = [
+        (
+            repo_config,
+            "spec.driver.repoConfig.configMapName",
+            dirs.map(|d| d.repos),
+        ),
+        (cert_config, "spec.driver.certConfig.name", dirs.map(|d| d.certs)),
+    ];
+    for (name, field, dir) in build_configs {
+        let Some(name) = name else {
+            continue;
+        };
+        let dir = dir.ok_or_else(|| RenderError::UnsupportedOsForConfig {
             field,
             os_id: target.os_id.clone(),
         })?;
@@ -517,40 +519,49 @@ fn one_driver_per_node() -> Affinity {
 /// The driver manager: before the driver (re)installs, it evicts GPU pods and unloads the old modules.
 pub(crate) fn manager_container(inputs: &Inputs<'_>, info: &OperandInfo) -> Result<Container, RenderError> {
     let image = inputs.image(ImageSection::DriverManager, info)?;
-    Ok(Container {
+    Ok(driver_manager(
+        &image,
+        vec![
+            env("ENABLE_GPU_POD_EVICTION", "true"),
+            env("ENABLE_AUTO_DRAIN", "false"),
+            env("DRAIN_USE_FORCE", "false"),
+            env("DRAIN_POD_SELECTOR_LABEL", ""),
+            env("DRAIN_TIMEOUT_SECONDS", "0s"),
+            env("DRAIN_DELETE_EMPTYDIR_DATA", "false"),
+        ],
+        vec![mellanox_drivers_mount()],
+    ))
+}
+
+/// The `k8s-driver-manager` init container of a pod that installs a driver (the driver's, the vGPU and
+/// VFIO managers'), with what it does to GPU pods (`ENABLE_GPU_POD_EVICTION`, drain settings) and the
+/// mounts beyond `/run/nvidia`, the host root and `/sys`.
+pub(crate) fn driver_manager(
+    image: &PulledImage,
+    eviction: Vec<EnvVar>,
+    extra_mounts: Vec<VolumeMount>,
+) -> Container {
+    let mut vars = vec![
+        field_env("NODE_NAME", "spec.nodeName"),
+        // Driver containers run with runc, never the NVIDIA runtime.
+        env("NVIDIA_VISIBLE_DEVICES", "void"),
+    ];
+    vars.extend(eviction);
+    vars.push(field_env("OPERATOR_NAMESPACE", "metadata.namespace"));
+    let mut mounts = vec![
+        run_nvidia_mount(Propagation::Bidirectional),
+        host_root_mount(true),
+        mount("host-sys", "/sys"),
+    ];
+    mounts.extend(extra_mounts);
+    Container {
         command: Some(vec!["driver-manager".to_owned()]),
         args: Some(vec!["uninstall_driver".to_owned()]),
-        env: Some(vec![
-            field_env("NODE_NAME", "spec.nodeName"),
-            // Driver containers run with runc, never the NVIDIA runtime.
-            crate::pod::env("NVIDIA_VISIBLE_DEVICES", "void"),
-            crate::pod::env("ENABLE_GPU_POD_EVICTION", "true"),
-            crate::pod::env("ENABLE_AUTO_DRAIN", "false"),
-            crate::pod::env("DRAIN_USE_FORCE", "false"),
-            crate::pod::env("DRAIN_POD_SELECTOR_LABEL", ""),
-            crate::pod::env("DRAIN_TIMEOUT_SECONDS", "0s"),
-            crate::pod::env("DRAIN_DELETE_EMPTYDIR_DATA", "false"),
-            field_env("OPERATOR_NAMESPACE", "metadata.namespace"),
-        ]),
+        env: Some(vars),
         security_context: Some(privileged()),
-        volume_mounts: Some(vec![
-            mount_with(
-                "run-nvidia",
-                "/run/nvidia",
-                false,
-                Some(Propagation::Bidirectional),
-            ),
-            mount_with("host-root", "/host", true, Some(Propagation::HostToContainer)),
-            mount("host-sys", "/sys"),
-            mount_with(
-                "run-mellanox-drivers",
-                "/run/mellanox/drivers",
-                false,
-                Some(Propagation::HostToContainer),
-            ),
-        ]),
-        ..container(MANAGER_CONTAINER, &image)
-    })
+        volume_mounts: Some(mounts),
+        ..container(MANAGER_CONTAINER, image)
+    }
 }
 
 fn exec_probe(command: &[&str], initial_delay: i32, period: i32, timeout: i32, failures: i32) -> Probe {
@@ -577,7 +588,7 @@ fn driver_container(image: &PulledImage) -> Container {
         ]),
         security_context: Some(privileged_s0()),
         volume_mounts: Some(vec![
-            mount_with("run-nvidia", "/run/nvidia", false, Some(Propagation::Bidirectional)),
+            run_nvidia_mount(Propagation::Bidirectional),
             mount("run-nvidia-fabricmanager", "/run/nvidia-fabricmanager"),
             mount("run-nvidia-topologyd", "/run/nvidia-topologyd"),
             mount("var-log", "/var/log"),
@@ -589,12 +600,7 @@ fn driver_container(image: &PulledImage) -> Container {
                 false,
                 Some(Propagation::HostToContainer),
             ),
-            mount_with(
-                "run-mellanox-drivers",
-                "/run/mellanox/drivers",
-                false,
-                Some(Propagation::HostToContainer),
-            ),
+            mellanox_drivers_mount(),
             mount("host-sys-devices-system", "/sys/devices/system"),
             mount("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
             mount("nv-firmware", "/lib/firmware"),
@@ -636,20 +642,10 @@ fn peermem_container(driver_image: &PulledImage) -> Container {
         args: Some(vec!["reload_nvidia_peermem".to_owned()]),
         security_context: Some(privileged_s0()),
         volume_mounts: Some(vec![
-            mount_with(
-                "run-nvidia",
-                "/run/nvidia",
-                false,
-                Some(Propagation::Bidirectional),
-            ),
+            run_nvidia_mount(Propagation::Bidirectional),
             mount("var-log", "/var/log"),
             mount_with("dev-log", "/dev/log", true, None),
-            mount_with(
-                "run-mellanox-drivers",
-                "/run/mellanox/drivers",
-                false,
-                Some(Propagation::HostToContainer),
-            ),
+            mellanox_drivers_mount(),
         ]),
         startup_probe: Some(exec_probe(&probe_command, 10, 10, 10, 120)),
         liveness_probe: Some(exec_probe(&probe_command, 30, 30, 10, 1)),
@@ -680,12 +676,7 @@ fn module_container(
         args: Some(vec![script]),
         security_context: Some(privileged_s0()),
         volume_mounts: Some(vec![
-            mount_with(
-                "run-nvidia",
-                "/run/nvidia",
-                false,
-                Some(Propagation::HostToContainer),
-            ),
+            run_nvidia_mount(Propagation::HostToContainer),
             mount("var-log", "/var/log"),
             mount_with("dev-log", "/dev/log", true, None),
         ]),
@@ -700,9 +691,20 @@ fn module_container(
     }
 }
 
+/// The MOFED driver directory, where the driver looks for the MOFED modules the host or a MOFED container
+/// installs.
+fn mellanox_drivers_mount() -> VolumeMount {
+    mount_with(
+        "run-mellanox-drivers",
+        "/run/mellanox/drivers",
+        false,
+        Some(Propagation::HostToContainer),
+    )
+}
+
 fn driver_volumes() -> Vec<Volume> {
     vec![
-        host_path("run-nvidia", "/run/nvidia", Some("DirectoryOrCreate")),
+        run_nvidia_volume(Some("DirectoryOrCreate")),
         host_path("var-log", "/var/log", None),
         host_path("dev-log", "/dev/log", None),
         host_path("host-os-release", "/etc/os-release", None),
@@ -727,7 +729,7 @@ fn driver_volumes() -> Vec<Volume> {
             Some("DirectoryOrCreate"),
         ),
         crate::pod::validations_volume(),
-        host_path("host-root", "/", None),
+        host_root_volume(),
         host_path("host-sys", "/sys", Some("Directory")),
         host_path(
             "firmware-search-path",
@@ -782,24 +784,26 @@ pub(crate) fn config_map_files(
     Ok((mounts, config_map_volume(name, name, None, &items)))
 }
 
-/// Where package repository files go in the driver image, by OS id.
-fn repo_config_dir(os_id: &str) -> Option<&'static str> {
-    Some(match os_id {
-        "centos" | "rhcos" | "rhel" | "rocky" | "ol" => "/etc/yum.repos.d",
-        "debian" | "ubuntu" => "/etc/apt/sources.list.d",
-        "sles" | "sl-micro" => "/etc/zypp/repos.d",
-        _ => return None,
-    })
+/// Where the driver image of an OS family reads the files a module build takes from ConfigMaps.
+#[derive(Clone, Copy, Debug)]
+struct BuildConfigDirs {
+    /// Package repository files.
+    repos: &'static str,
+    /// CA certificates.
+    certs: &'static str,
 }
 
-/// Where CA certificates go in the driver image, by OS id.
-fn cert_config_dir(os_id: &str) -> Option<&'static str> {
-    Some(match os_id {
-        "centos" | "rhcos" | "rhel" | "rocky" | "ol" => "/etc/pki/ca-trust/extracted/pem",
-        "debian" | "ubuntu" => "/usr/local/share/ca-certificates",
-        "sles" | "sl-micro" => "/etc/pki/trust/anchors",
+/// The build configuration directories of the driver image, by OS id.
+fn build_config_dirs(os_id: &str) -> Option<BuildConfigDirs> {
+    let (repos, certs) = match os_id {
+        "centos" | "rhcos" | "rhel" | "rocky" | "ol" => {
+            ("/etc/yum.repos.d", "/etc/pki/ca-trust/extracted/pem")
+        }
+        "debian" | "ubuntu" => ("/etc/apt/sources.list.d", "/usr/local/share/ca-certificates"),
+        "sles" | "sl-micro" => ("/etc/zypp/repos.d", "/etc/pki/trust/anchors"),
         _ => return None,
-    })
+    };
+    Some(BuildConfigDirs { repos, certs })
 }
 
 /// The host's subscription files a driver build needs on RHEL (unless the runtime is CRI-O, which mounts
@@ -1000,7 +1004,7 @@ pub(crate) fn config_digest(pod: &PodSpec) -> String {
     volumes.sort_unstable();
     state.host_root = volumes
         .iter()
-        .find(|v| v.name == "host-root")
+        .find(|v| v.name == HOST_ROOT_VOLUME)
         .and_then(|v| v.host_path);
     state.volumes = volumes;
     // Serializing plain strings, tuples and vectors cannot fail.

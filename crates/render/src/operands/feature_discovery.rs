@@ -10,12 +10,11 @@ use k8s_openapi::api::core::v1::{Container, PodSpec};
 
 use crate::RenderError;
 use crate::daemonset::OperandPod;
-use crate::inputs::{Inputs, PulledImage, add_pull_secrets, apply_env, apply_host_network, apply_resources};
+use crate::inputs::{Inputs, PulledImage, apply_env, apply_host_network};
 use crate::operands::device_plugin::config_manager;
-use crate::operands::{add_validator_pull_secrets, container};
+use crate::operands::{container, validated_pod};
 use crate::pod::{
-    apply_host_paths, env, field_env, host_path, mount, mount_with, privileged, run_nvidia_volume,
-    status_file_waits,
+    env, field_env, host_path, mount, mount_with, privileged, run_nvidia_volume, status_file_waits,
 };
 use crate::rbac::access;
 
@@ -45,7 +44,7 @@ pub(crate) fn render(inputs: &Inputs<'_>, info: &OperandInfo) -> Result<OperandP
         security_context: Some(privileged()),
         ..container(CONTAINER, &image)
     };
-    let mut spec = PodSpec {
+    let spec = PodSpec {
         service_account_name: Some(access(info.operand).account.to_owned()),
         init_containers: Some(status_file_waits(info, &validator)),
         containers: vec![discovery],
@@ -56,16 +55,11 @@ pub(crate) fn render(inputs: &Inputs<'_>, info: &OperandInfo) -> Result<OperandP
         ]),
         ..PodSpec::default()
     };
-    apply_host_paths(&mut spec, &inputs.host_paths);
-    let mut pod = OperandPod::new(info, spec).selected_by(&[
+    let mut pod = validated_pod(inputs, info, spec).selected_by(&[
         ("app", info.daemonset),
         ("app.kubernetes.io/part-of", "nvidia-gpu"),
     ]);
-    add_validator_pull_secrets(inputs, &mut pod);
-    add_pull_secrets(&mut pod.spec, inputs.pull_secrets(info.image_section));
-    if let Some(args) = settings.args() {
-        pod.spec.containers[0].args = Some(args);
-    }
+    settings.apply_args(&mut pod.spec.containers[0]);
     apply_env(&mut pod.spec.containers[0], settings.env());
     // The config-manager comes from the device plugin's image, as in NVIDIA's operator.
     let manager_image = match inputs.policy.image(ImageSection::DevicePlugin) {
@@ -75,16 +69,8 @@ pub(crate) fn render(inputs: &Inputs<'_>, info: &OperandInfo) -> Result<OperandP
         },
         None => image,
     };
-    config_manager(
-        inputs,
-        &mut pod.spec,
-        &manager_image,
-        CONTAINER,
-        settings.resources().as_ref(),
-    );
-    for ctr in &mut pod.spec.containers {
-        apply_resources(ctr, settings.resources().as_ref());
-    }
+    config_manager(inputs, &mut pod.spec, &manager_image, CONTAINER, settings);
+    settings.apply_resources_to_containers(&mut pod.spec);
     inputs.gpu_access(&mut pod, CONTAINER);
     inputs.mig_env(&mut pod.spec.containers[0]);
     apply_host_network(&mut pod.spec, settings.host_network());

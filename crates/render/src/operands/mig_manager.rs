@@ -14,23 +14,22 @@ use std::fmt::Write as _;
 use gpuop_api::OperandInfo;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
-use crate::RenderError;
-use crate::daemonset::OperandPod;
-use crate::inputs::{Inputs, add_pull_secrets, apply_env, apply_host_network, apply_resources};
+use crate::inputs::{Inputs, apply_env, apply_host_network};
 use crate::manifest::{Objects, Owner};
 use crate::operands::mig_layouts::LAYOUTS;
-use crate::operands::{add_validator_pull_secrets, config_map, container};
+use crate::operands::{Entrypoint, OperandPods, config_map, validated_pod};
 use crate::pod::{
-    DRIVER_INSTALL_DIR_VOLUME, HOST_ROOT_VOLUME, Propagation, VALIDATIONS_VOLUME, apply_host_paths,
-    config_map_volume, field_env, file_mount, host_path, mount, mount_with, privileged, set_env,
-    status_file_waits, validations_volume,
+    VALIDATIONS_VOLUME, cdi_root_mount, cdi_root_volume, config_map_volume, driver_install_dir_mount,
+    driver_install_dir_volume, field_env, host_path, host_root_mount, host_root_volume, mount, privileged,
+    set_env, status_file_waits, validations_volume,
 };
 use crate::rbac::access;
 
 /// The entrypoint script.
-const ENTRYPOINT: &str = include_str!("scripts/mig-manager-entrypoint.sh");
-/// Name of the ConfigMap holding it.
-const ENTRYPOINT_CONFIG_MAP: &str = "nvidia-mig-manager-entrypoint";
+const ENTRYPOINT: Entrypoint = Entrypoint {
+    config_map: "nvidia-mig-manager-entrypoint",
+    script: include_str!("scripts/mig-manager-entrypoint.sh"),
+};
 /// Name of the default layouts ConfigMap.
 pub(crate) const DEFAULT_LAYOUTS_CONFIG_MAP: &str = "default-mig-parted-config";
 /// Name of the default GPU clients ConfigMap.
@@ -57,11 +56,7 @@ fn configured<'a>(name: Option<&'a str>, default: &'a str) -> (&'a str, bool) {
 }
 
 /// Renders the default and entrypoint ConfigMaps and returns the MIG manager DaemonSet.
-pub(crate) fn render(
-    inputs: &Inputs<'_>,
-    info: &OperandInfo,
-    objects: &mut Objects,
-) -> Result<Vec<OperandPod>, RenderError> {
+pub(crate) fn render(inputs: &Inputs<'_>, info: &OperandInfo, objects: &mut Objects) -> OperandPods {
     let manager = inputs.spec.mig_manager.clone().unwrap_or_default();
     let layouts_name = manager.config.as_ref().and_then(|c| c.name.as_deref());
     let has_layouts = layouts_name.is_some_and(|n| !n.is_empty());
@@ -91,21 +86,12 @@ pub(crate) fn render(
             ),
         );
     }
-    objects.push(
-        owner,
-        config_map(
-            ENTRYPOINT_CONFIG_MAP,
-            Some(info.daemonset),
-            &[("entrypoint.sh", ENTRYPOINT.to_owned())],
-        ),
-    );
+    ENTRYPOINT.push_config_map(objects, info);
 
     let validator = inputs.validator_image(info)?;
     let image = inputs.image(info.image_section, info)?;
     let settings = inputs.container(info.image_section);
     let main = Container {
-        command: Some(vec!["/bin/sh".to_owned(), "-c".to_owned()]),
-        args: Some(vec!["/bin/entrypoint.sh".to_owned()]),
         env: Some(vec![
             field_env("NODE_NAME", "spec.nodeName"),
             field_env("POD_NAME", "metadata.name"),
@@ -115,26 +101,16 @@ pub(crate) fn render(
         ]),
         security_context: Some(privileged()),
         volume_mounts: Some(vec![
-            file_mount(ENTRYPOINT_CONFIG_MAP, "/bin/entrypoint.sh", "entrypoint.sh"),
+            ENTRYPOINT.mount(),
             mount(VALIDATIONS_VOLUME, "/run/nvidia/validations"),
             mount("host-sys", "/sys"),
-            mount_with(
-                HOST_ROOT_VOLUME,
-                "/host",
-                false,
-                Some(Propagation::HostToContainer),
-            ),
+            host_root_mount(false),
             mount("gpu-clients", "/gpu-clients"),
             mount("mig-parted-config", "/mig-parted-config"),
-            mount_with(
-                DRIVER_INSTALL_DIR_VOLUME,
-                "/driver-root",
-                false,
-                Some(Propagation::HostToContainer),
-            ),
-            mount("cdi-root", "/var/run/cdi"),
+            driver_install_dir_mount("/driver-root"),
+            cdi_root_mount(),
         ]),
-        ..container(info.daemonset, &image)
+        ..ENTRYPOINT.container(info.daemonset, &image)
     };
     // The default layouts are mounted as config-default.yaml, so the manager tells them from a user's.
     let layout_items: &[(&str, &str)] = if has_layouts {
@@ -142,38 +118,27 @@ pub(crate) fn render(
     } else {
         &[("config.yaml", "config-default.yaml")]
     };
-    let mut spec = PodSpec {
+    let spec = PodSpec {
         service_account_name: Some(access(info.operand).account.to_owned()),
         host_pid: Some(true),
         host_ipc: Some(true),
         init_containers: Some(status_file_waits(info, &validator)),
         containers: vec![main],
         volumes: Some(vec![
-            config_map_volume(ENTRYPOINT_CONFIG_MAP, ENTRYPOINT_CONFIG_MAP, Some(0o700), &[]),
+            ENTRYPOINT.volume(),
             host_path("host-sys", "/sys", Some("Directory")),
             validations_volume(),
-            host_path(
-                DRIVER_INSTALL_DIR_VOLUME,
-                "/run/nvidia/driver",
-                Some("DirectoryOrCreate"),
-            ),
-            host_path(HOST_ROOT_VOLUME, "/", None),
+            driver_install_dir_volume(),
+            host_root_volume(),
             config_map_volume("gpu-clients", clients, None, &[]),
             config_map_volume("mig-parted-config", layouts, None, layout_items),
-            host_path("cdi-root", "/var/run/cdi", Some("DirectoryOrCreate")),
+            cdi_root_volume(),
         ]),
         ..PodSpec::default()
     };
-    apply_host_paths(&mut spec, &inputs.host_paths);
-    let mut pod = OperandPod::new(info, spec);
-    add_validator_pull_secrets(inputs, &mut pod);
-    add_pull_secrets(&mut pod.spec, inputs.pull_secrets(info.image_section));
-    for ctr in &mut pod.spec.containers {
-        apply_resources(ctr, settings.resources().as_ref());
-    }
-    if let Some(args) = settings.args() {
-        pod.spec.containers[0].args = Some(args);
-    }
+    let mut pod = validated_pod(inputs, info, spec);
+    settings.apply_resources_to_containers(&mut pod.spec);
+    settings.apply_args(&mut pod.spec.containers[0]);
     inputs.gpu_access(&mut pod, info.daemonset);
     let ctr = &mut pod.spec.containers[0];
     if has_layouts {

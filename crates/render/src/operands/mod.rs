@@ -6,12 +6,13 @@
 //! variable, the same one wins), then the settings every DaemonSet shares ([`crate::daemonset`]).
 
 use gpuop_api::{ImageSection, Operand, OperandInfo};
-use k8s_openapi::api::core::v1::{ConfigMap, Container};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, Volume, VolumeMount};
 
 use crate::RenderError;
 use crate::daemonset::{OperandPod, daemonset};
 use crate::inputs::{Inputs, PulledImage, add_pull_secrets};
 use crate::manifest::{Objects, Owner, meta};
+use crate::pod::{apply_host_paths, config_map_volume, file_mount};
 use crate::rbac::push_access;
 
 mod dcgm;
@@ -30,6 +31,9 @@ mod vgpu_layouts;
 
 pub(crate) use metrics::operator_metrics;
 pub(crate) use runtime_class::runtime_classes;
+
+/// What an operand's renderer returns: the pods of its DaemonSets (it pushes its other objects itself).
+pub(crate) type OperandPods = Result<Vec<OperandPod>, RenderError>;
 
 /// Renders the objects of an enabled operand's state.
 pub(crate) fn operand(
@@ -80,6 +84,64 @@ pub(crate) fn config_map(name: &str, app: Option<&str>, files: &[(&str, String)]
     }
 }
 
+/// Adds the ConfigMap that ships one of an operand's scripts under `key`, with the operand's `app` label.
+pub(crate) fn push_script(
+    objects: &mut Objects,
+    info: &OperandInfo,
+    config_map_name: &str,
+    key: &str,
+    script: String,
+) {
+    objects.push(
+        Owner::operand(info),
+        config_map(config_map_name, Some(info.daemonset), &[(key, script)]),
+    );
+}
+
+/// The lines of an entrypoint script that [`DRIVER_READY_PRELUDE`] stands for.
+const DRIVER_READY_INCLUDE: &str = "# @include driver-ready-prelude.sh\n";
+/// What the entrypoints of the operands that need a driver start with: wait for the validator's
+/// `driver-ready` and export what it found (driver root, device root, host or container driver).
+const DRIVER_READY_PRELUDE: &str = include_str!("scripts/driver-ready-prelude.sh");
+
+/// An operand's entrypoint script: shipped in a ConfigMap of its own, mounted at `/bin/entrypoint.sh` and
+/// run by `/bin/sh -c` as the main container's command.
+pub(crate) struct Entrypoint {
+    /// Name of the ConfigMap, and of the volume that mounts it.
+    pub config_map: &'static str,
+    /// The script, with a `# @include driver-ready-prelude.sh` line where [`DRIVER_READY_PRELUDE`] goes.
+    pub script: &'static str,
+}
+
+impl Entrypoint {
+    /// Adds the script's ConfigMap, labelled as NVIDIA labels entrypoint ConfigMaps.
+    pub(crate) fn push_config_map(&self, objects: &mut Objects, info: &OperandInfo) {
+        let script = self
+            .script
+            .replacen(DRIVER_READY_INCLUDE, DRIVER_READY_PRELUDE, 1);
+        push_script(objects, info, self.config_map, "entrypoint.sh", script);
+    }
+
+    /// A container of an operand image that runs the script.
+    pub(crate) fn container(&self, name: &str, image: &PulledImage) -> Container {
+        Container {
+            command: Some(vec!["/bin/sh".to_owned(), "-c".to_owned()]),
+            args: Some(vec!["/bin/entrypoint.sh".to_owned()]),
+            ..container(name, image)
+        }
+    }
+
+    /// The mount of the script at `/bin/entrypoint.sh`.
+    pub(crate) fn mount(&self) -> VolumeMount {
+        file_mount(self.config_map, "/bin/entrypoint.sh", "entrypoint.sh")
+    }
+
+    /// The volume of the script's ConfigMap, its files executable by their owner.
+    pub(crate) fn volume(&self) -> Volume {
+        config_map_volume(self.config_map, self.config_map, Some(0o700), &[])
+    }
+}
+
 /// A container of an operand image, with its pull policy.
 pub(crate) fn container(name: &str, image: &PulledImage) -> Container {
     Container {
@@ -90,8 +152,11 @@ pub(crate) fn container(name: &str, image: &PulledImage) -> Container {
     }
 }
 
-/// Adds the validator's pull secrets to a pod whose init containers run the validator image (NVIDIA adds
-/// them before the operand's own).
-pub(crate) fn add_validator_pull_secrets(inputs: &Inputs<'_>, pod: &mut OperandPod) {
-    add_pull_secrets(&mut pod.spec, inputs.pull_secrets(ImageSection::Validator));
+/// The DaemonSet pod of an operand whose init containers run the validator image: the `hostPaths` rewrites
+/// applied, and the validator's pull secrets added before the operand's own (NVIDIA's order).
+pub(crate) fn validated_pod(inputs: &Inputs<'_>, info: &OperandInfo, mut spec: PodSpec) -> OperandPod {
+    apply_host_paths(&mut spec, &inputs.host_paths);
+    add_pull_secrets(&mut spec, inputs.pull_secrets(ImageSection::Validator));
+    add_pull_secrets(&mut spec, inputs.pull_secrets(info.image_section));
+    OperandPod::new(info, spec)
 }

@@ -5,16 +5,15 @@
 use gpuop_api::OperandInfo;
 use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec};
 
-use crate::RenderError;
 use crate::daemonset::OperandPod;
-use crate::inputs::{Inputs, add_pull_secrets, apply_env, apply_host_network, apply_resources};
+use crate::inputs::{Inputs, add_pull_secrets, apply_host_network};
 use crate::manifest::{Objects, Owner};
 use crate::monitoring::ServiceMonitor;
-use crate::operands::container;
 use crate::operands::metrics::metrics_service;
+use crate::operands::{OperandPods, container};
 use crate::pod::{
-    HOST_ROOT_VOLUME, Propagation, apply_host_paths, env, field_env, host_path, mount_with, privileged,
-    run_as_root,
+    Propagation, apply_host_paths, env, field_env, host_root_mount, host_root_volume, privileged,
+    run_as_root, run_nvidia_mount, run_nvidia_volume,
 };
 use crate::rbac::access;
 
@@ -24,11 +23,7 @@ const PORT: i32 = 8000;
 const PORT_NAME: &str = "node-status";
 
 /// Renders the exporter's Service and ServiceMonitor and returns its DaemonSet.
-pub(crate) fn render(
-    inputs: &Inputs<'_>,
-    info: &OperandInfo,
-    objects: &mut Objects,
-) -> Result<Vec<OperandPod>, RenderError> {
+pub(crate) fn render(inputs: &Inputs<'_>, info: &OperandInfo, objects: &mut Objects) -> OperandPods {
     let owner = Owner::operand(info);
     objects.push(owner, metrics_service(info.daemonset, PORT_NAME, PORT));
     if inputs.facts.service_monitor_crd {
@@ -59,38 +54,21 @@ pub(crate) fn render(
         }]),
         security_context: Some(privileged()),
         volume_mounts: Some(vec![
-            mount_with(
-                "run-nvidia",
-                "/run/nvidia",
-                false,
-                Some(Propagation::HostToContainer),
-            ),
-            mount_with(
-                HOST_ROOT_VOLUME,
-                "/host",
-                true,
-                Some(Propagation::HostToContainer),
-            ),
+            run_nvidia_mount(Propagation::HostToContainer),
+            host_root_mount(true),
         ]),
         ..container(info.daemonset, &image)
     };
     let mut spec = PodSpec {
         service_account_name: Some(access(info.operand).account.to_owned()),
         containers: vec![exporter],
-        volumes: Some(vec![
-            host_path("run-nvidia", "/run/nvidia", Some("Directory")),
-            host_path(HOST_ROOT_VOLUME, "/", None),
-        ]),
+        volumes: Some(vec![run_nvidia_volume(Some("Directory")), host_root_volume()]),
         ..PodSpec::default()
     };
     apply_host_paths(&mut spec, &inputs.host_paths);
     add_pull_secrets(&mut spec, inputs.pull_secrets(info.image_section));
     let ctr = &mut spec.containers[0];
-    apply_resources(ctr, settings.resources().as_ref());
-    if let Some(args) = settings.args() {
-        ctr.args = Some(args);
-    }
-    apply_env(ctr, settings.env());
+    settings.apply_to(ctr);
     run_as_root(ctr);
     apply_host_network(&mut spec, settings.host_network());
     Ok(vec![OperandPod::new(info, spec)])

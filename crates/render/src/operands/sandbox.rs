@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use gpuop_api::cluster_policy::DEFAULT_VGPU_DEVICES_CONFIG;
+use gpuop_api::driver::DriverManagerSpec;
 use gpuop_api::{ImageSection, OperandInfo};
 use k8s_openapi::api::core::v1::{
     Container, ExecAction, Lifecycle, LifecycleHandler, PodSpec, ResourceRequirements,
@@ -23,13 +24,15 @@ use crate::daemonset::{NAME_SELECTOR, OperandPod, labels};
 use crate::image::with_os_suffix;
 use crate::inputs::{Inputs, PulledImage, add_pull_secrets, apply_env, apply_host_network, apply_resources};
 use crate::manifest::{Objects, Owner};
-use crate::operands::driver::{config_map_files, os_targets};
+use crate::operands::driver::{config_map_files, driver_manager, os_targets};
+use crate::operands::validator::validator_init_container;
 use crate::operands::vgpu_layouts::{DEFAULTS, TYPES};
-use crate::operands::{add_validator_pull_secrets, config_map, container};
+use crate::operands::{OperandPods, config_map, container, validated_pod};
 use crate::pod::{
-    DRIVER_INSTALL_DIR_VOLUME, HOST_ROOT_VOLUME, Propagation, VALIDATIONS_VOLUME, apply_host_paths,
-    config_map_volume, env, field_env, host_path, mount, mount_with, privileged, privileged_s0, run_as_root,
-    set_env, status_file_waits, validations_volume,
+    HOST_ROOT_VOLUME, Propagation, RUN_NVIDIA_VOLUME, VALIDATIONS_VOLUME, apply_host_paths, cdi_root_mount,
+    cdi_root_volume, config_map_volume, driver_install_dir_mount, driver_install_dir_volume, env, field_env,
+    host_path, host_root_mount, host_root_volume, mount, mount_with, privileged, privileged_s0,
+    run_nvidia_mount, run_nvidia_volume, set_env, status_file_waits, validations_volume,
 };
 use crate::rbac::access;
 
@@ -44,45 +47,29 @@ fn sandbox_driver_manager(
     section: ImageSection,
 ) -> Result<Container, RenderError> {
     let image = inputs.image(section, info)?;
-    Ok(Container {
-        command: Some(vec!["driver-manager".to_owned()]),
-        args: Some(vec!["uninstall_driver".to_owned()]),
-        env: Some(vec![
-            field_env("NODE_NAME", "spec.nodeName"),
-            env("NVIDIA_VISIBLE_DEVICES", "void"),
+    Ok(driver_manager(
+        &image,
+        vec![
             env("ENABLE_GPU_POD_EVICTION", "false"),
             env("ENABLE_AUTO_DRAIN", "false"),
-            field_env("OPERATOR_NAMESPACE", "metadata.namespace"),
-        ]),
-        security_context: Some(privileged()),
-        volume_mounts: Some(vec![
-            mount_with(
-                "run-nvidia",
-                "/run/nvidia",
-                false,
-                Some(Propagation::Bidirectional),
-            ),
-            mount_with(
-                HOST_ROOT_VOLUME,
-                "/host",
-                true,
-                Some(Propagation::HostToContainer),
-            ),
-            mount("host-sys", "/sys"),
-        ]),
-        ..container("k8s-driver-manager", &image)
-    })
+        ],
+        Vec::new(),
+    ))
 }
 
-/// Applies a manager section's resources, environment and pull secrets to the driver manager.
-fn configure_driver_manager(
+/// Applies the policy to a vGPU or VFIO manager pod: the operand section's resources and the driver
+/// manager's environment to the driver manager, both sections' pull secrets (the manager's first), and the
+/// operand section to the main container.
+fn apply_manager_sections(
     inputs: &Inputs<'_>,
     pod: &mut PodSpec,
     section: ImageSection,
     manager_section: ImageSection,
-    env: &[gpuop_api::component::EnvVar],
+    manager: Option<&DriverManagerSpec>,
 ) {
-    let resources = inputs.container(section).resources();
+    let settings = inputs.container(section);
+    let resources = settings.resources();
+    let env = manager.and_then(|m| m.env.as_deref()).unwrap_or_default();
     for ctr in pod
         .init_containers
         .iter_mut()
@@ -93,14 +80,12 @@ fn configure_driver_manager(
         apply_env(ctr, env);
     }
     add_pull_secrets(pod, inputs.pull_secrets(manager_section));
+    add_pull_secrets(pod, inputs.pull_secrets(section));
+    settings.apply_to(&mut pod.containers[0]);
 }
 
 /// The vGPU host manager DaemonSets, one per OS pool.
-pub(crate) fn vgpu_manager(
-    inputs: &Inputs<'_>,
-    info: &OperandInfo,
-    _objects: &mut Objects,
-) -> Result<Vec<OperandPod>, RenderError> {
+pub(crate) fn vgpu_manager(inputs: &Inputs<'_>, info: &OperandInfo, _objects: &mut Objects) -> OperandPods {
     let image = inputs.image(info.image_section, info)?;
     let targets = os_targets(info.daemonset, info.image_section, &inputs.facts.driver_pools)?;
     let spec = inputs.spec.vgpu_manager.clone().unwrap_or_default();
@@ -116,12 +101,7 @@ pub(crate) fn vgpu_manager(
             args: Some(vec!["init".to_owned()]),
             security_context: Some(privileged_s0()),
             volume_mounts: Some(vec![
-                mount_with(
-                    "run-nvidia",
-                    "/run/nvidia",
-                    false,
-                    Some(Propagation::Bidirectional),
-                ),
+                run_nvidia_mount(Propagation::Bidirectional),
                 mount("host-os-release", "/host-etc/os-release"),
                 mount("vfio", "/dev/vfio"),
                 mount("cgroup", "/sys/fs/cgroup"),
@@ -147,11 +127,11 @@ pub(crate) fn vgpu_manager(
             )?]),
             containers: vec![manager_ctr],
             volumes: Some(vec![
-                host_path("run-nvidia", "/run/nvidia", Some("DirectoryOrCreate")),
+                run_nvidia_volume(Some("DirectoryOrCreate")),
                 host_path("host-os-release", "/etc/os-release", None),
                 host_path("cgroup", "/sys/fs/cgroup", Some("Directory")),
                 host_path("vfio", "/dev/vfio", Some("Directory")),
-                host_path(HOST_ROOT_VOLUME, "/", None),
+                host_root_volume(),
                 host_path("host-sys", "/sys", Some("Directory")),
                 host_path("var-log", "/var/log", Some("Directory")),
                 host_path("dev-log", "/dev/log", None),
@@ -169,27 +149,13 @@ pub(crate) fn vgpu_manager(
             ..PodSpec::default()
         };
         apply_host_paths(&mut pod, &inputs.host_paths);
-        let manager_env = spec
-            .driver_manager
-            .as_ref()
-            .and_then(|m| m.env.clone())
-            .unwrap_or_default();
-        configure_driver_manager(
+        apply_manager_sections(
             inputs,
             &mut pod,
             info.image_section,
             ImageSection::VgpuDriverManager,
-            &manager_env,
+            spec.driver_manager.as_ref(),
         );
-        add_pull_secrets(&mut pod, inputs.pull_secrets(info.image_section));
-        {
-            let ctr = &mut pod.containers[0];
-            apply_resources(ctr, settings.resources().as_ref());
-            if let Some(args) = settings.args() {
-                ctr.args = Some(args);
-            }
-            apply_env(ctr, settings.env());
-        }
         if let Some(name) = spec.kernel_module_config.as_ref().and_then(|c| c.get()) {
             let (mounts, volume) = config_map_files(
                 inputs,
@@ -223,7 +189,7 @@ pub(crate) fn vgpu_device_manager(
     inputs: &Inputs<'_>,
     info: &OperandInfo,
     objects: &mut Objects,
-) -> Result<Vec<OperandPod>, RenderError> {
+) -> OperandPods {
     let config = inputs
         .spec
         .vgpu_device_manager
@@ -258,48 +224,27 @@ pub(crate) fn vgpu_device_manager(
         volume_mounts: Some(vec![
             mount("vgpu-config", "/vgpu-config"),
             mount("host-sys", "/sys"),
-            mount_with(
-                HOST_ROOT_VOLUME,
-                "/host",
-                false,
-                Some(Propagation::HostToContainer),
-            ),
-            mount_with(
-                DRIVER_INSTALL_DIR_VOLUME,
-                "/driver-root",
-                false,
-                Some(Propagation::HostToContainer),
-            ),
+            host_root_mount(false),
+            driver_install_dir_mount("/driver-root"),
         ]),
         ..container(info.daemonset, &image)
     };
-    let mut spec = PodSpec {
+    let spec = PodSpec {
         service_account_name: Some(access(info.operand).account.to_owned()),
         init_containers: Some(status_file_waits(info, &validator)),
         containers: vec![manager],
         volumes: Some(vec![
             config_map_volume("vgpu-config", name, None, &[]),
             host_path("host-sys", "/sys", Some("Directory")),
-            host_path(HOST_ROOT_VOLUME, "/", None),
-            host_path(
-                DRIVER_INSTALL_DIR_VOLUME,
-                "/run/nvidia/driver",
-                Some("DirectoryOrCreate"),
-            ),
+            host_root_volume(),
+            driver_install_dir_volume(),
             validations_volume(),
         ]),
         ..PodSpec::default()
     };
-    apply_host_paths(&mut spec, &inputs.host_paths);
-    let mut pod = OperandPod::new(info, spec);
-    add_validator_pull_secrets(inputs, &mut pod);
-    add_pull_secrets(&mut pod.spec, inputs.pull_secrets(info.image_section));
+    let mut pod = validated_pod(inputs, info, spec);
     let ctr = &mut pod.spec.containers[0];
-    apply_resources(ctr, settings.resources().as_ref());
-    if let Some(args) = settings.args() {
-        ctr.args = Some(args);
-    }
-    apply_env(ctr, settings.env());
+    settings.apply_to(ctr);
     set_env(
         ctr,
         "DEFAULT_VGPU_CONFIG",
@@ -390,33 +335,24 @@ pub(crate) fn vfio_manager(inputs: &Inputs<'_>, info: &OperandInfo) -> Result<Op
         volumes: Some(vec![
             host_path("host-sys", "/sys", Some("Directory")),
             host_path("host-lib-modules", "/lib/modules", Some("Directory")),
-            host_path("run-nvidia", "/run/nvidia", Some("DirectoryOrCreate")),
-            host_path(HOST_ROOT_VOLUME, "/", None),
+            run_nvidia_volume(Some("DirectoryOrCreate")),
+            host_root_volume(),
         ]),
         ..PodSpec::default()
     };
     apply_host_paths(&mut spec, &inputs.host_paths);
-    let manager_env = inputs
+    let manager = inputs
         .spec
         .vfio_manager
         .as_ref()
-        .and_then(|m| m.driver_manager.as_ref())
-        .and_then(|m| m.env.clone())
-        .unwrap_or_default();
-    configure_driver_manager(
+        .and_then(|m| m.driver_manager.as_ref());
+    apply_manager_sections(
         inputs,
         &mut spec,
         info.image_section,
         ImageSection::VfioDriverManager,
-        &manager_env,
+        manager,
     );
-    add_pull_secrets(&mut spec, inputs.pull_secrets(info.image_section));
-    let ctr = &mut spec.containers[0];
-    apply_resources(ctr, settings.resources().as_ref());
-    if let Some(args) = settings.args() {
-        ctr.args = Some(args);
-    }
-    apply_env(ctr, settings.env());
     apply_host_network(&mut spec, settings.host_network());
     Ok(OperandPod::new(info, spec).selected_by(&[(NAME_SELECTOR, info.daemonset)]))
 }
@@ -461,25 +397,19 @@ fn workload_wait(inputs: &Inputs<'_>, validator: &PulledImage, name: &str, wait:
          if [ \"$(cat {dir}/workload-type)\" != \"{workload}\" ]; then echo {skipped} not needed, skipping validation; exit 0; fi; \
          until [ -f {dir}/{file} ]; do echo waiting for {waiting}; sleep 5; done;"
     );
-    let mut ctr = Container {
-        command: Some(vec!["sh".to_owned(), "-c".to_owned()]),
-        args: Some(vec![script]),
-        env: Some(vec![env("NVIDIA_VISIBLE_DEVICES", "void")]),
-        security_context: Some(privileged()),
-        volume_mounts: Some(vec![mount_with(
+    validator_init_container(
+        inputs,
+        validator,
+        name,
+        script,
+        vec![env("NVIDIA_VISIBLE_DEVICES", "void")],
+        vec![mount_with(
             VALIDATIONS_VOLUME,
             dir,
             false,
             Some(Propagation::HostToContainer),
-        )]),
-        ..container(name, validator)
-    };
-    apply_resources(
-        &mut ctr,
-        inputs.container(ImageSection::Validator).resources().as_ref(),
-    );
-    run_as_root(&mut ctr);
-    ctr
+        )],
+    )
 }
 
 /// The KubeVirt or Kata sandbox device plugin DaemonSet: advertises passthrough GPUs (and, for KubeVirt,
@@ -520,31 +450,23 @@ pub(crate) fn sandbox_device_plugin(
         mounts.push(mount("vfio", "/dev/vfio"));
         volumes.push(host_path("vfio", "/dev/vfio", None));
     }
-    mounts.push(mount("cdi-root", "/var/run/cdi"));
-    volumes.push(host_path("cdi-root", "/var/run/cdi", Some("DirectoryOrCreate")));
+    mounts.push(cdi_root_mount());
+    volumes.push(cdi_root_volume());
     let plugin = Container {
         env: Some(env_vars),
         security_context: Some(privileged()),
         volume_mounts: Some(mounts),
         ..container(&format!("{}-ctr", access(info.operand).account), &image)
     };
-    let mut spec = PodSpec {
+    let spec = PodSpec {
         service_account_name: Some(access(info.operand).account.to_owned()),
         init_containers: Some(init),
         containers: vec![plugin],
         volumes: Some(volumes),
         ..PodSpec::default()
     };
-    apply_host_paths(&mut spec, &inputs.host_paths);
-    let mut pod = OperandPod::new(info, spec);
-    add_validator_pull_secrets(inputs, &mut pod);
-    add_pull_secrets(&mut pod.spec, inputs.pull_secrets(info.image_section));
-    let ctr = &mut pod.spec.containers[0];
-    apply_resources(ctr, settings.resources().as_ref());
-    if let Some(args) = settings.args() {
-        ctr.args = Some(args);
-    }
-    apply_env(ctr, settings.env());
+    let mut pod = validated_pod(inputs, info, spec);
+    settings.apply_to(&mut pod.spec.containers[0]);
     apply_host_network(&mut pod.spec, settings.host_network());
     Ok(pod)
 }
@@ -562,7 +484,7 @@ pub(crate) fn cc_manager(inputs: &Inputs<'_>, info: &OperandInfo) -> Result<Oper
         resources: Some(small_resources()),
         volume_mounts: Some(vec![
             mount("host-sys", "/sys"),
-            mount("run-nvidia", "/run/nvidia"),
+            mount(RUN_NVIDIA_VOLUME, "/run/nvidia"),
         ]),
         security_context: Some(privileged_s0()),
         lifecycle: Some(pre_stop(&[
@@ -578,7 +500,7 @@ pub(crate) fn cc_manager(inputs: &Inputs<'_>, info: &OperandInfo) -> Result<Oper
         containers: vec![manager],
         volumes: Some(vec![
             host_path("host-sys", "/sys", Some("Directory")),
-            host_path("run-nvidia", "/run/nvidia", Some("DirectoryOrCreate")),
+            run_nvidia_volume(Some("DirectoryOrCreate")),
         ]),
         ..PodSpec::default()
     };
@@ -586,9 +508,7 @@ pub(crate) fn cc_manager(inputs: &Inputs<'_>, info: &OperandInfo) -> Result<Oper
     add_pull_secrets(&mut spec, inputs.pull_secrets(info.image_section));
     let ctr = &mut spec.containers[0];
     apply_resources(ctr, settings.resources().as_ref());
-    if let Some(args) = settings.args() {
-        ctr.args = Some(args);
-    }
+    settings.apply_args(ctr);
     if let Some(mode) = inputs
         .spec
         .cc_manager

@@ -21,25 +21,25 @@ use gpuop_api::labels::CDI_MANAGEMENT_GPU;
 use gpuop_api::{ImageSection, OperandInfo};
 use k8s_openapi::api::core::v1::{Container, PodSpec, Volume};
 
-use crate::daemonset::OperandPod;
-use crate::inputs::{Inputs, add_pull_secrets, apply_env, apply_host_network, apply_resources};
-use crate::manifest::{Objects, Owner};
+use crate::ContainerRuntime;
+use crate::inputs::{Inputs, apply_env, apply_host_network};
+use crate::manifest::Objects;
 use crate::operands::validator::{
     apply_driver_validation_env, driver_validation, toolkit_driver_validation_mounts,
 };
-use crate::operands::{add_validator_pull_secrets, config_map, container};
+use crate::operands::{Entrypoint, OperandPods, validated_pod};
 use crate::pod::{
-    DRIVER_INSTALL_DIR_VOLUME, HOST_DEV_CHAR_VOLUME, HOST_ROOT_VOLUME, Propagation, VALIDATIONS_VOLUME,
-    apply_host_paths, config_map_volume, env, env_value, field_env, host_path, mount, mount_with,
-    privileged_s0, set_env, validations_volume,
+    HOST_DEV_CHAR_VOLUME, VALIDATIONS_VOLUME, cdi_root_mount, cdi_root_volume, driver_install_dir_mount,
+    driver_install_dir_volume, env, env_value, field_env, host_path, host_root_mount, host_root_volume,
+    mount, privileged_s0, set_env, validations_volume,
 };
 use crate::rbac::access;
-use crate::{ContainerRuntime, RenderError};
 
 /// The entrypoint script.
-const ENTRYPOINT: &str = include_str!("scripts/toolkit-entrypoint.sh");
-/// Name of the ConfigMap holding it.
-const ENTRYPOINT_CONFIG_MAP: &str = "nvidia-container-toolkit-entrypoint";
+const ENTRYPOINT: Entrypoint = Entrypoint {
+    config_map: "nvidia-container-toolkit-entrypoint",
+    script: include_str!("scripts/toolkit-entrypoint.sh"),
+};
 /// The toolkit container's name.
 const TOOLKIT_CONTAINER: &str = "nvidia-container-toolkit-ctr";
 /// Where the runtime's top-level config directory is mounted in the container.
@@ -52,24 +52,11 @@ const SOCKET_DIR: &str = "/runtime/sock-dir/";
 const NRI_SOCKET_DIR: &str = "/runtime/nri-sock-dir/";
 
 /// Renders the entrypoint ConfigMap and returns the toolkit DaemonSet.
-pub(crate) fn render(
-    inputs: &Inputs<'_>,
-    info: &OperandInfo,
-    objects: &mut Objects,
-) -> Result<Vec<OperandPod>, RenderError> {
-    objects.push(
-        Owner::operand(info),
-        config_map(
-            ENTRYPOINT_CONFIG_MAP,
-            Some(info.daemonset),
-            &[("entrypoint.sh", ENTRYPOINT.to_owned())],
-        ),
-    );
+pub(crate) fn render(inputs: &Inputs<'_>, info: &OperandInfo, objects: &mut Objects) -> OperandPods {
+    ENTRYPOINT.push_config_map(objects, info);
     let validator = inputs.validator_image(info)?;
     let image = inputs.image(ImageSection::Toolkit, info)?;
     let toolkit = Container {
-        command: Some(vec!["/bin/sh".to_owned(), "-c".to_owned()]),
-        args: Some(vec!["/bin/entrypoint.sh".to_owned()]),
         env: Some(vec![
             env("ROOT", DEFAULT_TOOLKIT_INSTALL_DIR),
             env(
@@ -82,28 +69,18 @@ pub(crate) fn render(
         ]),
         security_context: Some(privileged_s0()),
         volume_mounts: Some(vec![
-            crate::pod::file_mount(ENTRYPOINT_CONFIG_MAP, "/bin/entrypoint.sh", "entrypoint.sh"),
+            ENTRYPOINT.mount(),
             mount("toolkit-root", "/run/nvidia/toolkit"),
             mount(VALIDATIONS_VOLUME, "/run/nvidia/validations"),
             mount("toolkit-install-dir", DEFAULT_TOOLKIT_INSTALL_DIR),
             mount("crio-hooks", "/usr/share/containers/oci/hooks.d"),
-            mount_with(
-                DRIVER_INSTALL_DIR_VOLUME,
-                "/driver-root",
-                false,
-                Some(Propagation::HostToContainer),
-            ),
-            mount_with(
-                HOST_ROOT_VOLUME,
-                "/host",
-                true,
-                Some(Propagation::HostToContainer),
-            ),
-            mount("cdi-root", "/var/run/cdi"),
+            driver_install_dir_mount("/driver-root"),
+            host_root_mount(true),
+            cdi_root_mount(),
         ]),
-        ..container(TOOLKIT_CONTAINER, &image)
+        ..ENTRYPOINT.container(TOOLKIT_CONTAINER, &image)
     };
-    let mut spec = PodSpec {
+    let spec = PodSpec {
         service_account_name: Some(access(info.operand).account.to_owned()),
         host_pid: Some(true),
         init_containers: Some(vec![driver_validation(
@@ -113,15 +90,11 @@ pub(crate) fn render(
         )]),
         containers: vec![toolkit],
         volumes: Some(vec![
-            config_map_volume(ENTRYPOINT_CONFIG_MAP, ENTRYPOINT_CONFIG_MAP, Some(0o700), &[]),
+            ENTRYPOINT.volume(),
             host_path("toolkit-root", "/run/nvidia/toolkit", Some("DirectoryOrCreate")),
             validations_volume(),
-            host_path(
-                DRIVER_INSTALL_DIR_VOLUME,
-                "/run/nvidia/driver",
-                Some("DirectoryOrCreate"),
-            ),
-            host_path(HOST_ROOT_VOLUME, "/", None),
+            driver_install_dir_volume(),
+            host_root_volume(),
             host_path("toolkit-install-dir", DEFAULT_TOOLKIT_INSTALL_DIR, None),
             // CRI-O reads OCI hooks from /usr/share/containers/oci/hooks.d; NVIDIA keeps /run/... for
             // other runtimes (OpenShift's CRI-O reads it).
@@ -135,21 +108,15 @@ pub(crate) fn render(
                 None,
             ),
             host_path(HOST_DEV_CHAR_VOLUME, "/dev/char", None),
-            host_path("cdi-root", "/var/run/cdi", Some("DirectoryOrCreate")),
+            cdi_root_volume(),
         ]),
         ..PodSpec::default()
     };
-    apply_host_paths(&mut spec, &inputs.host_paths);
-    apply_driver_validation_env(inputs, &mut spec);
-    let mut pod = OperandPod::new(info, spec);
-    add_validator_pull_secrets(inputs, &mut pod);
-    add_pull_secrets(&mut pod.spec, inputs.pull_secrets(ImageSection::Toolkit));
+    let mut pod = validated_pod(inputs, info, spec);
+    apply_driver_validation_env(inputs, &mut pod.spec);
 
     let settings = inputs.container(ImageSection::Toolkit);
-    let resources = settings.resources();
-    for ctr in &mut pod.spec.containers {
-        apply_resources(ctr, resources.as_ref());
-    }
+    settings.apply_resources_to_containers(&mut pod.spec);
     let mut volumes = Vec::new();
     {
         let ctr = &mut pod.spec.containers[0];

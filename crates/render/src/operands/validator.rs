@@ -13,16 +13,18 @@
 use gpuop_api::cluster_policy::ValidationEnv;
 use gpuop_api::component::EnvVar as PolicyEnvVar;
 use gpuop_api::{ImageSection, OperandInfo};
-use k8s_openapi::api::core::v1::{Container, ExecAction, Lifecycle, LifecycleHandler, PodSpec, VolumeMount};
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, ExecAction, Lifecycle, LifecycleHandler, PodSpec, Volume, VolumeMount,
+};
 
 use crate::RenderError;
 use crate::daemonset::OperandPod;
 use crate::inputs::{Inputs, PulledImage, add_pull_secrets, apply_env, apply_host_network, apply_resources};
 use crate::operands::container;
 use crate::pod::{
-    DRIVER_INSTALL_DIR_VOLUME, HOST_DEV_CHAR_VOLUME, HOST_ROOT_VOLUME, Propagation, VALIDATIONS_VOLUME,
-    apply_host_paths, env, field_env, host_path, mount, mount_with, privileged, privileged_s0, run_as_root,
-    set_env, validations_volume,
+    DRIVER_INSTALL_DIR_VOLUME, HOST_DEV_CHAR_VOLUME, Propagation, VALIDATIONS_VOLUME, apply_host_paths,
+    driver_install_dir_mount, env, field_env, host_path, host_root_mount, host_root_volume, mount,
+    mount_with, privileged, privileged_s0, run_as_root, set_env, validations_volume,
 };
 use crate::rbac::access;
 
@@ -46,12 +48,25 @@ fn validation(
     inputs: &Inputs<'_>,
     image: &PulledImage,
     name: &str,
-    vars: Vec<k8s_openapi::api::core::v1::EnvVar>,
+    vars: Vec<EnvVar>,
+    mounts: Vec<VolumeMount>,
+) -> Container {
+    validator_init_container(inputs, image, name, "nvidia-validator".to_owned(), vars, mounts)
+}
+
+/// An init container of the validator image that runs a shell command, as root with the validator's
+/// resources.
+pub(crate) fn validator_init_container(
+    inputs: &Inputs<'_>,
+    image: &PulledImage,
+    name: &str,
+    command: String,
+    vars: Vec<EnvVar>,
     mounts: Vec<VolumeMount>,
 ) -> Container {
     let mut ctr = Container {
         command: Some(vec!["sh".to_owned(), "-c".to_owned()]),
-        args: Some(vec!["nvidia-validator".to_owned()]),
+        args: Some(vec![command]),
         env: Some(vars),
         security_context: Some(privileged()),
         volume_mounts: Some(mounts),
@@ -71,24 +86,6 @@ fn validations_mount() -> VolumeMount {
         "/run/nvidia/validations",
         false,
         Some(Propagation::Bidirectional),
-    )
-}
-
-fn host_root_mount() -> VolumeMount {
-    mount_with(
-        HOST_ROOT_VOLUME,
-        "/host",
-        true,
-        Some(Propagation::HostToContainer),
-    )
-}
-
-fn driver_install_dir_mount() -> VolumeMount {
-    mount_with(
-        DRIVER_INSTALL_DIR_VOLUME,
-        "/run/nvidia/driver",
-        false,
-        Some(Propagation::HostToContainer),
     )
 }
 
@@ -118,9 +115,9 @@ pub(crate) fn driver_validation(
 /// Mounts of the driver step in the container toolkit's pod.
 pub(crate) fn toolkit_driver_validation_mounts() -> Vec<VolumeMount> {
     vec![
-        driver_install_dir_mount(),
+        driver_install_dir_mount("/run/nvidia/driver"),
         validations_mount(),
-        host_root_mount(),
+        host_root_mount(true),
         mount(HOST_DEV_CHAR_VOLUME, "/host-dev-char"),
     ]
 }
@@ -160,19 +157,35 @@ fn sleeper(image: &PulledImage, name: &str, cleanup: &str) -> Container {
     }
 }
 
-/// The settings of `spec.validator` every validator DaemonSet's main container takes.
-fn apply_validator_section(inputs: &Inputs<'_>, pod: &mut PodSpec) {
+/// A validator DaemonSet's pod, with the `hostPaths` rewrites and the settings of `spec.validator` its main
+/// container and the pod take.
+fn validator_pod(
+    inputs: &Inputs<'_>,
+    info: &OperandInfo,
+    init: Vec<Container>,
+    main: Container,
+    volumes: Vec<Volume>,
+) -> OperandPod {
+    let mut spec = PodSpec {
+        service_account_name: Some(access(info.operand).account.to_owned()),
+        init_containers: Some(init),
+        containers: vec![main],
+        volumes: Some(volumes),
+        ..PodSpec::default()
+    };
+    apply_host_paths(&mut spec, &inputs.host_paths);
     let settings = inputs.container(ImageSection::Validator);
-    add_pull_secrets(pod, inputs.pull_secrets(ImageSection::Validator));
-    for ctr in &mut pod.containers {
-        apply_resources(ctr, settings.resources().as_ref());
-    }
-    let main = &mut pod.containers[0];
-    if let Some(args) = settings.args() {
-        main.args = Some(args);
-    }
+    add_pull_secrets(&mut spec, inputs.pull_secrets(ImageSection::Validator));
+    settings.apply_resources_to_containers(&mut spec);
+    let main = &mut spec.containers[0];
+    settings.apply_args(main);
     apply_env(main, settings.env());
     run_as_root(main);
+    apply_host_network(&mut spec, settings.host_network());
+    OperandPod::new(info, spec).selected_by(&[
+        ("app", info.daemonset),
+        ("app.kubernetes.io/part-of", "gpu-operator"),
+    ])
 }
 
 /// Tells the validator which image, pull policy, secrets and RuntimeClass its workload pods (CUDA, plugin)
@@ -196,8 +209,8 @@ pub(crate) fn operator_validator(inputs: &Inputs<'_>, info: &OperandInfo) -> Res
         inputs,
         &image,
         vec![
-            host_root_mount(),
-            driver_install_dir_mount(),
+            host_root_mount(true),
+            driver_install_dir_mount("/run/nvidia/driver"),
             validations_mount(),
             mount(HOST_DEV_CHAR_VOLUME, "/host-dev-char"),
         ],
@@ -241,28 +254,18 @@ pub(crate) fn operator_validator(inputs: &Inputs<'_>, info: &OperandInfo) -> Res
             vec![validations_mount()],
         ));
     }
-    let mut spec = PodSpec {
-        service_account_name: Some(access(info.operand).account.to_owned()),
-        init_containers: Some(init),
-        containers: vec![sleeper(
-            &image,
-            "nvidia-operator-validator",
-            "rm -f /run/nvidia/validations/*-ready",
-        )],
-        volumes: Some(vec![
-            validations_volume(),
-            host_path(DRIVER_INSTALL_DIR_VOLUME, "/run/nvidia/driver", None),
-            host_path(HOST_ROOT_VOLUME, "/", None),
-            host_path(HOST_DEV_CHAR_VOLUME, "/dev/char", None),
-        ]),
-        ..PodSpec::default()
-    };
-    apply_host_paths(&mut spec, &inputs.host_paths);
-    apply_validator_section(inputs, &mut spec);
-    let mut pod = OperandPod::new(info, spec).selected_by(&[
-        ("app", info.daemonset),
-        ("app.kubernetes.io/part-of", "gpu-operator"),
-    ]);
+    let main = sleeper(
+        &image,
+        "nvidia-operator-validator",
+        "rm -f /run/nvidia/validations/*-ready",
+    );
+    let volumes = vec![
+        validations_volume(),
+        host_path(DRIVER_INSTALL_DIR_VOLUME, "/run/nvidia/driver", None),
+        host_root_volume(),
+        host_path(HOST_DEV_CHAR_VOLUME, "/dev/char", None),
+    ];
+    let mut pod = validator_pod(inputs, info, init, main, volumes);
     inputs.gpu_access(&mut pod, "toolkit-validation");
     for ctr in pod.spec.init_containers.iter_mut().flatten() {
         match ctr.name.as_str() {
@@ -279,10 +282,6 @@ pub(crate) fn operator_validator(inputs: &Inputs<'_>, info: &OperandInfo) -> Res
             _ => {}
         }
     }
-    apply_host_network(
-        &mut pod.spec,
-        inputs.container(ImageSection::Validator).host_network(),
-    );
     Ok(pod)
 }
 
@@ -316,7 +315,7 @@ pub(crate) fn sandbox_validator(inputs: &Inputs<'_>, info: &OperandInfo) -> Resu
         &image,
         "vfio-pci-validation",
         waiting("vfio-pci"),
-        vec![host_root_mount(), validations_mount()],
+        vec![host_root_mount(true), validations_mount()],
     );
     vfio.security_context = Some(privileged_s0());
     run_as_root(&mut vfio);
@@ -327,7 +326,7 @@ pub(crate) fn sandbox_validator(inputs: &Inputs<'_>, info: &OperandInfo) -> Resu
         "vgpu-manager-validation",
         waiting("vgpu-manager"),
         vec![
-            host_root_mount(),
+            host_root_mount(true),
             mount_with(
                 "driver-install-path",
                 "/run/nvidia/driver",
@@ -347,25 +346,19 @@ pub(crate) fn sandbox_validator(inputs: &Inputs<'_>, info: &OperandInfo) -> Resu
         waiting("vgpu-devices"),
         vec![validations_mount()],
     ));
-    let mut spec = PodSpec {
-        service_account_name: Some(access(info.operand).account.to_owned()),
-        init_containers: Some(init),
-        containers: vec![sleeper(
-            &image,
-            "nvidia-sandbox-validator",
-            "rm -f /run/nvidia/validations/*",
-        )],
-        volumes: Some(vec![
-            validations_volume(),
-            host_path("driver-install-path", "/run/nvidia/driver", None),
-            host_path(HOST_ROOT_VOLUME, "/", None),
-        ]),
-        ..PodSpec::default()
-    };
-    apply_host_paths(&mut spec, &inputs.host_paths);
-    apply_validator_section(inputs, &mut spec);
+    let main = sleeper(
+        &image,
+        "nvidia-sandbox-validator",
+        "rm -f /run/nvidia/validations/*",
+    );
+    let volumes = vec![
+        validations_volume(),
+        host_path("driver-install-path", "/run/nvidia/driver", None),
+        host_root_volume(),
+    ];
+    let mut pod = validator_pod(inputs, info, init, main, volumes);
     let default_workload = inputs.spec.default_workload();
-    for ctr in spec.init_containers.iter_mut().flatten() {
+    for ctr in pod.spec.init_containers.iter_mut().flatten() {
         let vars = match ctr.name.as_str() {
             "vfio-pci-validation" => component_env(inputs, |v| &v.vfio_pci),
             "vgpu-manager-validation" => component_env(inputs, |v| &v.vgpu_manager),
@@ -375,12 +368,5 @@ pub(crate) fn sandbox_validator(inputs: &Inputs<'_>, info: &OperandInfo) -> Resu
         set_env(ctr, "DEFAULT_GPU_WORKLOAD_CONFIG", default_workload);
         apply_env(ctr, &vars);
     }
-    apply_host_network(
-        &mut spec,
-        inputs.container(ImageSection::Validator).host_network(),
-    );
-    Ok(OperandPod::new(info, spec).selected_by(&[
-        ("app", info.daemonset),
-        ("app.kubernetes.io/part-of", "gpu-operator"),
-    ]))
+    Ok(pod)
 }

@@ -642,8 +642,8 @@ mod tests {
     use super::*;
     use gpuop_api::Operand;
     use gpuop_api::status::OperandStatus;
-    use k8s_openapi::api::core::v1::{NodeSpec, PodSpec, PodTemplateSpec, Taint, Toleration};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta};
+    use gpuop_testkit::fixture;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
     use serde_json::json;
 
     fn secs(s: f64) -> Duration {
@@ -811,58 +811,21 @@ mod tests {
     }
 
     fn gpu_node(name: &str, taint: Option<&str>) -> Node {
-        Node {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                labels: Some([("gpu".to_owned(), "true".to_owned())].into()),
-                ..ObjectMeta::default()
-            },
-            spec: Some(NodeSpec {
-                taints: taint.map(|key| {
-                    vec![Taint {
-                        key: key.into(),
-                        effect: "NoSchedule".into(),
-                        ..Taint::default()
-                    }]
-                }),
-                ..NodeSpec::default()
-            }),
-            ..Node::default()
-        }
+        fixture::node(name)
+            .labels(&[("gpu", "true")])
+            .no_schedule(taint)
+            .build()
     }
 
     fn daemonset(name: &str, component: &str, tolerates: Option<&str>) -> DaemonSet {
-        DaemonSet {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                labels: Some(
-                    [
-                        (MANAGED_BY.to_owned(), MANAGED_BY_VALUE.to_owned()),
-                        (COMPONENT.to_owned(), component.to_owned()),
-                    ]
-                    .into(),
-                ),
-                ..ObjectMeta::default()
-            },
-            spec: Some(k8s_openapi::api::apps::v1::DaemonSetSpec {
-                template: PodTemplateSpec {
-                    spec: Some(PodSpec {
-                        node_selector: Some([("gpu".to_owned(), "true".to_owned())].into()),
-                        tolerations: tolerates.map(|key| {
-                            vec![Toleration {
-                                key: Some(key.into()),
-                                operator: Some("Exists".into()),
-                                ..Toleration::default()
-                            }]
-                        }),
-                        ..PodSpec::default()
-                    }),
-                    ..PodTemplateSpec::default()
-                },
-                ..Default::default()
-            }),
-            status: None,
+        let daemonset = fixture::daemonset(name)
+            .labels(&[(MANAGED_BY, MANAGED_BY_VALUE), (COMPONENT, component)])
+            .node_selector(&[("gpu", "true")]);
+        match tolerates {
+            Some(key) => daemonset.tolerate(key),
+            None => daemonset,
         }
+        .build()
     }
 
     #[test]
@@ -929,13 +892,7 @@ mod tests {
     }
 
     fn labelled(node: &str, labels: &[(&str, &str)], manager_of: Option<(&str, &str)>) -> Node {
-        let mut node = gpu_node(node, None);
-        node.metadata.labels = Some(
-            labels
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-        );
+        let mut node = fixture::node(node).labels(labels).build();
         node.metadata.managed_fields = manager_of.map(|(manager, key)| {
             vec![ManagedFieldsEntry {
                 manager: Some(manager.into()),

@@ -1,7 +1,7 @@
 //! `gpu-sim serve` (or `up`) as a child process with its own kubeconfig, shared by the tests that drive it
 //! with real command-line tools (kubectl, helm).
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
@@ -21,6 +21,29 @@ pub(crate) fn testdata(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/testdata")
         .join(name)
+}
+
+/// The stdout of `tool` run with `args`, failing the test with both its streams if it failed.
+pub(crate) fn succeeded(tool: &str, args: &[&str], output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "{tool} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The first line `output` gives, newline and all, sent once read by a thread of its own (so that the
+/// caller can stop waiting for it).
+pub(crate) fn first_line(output: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(output).read_line(&mut line);
+        let _ = sender.send(line);
+    });
+    receiver
 }
 
 /// How long a test waits for what it expects before failing: a guard against hanging, not a timing.
@@ -121,13 +144,7 @@ impl Cluster {
             .spawn()
             .expect("gpu-sim starts");
         let stdout = server.stdout.take().expect("stdout");
-        let (sender, receiver) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = sender.send(line);
-        });
-        let url = receiver
+        let url = first_line(stdout)
             .recv_timeout(Duration::from_secs(30))
             .expect("gpu-sim prints its address");
         assert!(
@@ -172,14 +189,7 @@ impl Cluster {
 
     /// Runs kubectl and returns its stdout, failing the test if it fails.
     pub(crate) fn ok(&self, args: &[&str]) -> String {
-        let output = self.run(args);
-        assert!(
-            output.status.success(),
-            "kubectl {args:?} failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
+        succeeded("kubectl", args, &self.run(args))
     }
 
     pub(crate) fn json(&self, args: &[&str]) -> Value {

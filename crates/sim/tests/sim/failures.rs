@@ -10,7 +10,7 @@ use gpuop_api::labels::DEPLOY_PREFIX;
 use gpuop_api::status::{CONDITION_ERROR, State};
 use gpuop_fakeserver::{Authorization, FakeServer};
 use gpuop_operator::run::{self, Config, Running};
-use gpuop_sim::cluster_spec::{ClusterSpec, NodePool};
+use gpuop_sim::cluster_spec::ClusterSpec;
 use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE, apply_policy, install};
 use gpuop_sim::hardware::GpuModel;
 use gpuop_sim::kubelet::Timing;
@@ -32,11 +32,15 @@ struct Setup {
     operator: Running,
 }
 
+/// The node every test's cluster has: one T4 node, `gpu-0`.
+const NODE: &str = "gpu-0";
+
 impl Setup {
-    async fn start(admin: Client, operator: Client, pools: Vec<NodePool>) -> Self {
+    /// The one-node cluster ([`NODE`]) simulated as `admin`, and the operator running as `operator`.
+    async fn start(admin: Client, operator: Client) -> Self {
         let spec = ClusterSpec {
             nfd: true,
-            node_pools: pools,
+            node_pools: vec![pool("gpu", 1, Some(GpuModel::T4))],
             workloads: Vec::new(),
         };
         let simulation = Simulation::start(admin.clone(), spec, Timing::instant())
@@ -54,9 +58,52 @@ impl Setup {
         }
     }
 
+    /// The cluster on an RBAC-enforcing server with the default policy applied, its operator allowed what
+    /// [`operator_allowed`] allows for `read_only` and `hidden`; returns the policy's name too.
+    async fn restricted(read_only: &[&str], hidden: &[&str]) -> (Self, String) {
+        let server = FakeServer::builder().authorization(Authorization::Rbac).build();
+        let admin = server.client_as(gpuop_sim::USER_AGENT);
+        install(&admin).await.expect("CRDs and namespace install");
+        let operator = operator_allowed(&server, &admin, read_only, hidden).await;
+        let setup = Self::start(admin.clone(), operator).await;
+        let name = apply_policy(&admin, DEFAULT_POLICY)
+            .await
+            .expect("policy applies");
+        (setup, name)
+    }
+
     async fn stop(self) {
         self.operator.stop().await;
         self.simulation.stop().await;
+    }
+
+    /// The status line and body of the operator's `/readyz`.
+    async fn readyz(&self) -> Result<(String, String), String> {
+        http_get(self.health(), "/readyz").await
+    }
+
+    /// What a user sees of `policy`: its state and Error condition, and the operands on [`NODE`].
+    async fn shown(&self, policy: &str) -> Result<Shown, String> {
+        let policy = self.policy(policy).await?;
+        Ok(Shown {
+            state: policy.status.as_ref().map(|s| s.state),
+            error: error_condition(&policy).ok_or("no Error condition yet")?.clone(),
+            operands: self.operands_on(NODE).await?,
+        })
+    }
+
+    /// Waits until what `policy` shows is `reported`.
+    async fn until_reported(&self, policy: &str, reported: Reported<'_>) {
+        until(&format!("{reported:?}"), || async {
+            let shown = self.shown(policy).await?;
+            let readyz = self.readyz().await?;
+            if reported.is_shown(&shown, &readyz) {
+                Ok(())
+            } else {
+                Err(format!("{shown:?}, /readyz {readyz:?}"))
+            }
+        })
+        .await;
     }
 
     fn health(&self) -> SocketAddr {
@@ -86,6 +133,75 @@ impl Setup {
     }
 }
 
+/// What [`Setup::shown`] shows.
+#[derive(Debug)]
+struct Shown {
+    state: Option<State>,
+    error: Condition,
+    operands: BTreeSet<String>,
+}
+
+/// A failure a test waits to see reported: the policy's Error condition, and what else shows it or works
+/// all the same.
+#[derive(Debug)]
+struct Reported<'a> {
+    /// The Error condition's reason, when it is True.
+    reason: &'a str,
+    /// What its message names.
+    names: &'a str,
+    state: Option<State>,
+    /// Operands that run on [`NODE`] all the same.
+    running: Vec<&'a str>,
+    /// What `/readyz`, answering 503, names.
+    readyz: Option<&'a str>,
+}
+
+impl<'a> Reported<'a> {
+    /// An Error condition that is True for `reason`, its message naming `names`.
+    fn error(reason: &'a str, names: &'a str) -> Self {
+        Self {
+            reason,
+            names,
+            state: None,
+            running: Vec::new(),
+            readyz: None,
+        }
+    }
+
+    /// The policy in `state` as well.
+    fn in_state(mut self, state: State) -> Self {
+        self.state = Some(state);
+        self
+    }
+
+    /// `operand` running on [`NODE`] all the same.
+    fn running(mut self, operand: &'a str) -> Self {
+        self.running.push(operand);
+        self
+    }
+
+    /// `/readyz` answering 503 and naming `names`.
+    fn on_readyz(mut self, names: &'a str) -> Self {
+        self.readyz = Some(names);
+        self
+    }
+
+    fn is_shown(&self, shown: &Shown, (status, body): &(String, String)) -> bool {
+        let error = &shown.error;
+        error.status == "True"
+            && error.reason == self.reason
+            && error.message.contains(self.names)
+            && self.state.is_none_or(|state| shown.state == Some(state))
+            && self
+                .running
+                .iter()
+                .all(|operand| shown.operands.contains(*operand))
+            && self
+                .readyz
+                .is_none_or(|names| status.contains("503") && body.contains(names))
+    }
+}
+
 fn error_condition(policy: &ClusterPolicy) -> Option<&Condition> {
     policy
         .status
@@ -96,8 +212,8 @@ fn error_condition(policy: &ClusterPolicy) -> Option<&Condition> {
         .find(|c| c.type_ == CONDITION_ERROR)
 }
 
-/// The status line and body of a GET.
-async fn http_get(address: SocketAddr, path: &'static str) -> Result<(String, String), String> {
+/// The status line and body of a GET of `path` on a plain HTTP endpoint.
+pub(crate) async fn http_get(address: SocketAddr, path: &'static str) -> Result<(String, String), String> {
     tokio::task::spawn_blocking(move || {
         use std::io::{Read, Write};
         let mut stream = std::net::TcpStream::connect(address).map_err(|e| e.to_string())?;
@@ -225,95 +341,37 @@ async fn operator_allowed(
 
 #[tokio::test]
 async fn a_refused_write_is_in_the_status_and_the_states_that_do_not_need_it_are_applied() {
-    let server = FakeServer::builder().authorization(Authorization::Rbac).build();
-    let admin = server.client_as(gpuop_sim::USER_AGENT);
-    install(&admin).await.expect("CRDs and namespace install");
     // The operator may do everything but write Services: the DCGM exporter's Service is refused.
-    let operator = operator_allowed(&server, &admin, &["services"], &[]).await;
-    let setup = Setup::start(admin.clone(), operator, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
-    let name = apply_policy(&admin, DEFAULT_POLICY)
-        .await
-        .expect("policy applies");
-    let node = "gpu-0";
-    until(
-        "the refusal is in the status and feature discovery runs anyway",
-        || async {
-            let policy = setup.policy(&name).await?;
-            let error = error_condition(&policy).ok_or("no Error condition yet")?;
-            let operands = setup.operands_on(node).await?;
-            let state = policy.status.as_ref().map(|s| s.state);
-            if error.status == "True"
-                && error.reason == "Forbidden"
-                && error
-                    .message
-                    .contains("Service gpu-operator/nvidia-dcgm-exporter")
-                && state == Some(State::NotReady)
-                && operands.contains("gpu-feature-discovery")
-                && operands.contains("device-plugin")
-            {
-                Ok(())
-            } else {
-                Err(format!(
-                    "state {state:?}, Error condition {error:?}, operands on {node}: {operands:?}"
-                ))
-            }
-        },
-    )
-    .await;
+    let (setup, name) = Setup::restricted(&["services"], &[]).await;
+    // The refusal is in the status, and feature discovery runs anyway.
+    let reported = Reported::error("Forbidden", "Service gpu-operator/nvidia-dcgm-exporter")
+        .in_state(State::NotReady)
+        .running("gpu-feature-discovery")
+        .running("device-plugin");
+    setup.until_reported(&name, reported).await;
     setup.stop().await;
 }
 
 #[tokio::test]
 async fn a_forbidden_list_is_reported_per_resource_and_its_kind_is_not_written() {
     // RuntimeClasses may be written but not listed or watched.
-    let server = FakeServer::builder().authorization(Authorization::Rbac).build();
-    let admin = server.client_as(gpuop_sim::USER_AGENT);
-    install(&admin).await.expect("CRDs and namespace install");
-    let operator = operator_allowed(&server, &admin, &[], &["runtimeclasses"]).await;
-    let setup = Setup::start(admin.clone(), operator, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
-    let name = apply_policy(&admin, DEFAULT_POLICY)
-        .await
-        .expect("policy applies");
-    until(
-        "the forbidden resource is named in the status and on /readyz, the driver runs",
-        || async {
-            let policy = setup.policy(&name).await?;
-            let error = error_condition(&policy).ok_or("no Error condition yet")?;
-            let operands = setup.operands_on("gpu-0").await?;
-            let (status, body) = http_get(setup.health(), "/readyz").await?;
-            if error.status == "True"
-                && error.reason == "Forbidden"
-                && error
-                    .message
-                    .contains("cannot watch runtimeclasses.node.k8s.io (Forbidden)")
-                && operands.contains("driver")
-                && status.contains("503")
-                && body.contains("runtimeclasses.node.k8s.io: Forbidden")
-            {
-                Ok(())
-            } else {
-                Err(format!(
-                    "Error condition {error:?}, operands {operands:?}, /readyz {status}: {body}"
-                ))
-            }
-        },
-    )
-    .await;
+    let (setup, name) = Setup::restricted(&[], &["runtimeclasses"]).await;
+    // The forbidden resource is named in the status and on /readyz, the driver runs.
+    let reported = Reported::error("Forbidden", "cannot watch runtimeclasses.node.k8s.io (Forbidden)")
+        .running("driver")
+        .on_readyz("runtimeclasses.node.k8s.io: Forbidden");
+    setup.until_reported(&name, reported).await;
     // The pass that wrote this status made its writes before it: none was a RuntimeClass.
     let runtime_classes: Api<DynamicObject> = Api::all_with(
-        admin.clone(),
+        setup.admin.clone(),
         &ApiResource::from_gvk(&GroupVersionKind::gvk("node.k8s.io", "v1", "RuntimeClass")),
     );
-    let written = runtime_classes
-        .list(&ListParams::default())
-        .await
-        .expect("runtime classes list")
-        .items;
-    assert!(
-        written.is_empty(),
-        "a kind the operator cannot watch is not written: {:?}",
-        written.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
-    );
+    assert_none(
+        &runtime_classes,
+        &ListParams::default(),
+        "a kind the operator cannot watch is not written",
+    )
+    .await;
     setup.stop().await;
 }
 
@@ -322,14 +380,7 @@ async fn a_missing_crd_is_reported_and_everything_else_keeps_working_until_it_is
     let server = FakeServer::new();
     let admin = server.client_as(gpuop_sim::USER_AGENT);
     // Only the ClusterPolicy CRD: the NVIDIADriver one is missing.
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    crds.patch(
-        "clusterpolicies.nvidia.com",
-        &PatchParams::apply("test").force(),
-        &Patch::Apply(gpuop_api::crd::cluster_policy_crd()),
-    )
-    .await
-    .expect("ClusterPolicy CRD installs");
+    apply_crd(&admin, gpuop_api::crd::cluster_policy_crd()).await;
     Api::<Namespace>::all(admin.clone())
         .create(
             &PostParams::default(),
@@ -337,47 +388,22 @@ async fn a_missing_crd_is_reported_and_everything_else_keeps_working_until_it_is
         )
         .await
         .expect("namespace created");
-    let operator = server.client_as(gpuop_operator::USER_AGENT);
-    let setup = Setup::start(admin.clone(), operator, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+    let setup = Setup::start(admin.clone(), server.client_as(gpuop_operator::USER_AGENT)).await;
     let name = apply_policy(&admin, DEFAULT_POLICY)
         .await
         .expect("policy applies");
-    until(
-        "the operands run, the policy names the missing CRD, /readyz too",
-        || async {
-            let policy = setup.policy(&name).await?;
-            let error = error_condition(&policy).ok_or("no Error condition yet")?;
-            let operands = setup.operands_on("gpu-0").await?;
-            let (status, body) = http_get(setup.health(), "/readyz").await?;
-            if error.status == "True"
-                && error.reason == "NotFound"
-                && error.message.contains("nvidiadrivers.nvidia.com")
-                && operands.contains("device-plugin")
-                && status.contains("503")
-                && body.contains("nvidiadrivers.nvidia.com: NotFound")
-            {
-                Ok(())
-            } else {
-                Err(format!(
-                    "Error condition {error:?}, operands {operands:?}, /readyz {status}: {body}"
-                ))
-            }
-        },
-    )
-    .await;
-    crds.patch(
-        "nvidiadrivers.nvidia.com",
-        &PatchParams::apply("test").force(),
-        &Patch::Apply(gpuop_api::crd::nvidia_driver_crd()),
-    )
-    .await
-    .expect("NVIDIADriver CRD installs");
+    // The operands run, the policy names the missing CRD, /readyz too.
+    let reported = Reported::error("NotFound", "nvidiadrivers.nvidia.com")
+        .running("device-plugin")
+        .on_readyz("nvidiadrivers.nvidia.com: NotFound");
+    setup.until_reported(&name, reported).await;
+    apply_crd(&admin, gpuop_api::crd::nvidia_driver_crd()).await;
     until(
         "once the CRD is there, the operator is ready and the error is gone",
         || async {
             let policy = setup.policy(&name).await?;
             let error = error_condition(&policy).ok_or("no Error condition")?;
-            let (status, body) = http_get(setup.health(), "/readyz").await?;
+            let (status, body) = setup.readyz().await?;
             if error.status == "False" && status.contains("200") && body.starts_with("ok") {
                 Ok(())
             } else {
@@ -389,35 +415,65 @@ async fn a_missing_crd_is_reported_and_everything_else_keeps_working_until_it_is
     setup.stop().await;
 }
 
-/// Installs a ClusterPolicy CRD whose schema does not check the spec (as one of another version or vendor
-/// may not), so that the API server stores what the operator's types cannot decode; returns an API for
-/// ClusterPolicies as plain objects.
-async fn loose_policies(admin: &Client) -> Api<DynamicObject> {
+/// Applies `crd` as the test's field manager.
+async fn apply_crd(admin: &Client, crd: CustomResourceDefinition) {
+    Api::<CustomResourceDefinition>::all(admin.clone())
+        .patch(
+            &crd.name_any(),
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("CRD {} applies: {e}", crd.name_any()));
+}
+
+/// Asserts that `api` lists nothing for `params`, naming what it found otherwise.
+async fn assert_none<K>(api: &Api<K>, params: &ListParams, why: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let found = api.list(params).await.expect("lists").items;
+    assert!(
+        found.is_empty(),
+        "{why}: {:?}",
+        found.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
+    );
+}
+
+/// The Error condition of a status read as plain JSON (null when there is none).
+fn error_condition_of(status: &serde_json::Value) -> serde_json::Value {
+    status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == CONDITION_ERROR)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// A fake server with the CRDs and namespace installed, but a ClusterPolicy CRD whose schema does not check
+/// the spec (as one of another version or vendor may not), so that it stores what the operator's types
+/// cannot decode; returns the server, its admin, and an API for ClusterPolicies as plain objects.
+async fn with_loose_policies() -> (FakeServer, Client, Api<DynamicObject>) {
+    let server = FakeServer::new();
+    let admin = server.client_as(gpuop_sim::USER_AGENT);
+    install(&admin).await.expect("CRDs and namespace install");
     let mut crd = serde_json::to_value(gpuop_api::crd::cluster_policy_crd()).expect("CRD serializes");
     for version in crd["spec"]["versions"].as_array_mut().expect("versions") {
         version["schema"]["openAPIV3Schema"]["properties"]["spec"] =
             json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
     }
-    Api::<CustomResourceDefinition>::all(admin.clone())
-        .patch(
-            "clusterpolicies.nvidia.com",
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .expect("the looser CRD applies");
-    Api::all_with(
+    apply_crd(&admin, serde_json::from_value(crd).expect("a CRD")).await;
+    let policies = Api::all_with(
         admin.clone(),
         &ApiResource::from_gvk(&GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy")),
-    )
+    );
+    (server, admin, policies)
 }
 
 #[tokio::test]
 async fn a_policy_that_does_not_decode_is_reported_on_itself_and_the_other_is_served() {
-    let server = FakeServer::new();
-    let admin = server.client_as(gpuop_sim::USER_AGENT);
-    install(&admin).await.expect("CRDs and namespace install");
-    let policies = loose_policies(&admin).await;
+    let (server, admin, policies) = with_loose_policies().await;
     let name = apply_policy(&admin, DEFAULT_POLICY)
         .await
         .expect("policy applies");
@@ -447,22 +503,15 @@ async fn a_policy_that_does_not_decode_is_reported_on_itself_and_the_other_is_se
         .create(&PostParams::default(), &foreign)
         .await
         .expect("config map created");
-    let operator = server.client_as(gpuop_operator::USER_AGENT);
-    let setup = Setup::start(admin.clone(), operator, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+    let setup = Setup::start(admin.clone(), server.client_as(gpuop_operator::USER_AGENT)).await;
     until(
         "the readable policy is served and the other says why it is not",
         || async {
             let active = setup.policy(&name).await?;
             let other = policies.get("zz-unreadable").await.map_err(|e| e.to_string())?;
             let status = &other.data["status"];
-            let error = status["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|c| c["type"] == CONDITION_ERROR)
-                .cloned()
-                .unwrap_or_default();
-            let operands = setup.operands_on("gpu-0").await?;
+            let error = error_condition_of(status);
+            let operands = setup.operands_on(NODE).await?;
             let state = active.status.as_ref().map(|s| s.state);
             if state == Some(State::Ready)
                 && operands.contains("device-plugin")
@@ -495,10 +544,7 @@ async fn a_policy_that_does_not_decode_is_reported_on_itself_and_the_other_is_se
 
 #[tokio::test]
 async fn an_active_policy_that_does_not_decode_is_reported_and_nothing_is_applied() {
-    let server = FakeServer::new();
-    let admin = server.client_as(gpuop_sim::USER_AGENT);
-    install(&admin).await.expect("CRDs and namespace install");
-    let policies = loose_policies(&admin).await;
+    let (server, admin, policies) = with_loose_policies().await;
     let unreadable: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
         "metadata": {"name": "cluster-policy"},
@@ -509,18 +555,11 @@ async fn an_active_policy_that_does_not_decode_is_reported_and_nothing_is_applie
         .create(&PostParams::default(), &unreadable)
         .await
         .expect("the server stores it");
-    let operator = server.client_as(gpuop_operator::USER_AGENT);
-    let setup = Setup::start(admin.clone(), operator, vec![pool("gpu", 1, Some(GpuModel::T4))]).await;
+    let setup = Setup::start(admin.clone(), server.client_as(gpuop_operator::USER_AGENT)).await;
     until("the policy says why it cannot be read", || async {
         let policy = policies.get("cluster-policy").await.map_err(|e| e.to_string())?;
         let status = &policy.data["status"];
-        let error = status["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["type"] == CONDITION_ERROR)
-            .cloned()
-            .unwrap_or_default();
+        let error = error_condition_of(status);
         if status["state"] == "notReady"
             && error["status"] == "True"
             && error["reason"] == "ReconcileFailed"
@@ -535,16 +574,12 @@ async fn an_active_policy_that_does_not_decode_is_reported_and_nothing_is_applie
     })
     .await;
     // The pass that wrote the status applied nothing before it.
-    let managed = Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(admin.clone(), NAMESPACE)
-        .list(&ListParams::default().labels(&format!("{}=gpu-operator", gpuop_api::labels::MANAGED_BY)))
-        .await
-        .expect("daemonsets list")
-        .items;
-    assert!(
-        managed.is_empty(),
-        "nothing is applied for a policy that cannot be read: {:?}",
-        managed.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
-    );
+    assert_none(
+        &Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(admin.clone(), NAMESPACE),
+        &ListParams::default().labels(&format!("{}=gpu-operator", gpuop_api::labels::MANAGED_BY)),
+        "nothing is applied for a policy that cannot be read",
+    )
+    .await;
     setup.stop().await;
 }
 
@@ -553,17 +588,12 @@ async fn an_operator_that_may_not_list_cluster_policies_changes_nothing_it_finds
     let server = FakeServer::builder().authorization(Authorization::Rbac).build();
     let admin = server.client_as(gpuop_sim::USER_AGENT);
     install(&admin).await.expect("CRDs and namespace install");
-    let mut setup = Setup::start(
-        admin.clone(),
-        server.client_as(gpuop_operator::USER_AGENT),
-        vec![pool("gpu", 1, Some(GpuModel::T4))],
-    )
-    .await;
+    let mut setup = Setup::start(admin.clone(), server.client_as(gpuop_operator::USER_AGENT)).await;
     apply_policy(&admin, DEFAULT_POLICY)
         .await
         .expect("policy applies");
     until("the operands run", || async {
-        let operands = setup.operands_on("gpu-0").await?;
+        let operands = setup.operands_on(NODE).await?;
         if operands.contains("device-plugin") {
             Ok(())
         } else {
@@ -594,7 +624,7 @@ async fn an_operator_that_may_not_list_cluster_policies_changes_nothing_it_finds
     let restarted = run::start(restricted, config).await.expect("operator starts");
     std::mem::replace(&mut setup.operator, restarted).stop().await;
     until("/readyz names the refused ClusterPolicies", || async {
-        let (status, body) = http_get(setup.health(), "/readyz").await?;
+        let (status, body) = setup.readyz().await?;
         if status.contains("503") && body.contains("clusterpolicies.nvidia.com: Forbidden") {
             Ok(())
         } else {
@@ -614,7 +644,7 @@ async fn an_operator_that_may_not_list_cluster_policies_changes_nothing_it_finds
     assert_eq!(switches().await, before_restart, "the deploy switches stay");
     assert!(
         setup
-            .operands_on("gpu-0")
+            .operands_on(NODE)
             .await
             .expect("pods")
             .contains("device-plugin")

@@ -15,7 +15,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, Config};
 
-use crate::cluster::{Cluster, testdata};
+use crate::cluster::{Cluster, succeeded, testdata};
 use crate::tools::helm;
 
 const NAMESPACE: &str = "gpu-operator";
@@ -59,14 +59,33 @@ pub(crate) async fn run_helm(cluster: &Cluster, args: &[&str]) -> Output {
 }
 
 pub(crate) async fn helm_ok(cluster: &Cluster, args: &[&str]) -> String {
-    let output = run_helm(cluster, args).await;
-    assert!(
-        output.status.success(),
-        "helm {args:?} failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    succeeded("helm", args, &run_helm(cluster, args).await)
+}
+
+/// `helm install` of `chart` as `release` into the operator's namespace (created when missing), which must
+/// end with the release deployed.
+pub(crate) async fn helm_install(cluster: &Cluster, release: &str, chart: &str) {
+    let installed = helm_ok(
+        cluster,
+        &[
+            "install",
+            release,
+            chart,
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+        ],
+    )
+    .await;
+    assert!(installed.contains("STATUS: deployed"), "{installed}");
+}
+
+/// The arguments of `helm upgrade` of `release` to `chart` in the operator's namespace, then `flags` (split
+/// at spaces).
+pub(crate) fn upgrade<'a>(release: &'a str, chart: &'a str, flags: &'a str) -> Vec<&'a str> {
+    let mut args = vec!["upgrade", release, chart, "--namespace", NAMESPACE];
+    args.extend(flags.split_whitespace());
+    args
 }
 
 pub(crate) async fn client(cluster: &Cluster) -> Client {
@@ -110,6 +129,11 @@ fn gone<T>(result: Result<T, kube::Error>) -> bool {
     matches!(result, Err(kube::Error::Api(status)) if status.code == 404)
 }
 
+/// Asserts that the Deployment's (first) container runs `expected`.
+fn assert_image(deployment: &Deployment, expected: &str) {
+    assert_eq!(image(deployment).as_deref(), Some(expected));
+}
+
 fn image(deployment: &Deployment) -> Option<String> {
     deployment
         .spec
@@ -134,19 +158,7 @@ async fn helm_installs_upgrades_and_uninstalls_a_chart() {
 
     // No --wait: Helm's readiness check of a Deployment reads its ReplicaSets, and gpu-sim serve runs no
     // deployment controller to make them (a real cluster would, and the wait would end).
-    let installed = helm_ok(
-        &cluster,
-        &[
-            "install",
-            RELEASE,
-            chart,
-            "--namespace",
-            NAMESPACE,
-            "--create-namespace",
-        ],
-    )
-    .await;
-    assert!(installed.contains("STATUS: deployed"), "{installed}");
+    helm_install(&cluster, RELEASE, chart).await;
 
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for name in ["clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com"] {
@@ -183,24 +195,9 @@ async fn helm_installs_upgrades_and_uninstalls_a_chart() {
         .get("gpu-operator")
         .await
         .expect("the chart's Deployment");
+    assert_image(&deployment, "nvcr.io/nvidia/gpu-operator:v26.7.0");
     assert_eq!(
-        image(&deployment).as_deref(),
-        Some("nvcr.io/nvidia/gpu-operator:v26.7.0")
-    );
-    let managers: Vec<(String, String)> = deployment
-        .metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .map(|m| {
-            (
-                m.manager.clone().unwrap_or_default(),
-                m.operation.clone().unwrap_or_default(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        managers,
+        gpuop_testkit::fixture::managers(&deployment.metadata),
         [("helm".to_owned(), "Apply".to_owned())],
         "Helm 4 applies server-side"
     );
@@ -230,31 +227,15 @@ async fn helm_installs_upgrades_and_uninstalls_a_chart() {
     );
 
     // An upgrade with changed values changes the objects in place.
-    helm_ok(
-        &cluster,
-        &[
-            "upgrade",
-            RELEASE,
-            chart,
-            "--namespace",
-            NAMESPACE,
-            "--set",
-            "mig.strategy=mixed",
-            "--set",
-            "operator.version=v26.8.0",
-        ],
-    )
-    .await;
+    let flags = "--set mig.strategy=mixed --set operator.version=v26.8.0";
+    helm_ok(&cluster, &upgrade(RELEASE, chart, flags)).await;
     let policy = policies(&client)
         .get("cluster-policy")
         .await
         .expect("ClusterPolicy");
     assert_eq!(policy.data["spec"]["mig"]["strategy"], "mixed");
     let deployment = deployments.get("gpu-operator").await.expect("Deployment");
-    assert_eq!(
-        image(&deployment).as_deref(),
-        Some("nvcr.io/nvidia/gpu-operator:v26.8.0")
-    );
+    assert_image(&deployment, "nvcr.io/nvidia/gpu-operator:v26.8.0");
     assert_eq!(deployment.metadata.generation, Some(2));
     assert_eq!(
         revisions(&client).await,
@@ -267,16 +248,7 @@ async fn helm_installs_upgrades_and_uninstalls_a_chart() {
     // A chart with a misspelled field fails as on a real cluster, and the release keeps what it had.
     let refused = run_helm(
         &cluster,
-        &[
-            "upgrade",
-            RELEASE,
-            chart,
-            "--namespace",
-            NAMESPACE,
-            "--reuse-values",
-            "--set",
-            "typo=true",
-        ],
+        &upgrade(RELEASE, chart, "--reuse-values --set typo=true"),
     )
     .await;
     let stderr = String::from_utf8_lossy(&refused.stderr);
@@ -292,10 +264,7 @@ async fn helm_installs_upgrades_and_uninstalls_a_chart() {
         "{stderr}"
     );
     let deployment = deployments.get("gpu-operator").await.expect("Deployment");
-    assert_eq!(
-        image(&deployment).as_deref(),
-        Some("nvcr.io/nvidia/gpu-operator:v26.8.0")
-    );
+    assert_image(&deployment, "nvcr.io/nvidia/gpu-operator:v26.8.0");
     assert_eq!(
         deployment.metadata.generation,
         Some(2),
@@ -334,27 +303,12 @@ async fn the_repository_chart_installs_and_upgrades_with_nvidia_values() {
     let client = client(&cluster).await;
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/gpu-operator");
     let chart = root.to_str().expect("utf-8 path");
-    let installed = helm_ok(
-        &cluster,
-        &[
-            "install",
-            RELEASE,
-            chart,
-            "--namespace",
-            NAMESPACE,
-            "--create-namespace",
-        ],
-    )
-    .await;
-    assert!(installed.contains("STATUS: deployed"), "{installed}");
+    helm_install(&cluster, RELEASE, chart).await;
     let deployment = Api::<Deployment>::namespaced(client.clone(), NAMESPACE)
         .get("gpu-operator")
         .await
         .expect("the operator's Deployment");
-    assert_eq!(
-        image(&deployment).as_deref(),
-        Some("ghcr.io/gpuop/gpu-operator:0.1.0")
-    );
+    assert_image(&deployment, "ghcr.io/gpuop/gpu-operator:0.1.0");
     Api::<Role>::namespaced(client.clone(), "default")
         .get("gpu-operator-events")
         .await
@@ -372,21 +326,9 @@ async fn the_repository_chart_installs_and_upgrades_with_nvidia_values() {
     files.sort();
     assert!(files.len() >= 5, "{files:?}");
     for file in &files {
-        helm_ok(
-            &cluster,
-            &[
-                "upgrade",
-                RELEASE,
-                chart,
-                "--namespace",
-                NAMESPACE,
-                "--set",
-                "operator.upgradeCRD=false",
-                "-f",
-                file.to_str().expect("utf-8 path"),
-            ],
-        )
-        .await;
+        let mut args = upgrade(RELEASE, chart, "--set operator.upgradeCRD=false -f");
+        args.push(file.to_str().expect("utf-8 path"));
+        helm_ok(&cluster, &args).await;
         let drivers = Api::<DynamicObject>::all_with(
             client.clone(),
             &ApiResource::from_gvk_with_plural(
@@ -419,19 +361,7 @@ async fn helm_installs_into_an_rbac_server_and_the_chart_grants_its_service_acco
     let cluster = Cluster::start_rbac(&[]);
     let chart = chart(cluster.dir());
     let chart = chart.to_str().expect("utf-8 path");
-    let installed = helm_ok(
-        &cluster,
-        &[
-            "install",
-            RELEASE,
-            chart,
-            "--namespace",
-            NAMESPACE,
-            "--create-namespace",
-        ],
-    )
-    .await;
-    assert!(installed.contains("STATUS: deployed"), "{installed}");
+    helm_install(&cluster, RELEASE, chart).await;
     let token = cluster.ok(&["create", "token", "gpu-operator", "-n", NAMESPACE]);
     let can_i = |args: &[&str]| {
         let mut all = vec!["--token", token.trim(), "auth", "can-i"];

@@ -28,11 +28,11 @@ use gpuop_operator::cli::{self, Cli, Command, CrdArgs};
 use gpuop_operator::run::{self, Running};
 use gpuop_sim::cluster_spec::ClusterSpec;
 use gpuop_sim::simulation::Simulation;
+use gpuop_testkit::control_plane::request_token;
 use gpuop_testkit::{Backend, two_backends};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Container, ContainerState, ContainerStateTerminated, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Container, ContainerState, ContainerStateTerminated, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, ResourceExt};
@@ -40,7 +40,8 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Cluster, PATIENCE};
-use crate::helm::{client, helm_ok, run_helm};
+use crate::failures::http_get;
+use crate::helm::{client, helm_install, helm_ok, run_helm, upgrade};
 use crate::operator::playing;
 
 const NAMESPACE: &str = "gpu-operator";
@@ -48,8 +49,10 @@ const RELEASE: &str = "gpu-operator";
 const OPERATOR: &str = "system:serviceaccount:gpu-operator:gpu-operator";
 const CRD_HOOK: &str = "system:serviceaccount:gpu-operator:gpu-operator-upgrade-crd";
 
-fn chart() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/gpu-operator")
+/// The repository's chart, as Helm's argument.
+fn chart() -> String {
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/gpu-operator");
+    chart.to_str().expect("utf-8 path").to_owned()
 }
 
 /// Where the chart goes: an API server enforcing RBAC with the demo cluster's nodes simulated on it, and
@@ -64,7 +67,9 @@ struct Stage {
 }
 
 impl Stage {
+    /// The stage on `backend`, with Helm at hand.
     async fn on(backend: Backend) -> Self {
+        crate::tools::helm();
         let (kubeconfig, served) = match &backend {
             Backend::Fake(server) => {
                 let running = server
@@ -98,6 +103,20 @@ impl Stage {
             self.cluster.kubeconfig(),
             runs_jobs,
         )
+    }
+
+    /// Starts a [`Kubelet`] (running hook Jobs when `runs_jobs`), installs the chart with Helm, and waits
+    /// until its ClusterPolicy is ready.
+    async fn install(&self, chart: &str, runs_jobs: bool) -> Kubelet {
+        let kubelet = self.kubelet(runs_jobs);
+        helm_install(&self.cluster, RELEASE, chart).await;
+        until("the chart's ClusterPolicy is ready", PATIENCE * 3, || async {
+            policy_state(&self.admin)
+                .await
+                .and_then(|state| (state == "ready").then_some(()).ok_or(state))
+        })
+        .await;
+        kubelet
     }
 
     async fn stop(self) {
@@ -436,22 +455,9 @@ async fn finish_job(jobs: &Api<Job>, name: &str, succeeded: bool) {
 
 /// A client holding a fresh token of the ServiceAccount, minted through its `token` subresource.
 async fn client_as(admin: &Client, kubeconfig: &Path, account: &str) -> Client {
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: Vec::new(),
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        },
-        ..TokenRequest::default()
-    };
-    let minted = Api::<ServiceAccount>::namespaced(admin.clone(), NAMESPACE)
-        .create_token_request(account, &PostParams::default(), &request)
+    let token = request_token(admin.clone(), NAMESPACE, account)
         .await
         .unwrap_or_else(|error| panic!("a token for ServiceAccount {account}: {error}"));
-    let token = minted
-        .status
-        .map(|s| s.token)
-        .expect("the TokenRequest's status carries the token");
     let mut config = Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
     for user in &mut config.auth_infos {
         if let Some(auth) = user.auth_info.as_mut() {
@@ -651,34 +657,16 @@ fn pod_security_levels(cluster: &Cluster) -> String {
         .to_owned()
 }
 
-/// One GET of `path` on a plain HTTP endpoint; the status line.
-async fn http_status(address: std::net::SocketAddr, path: &'static str) -> Result<String, String> {
-    tokio::task::spawn_blocking(move || {
-        use std::io::{Read, Write};
-        let mut stream = std::net::TcpStream::connect(address).map_err(|e| e.to_string())?;
-        stream
-            .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-            .map_err(|e| e.to_string())?;
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).map_err(|e| e.to_string())?;
-        Ok(answer.lines().next().unwrap_or_default().to_owned())
-    })
-    .await
-    .map_err(|e| e.to_string())?
-}
-
 two_backends!(
     the_chart_installs_converges_upgrades_and_uninstalls_as_its_own_service_accounts,
     fake_rbac
 );
 
 async fn the_chart_installs_converges_upgrades_and_uninstalls_as_its_own_service_accounts(backend: Backend) {
-    crate::tools::helm();
     let stage = Stage::on(backend).await;
     let cluster = &stage.cluster;
     let admin = stage.admin.clone();
-    let chart = chart();
-    let chart = chart.to_str().expect("utf-8 path");
+    let chart = &chart();
     // A person's own label on a GPU node, which nothing may take away.
     let gpu_node = until(
         "the demo cluster's GPU nodes are registered",
@@ -698,33 +686,12 @@ async fn the_chart_installs_converges_upgrades_and_uninstalls_as_its_own_service
     .await;
     cluster.ok(&["label", &gpu_node, "team=ml"]);
 
-    let kubelet = stage.kubelet(true);
-    let installed = helm_ok(
-        cluster,
-        &[
-            "install",
-            RELEASE,
-            chart,
-            "--namespace",
-            NAMESPACE,
-            "--create-namespace",
-        ],
-    )
-    .await;
-    assert!(installed.contains("STATUS: deployed"), "{installed}");
-    until("the chart's ClusterPolicy is ready", PATIENCE * 3, || async {
-        policy_state(&admin)
-            .await
-            .and_then(|state| (state == "ready").then_some(()).ok_or(state))
-    })
-    .await;
+    let kubelet = stage.install(chart, true).await;
     let health = kubelet
         .log(|log| log.health)
         .expect("the operator serves its health endpoint");
     for path in ["/healthz", "/readyz"] {
-        let status = http_status(health, path)
-            .await
-            .expect("the health endpoint answers");
+        let (status, _) = http_get(health, path).await.expect("the health endpoint answers");
         assert!(status.contains(" 200"), "{path}: {status}");
     }
 
@@ -781,22 +748,8 @@ async fn the_chart_installs_converges_upgrades_and_uninstalls_as_its_own_service
         "--type=json",
         "-p=[{\"op\":\"remove\",\"path\":\"/spec/versions/0/additionalPrinterColumns/0\"}]",
     ]);
-    let upgraded = helm_ok(
-        cluster,
-        &[
-            "upgrade",
-            RELEASE,
-            chart,
-            "--namespace",
-            NAMESPACE,
-            "--reuse-values",
-            "--set",
-            "dcgmExporter.enabled=false",
-            "--set",
-            "psa.enabled=true",
-        ],
-    )
-    .await;
+    let flags = "--reuse-values --set dcgmExporter.enabled=false --set psa.enabled=true";
+    let upgraded = helm_ok(cluster, &upgrade(RELEASE, chart, flags)).await;
     assert!(upgraded.contains("STATUS: deployed"), "{upgraded}");
     let columns = cluster.ok(&[
         "get",
@@ -985,31 +938,9 @@ two_backends!(
 /// the Job and `gpu-operator uninstall` run as the admin leave nothing behind: no operand object, no node
 /// label of the operator's, no Lease, no object of the release or of its hooks.
 async fn an_uninstall_whose_hook_cannot_run_ends_with_nothing_left_by_the_documented_steps(backend: Backend) {
-    crate::tools::helm();
     let stage = Stage::on(backend).await;
+    let kubelet = stage.install(&chart(), false).await;
     let cluster = &stage.cluster;
-    let admin = stage.admin.clone();
-    let chart = chart();
-    let chart = chart.to_str().expect("utf-8 path");
-    let kubelet = stage.kubelet(false);
-    helm_ok(
-        cluster,
-        &[
-            "install",
-            RELEASE,
-            chart,
-            "--namespace",
-            NAMESPACE,
-            "--create-namespace",
-        ],
-    )
-    .await;
-    until("the chart's ClusterPolicy is ready", PATIENCE * 3, || async {
-        policy_state(&admin)
-            .await
-            .and_then(|state| (state == "ready").then_some(()).ok_or(state))
-    })
-    .await;
 
     let failed = run_helm(
         cluster,
@@ -1045,7 +976,7 @@ async fn an_uninstall_whose_hook_cannot_run_ends_with_nothing_left_by_the_docume
         lease_name: gpuop_operator::run::DEFAULT_LEASE_NAME.to_owned(),
     };
     assert_eq!(
-        cli::uninstall(admin.clone(), args).await,
+        cli::uninstall(stage.admin.clone(), args).await,
         ExitCode::SUCCESS,
         "gpu-operator uninstall"
     );

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::cluster::{Cluster, eventually, repository_root, testdata};
+use crate::cluster::{Cluster, eventually, first_line, repository_root, testdata};
 
 #[test]
 fn apply_client_side_then_server_side() {
@@ -146,14 +146,12 @@ fn get_watch_label_and_metrics() {
 fn delete_and_wait_for_delete() {
     let cluster = Cluster::start(&[]);
     cluster.ok(&["create", "configmap", "held"]);
-    cluster.ok(&[
-        "patch",
-        "configmap",
-        "held",
-        "--type=merge",
-        "-p",
-        r#"{"metadata":{"finalizers":["example.com/hold"]}}"#,
-    ]);
+    // Sets the ConfigMap's finalizers, given as JSON, by a merge patch.
+    let set_finalizers = |finalizers: &str| {
+        let patch = format!(r#"{{"metadata":{{"finalizers":{finalizers}}}}}"#);
+        cluster.ok(&["patch", "configmap", "held", "--type=merge", "-p", &patch]);
+    };
+    set_finalizers(r#"["example.com/hold"]"#);
     cluster.ok(&["delete", "configmap", "held", "--wait=false"]);
     let held = cluster.json(&["get", "configmap", "held"]);
     assert!(
@@ -165,14 +163,7 @@ fn delete_and_wait_for_delete() {
         .command(&["wait", "--for=delete", "configmap/held", "--timeout=60s"])
         .spawn()
         .expect("kubectl wait");
-    cluster.ok(&[
-        "patch",
-        "configmap",
-        "held",
-        "--type=merge",
-        "-p",
-        r#"{"metadata":{"finalizers":null}}"#,
-    ]);
+    set_finalizers("null");
     let status = wait.wait().expect("kubectl wait ends");
     assert!(status.success(), "kubectl wait --for=delete saw the deletion");
     let gone = cluster.run(&["get", "configmap", "held"]);
@@ -446,13 +437,7 @@ fn logs_to_a_pipe_are_plain_text() {
         .spawn()
         .expect("gpu-sim starts");
     let stderr = server.stderr.take().expect("stderr");
-    let (sender, receiver) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stderr).read_line(&mut line);
-        let _ = sender.send(line);
-    });
-    let line = receiver.recv_timeout(Duration::from_secs(30));
+    let line = first_line(stderr).recv_timeout(Duration::from_secs(30));
     let _ = server.kill();
     let _ = server.wait();
     let line = line.expect("gpu-sim logs that it serves");

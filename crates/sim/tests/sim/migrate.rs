@@ -14,7 +14,7 @@ use gpuop_operator::render_command::{DiffLiveInput, diff_live};
 use gpuop_sim::demo::{DEFAULT_POLICY, NAMESPACE};
 use gpuop_sim::hardware::GpuModel;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
@@ -76,13 +76,8 @@ fn nvidia_node_labels(mig_capable: bool) -> Value {
 
 /// Every pod of the namespace, by name, with its uid.
 async fn pod_uids(client: &Client) -> BTreeMap<String, String> {
-    Api::<Pod>::namespaced(client.clone(), NAMESPACE)
-        .list(&ListParams::default())
+    crate::pods::live(client, NAMESPACE, &ListParams::default())
         .await
-        .expect("pods list")
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
         .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
         .collect()
 }

@@ -10,7 +10,7 @@ use gpuop_api::labels::{
     COMPONENT, DEPLOY_OPERANDS, DRIVER_OWNER, GPU_PRESENT, MANAGED_BY, UPGRADE_ENABLED_ANNOTATION,
     UPGRADE_STATE,
 };
-use gpuop_api::status::State;
+use gpuop_api::status::{PolicyStatus, State};
 use gpuop_api::{ClusterPolicy, Operand};
 use gpuop_fakeserver::{FakeServer, Faults, InjectedError, Verb};
 use gpuop_operator::apply::MANAGED_KINDS;
@@ -32,6 +32,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -64,6 +65,19 @@ where
             Err(_) => tokio::time::sleep(every).await,
         }
     }
+}
+
+/// The policy status's `Ready` condition; fails the test where it has none.
+fn ready_condition(status: &PolicyStatus) -> &Condition {
+    let mut conditions = status.conditions.iter().flatten();
+    conditions
+        .find(|c| c.type_ == "Ready")
+        .expect("a Ready condition")
+}
+
+/// `Ok` where what was awaited is so, otherwise what was `seen` instead, for [`until`] to report.
+fn reached(so: bool, seen: &impl std::fmt::Debug) -> Result<(), String> {
+    if so { Ok(()) } else { Err(format!("{seen:?}")) }
 }
 
 pub(crate) fn pool(name: &str, count: u32, model: Option<GpuModel>) -> NodePool {
@@ -280,6 +294,16 @@ impl Cluster {
         names
     }
 
+    /// Waits until the operand ids with a pod on `node` are as `wanted`.
+    async fn until_operands(&self, what: &str, node: &str, wanted: impl Fn(&BTreeSet<String>) -> bool) {
+        let wanted = &wanted;
+        self.until(what, || async {
+            let on = self.operands_on(node).await;
+            reached(wanted(&on), &on)
+        })
+        .await;
+    }
+
     /// Waits until the check passes; panics with its last answer after [`PATIENCE`].
     pub(crate) async fn until<F, Fut>(&self, what: &str, check: F)
     where
@@ -301,11 +325,7 @@ impl Cluster {
             .await;
         self.until(&format!("{who} prunes {object}"), || async {
             let managed = self.managed().await;
-            if managed.contains(object) {
-                Err(format!("{managed:?}"))
-            } else {
-                Ok(())
-            }
+            reached(!managed.contains(object), &managed)
         })
         .await;
     }
@@ -381,64 +401,37 @@ async fn a_preinstalled_driver_gets_no_driver_pod_and_deploy_switches_move_pods(
         "false"
     );
 
-    // A person switches the exporter off on one node, then on again.
-    cluster
-        .label_node("l4-0", "nvidia.com/gpu.deploy.dcgm-exporter", Some("false"))
-        .await;
-    cluster
-        .until("the exporter leaves l4-0", || async {
-            let on = cluster.operands_on("l4-0").await;
-            if on.contains("dcgm-exporter") {
-                Err(format!("{on:?}"))
-            } else {
-                Ok(())
-            }
-        })
-        .await;
-    assert!(
+    // A person switches the exporter off on one node, then on again; the other node keeps it throughout.
+    for (switch, what) in [
+        ("false", "the exporter leaves l4-0"),
+        ("true", "the exporter returns to l4-0"),
+    ] {
+        let exporter = "nvidia.com/gpu.deploy.dcgm-exporter";
+        cluster.label_node("l4-0", exporter, Some(switch)).await;
+        let wanted = switch == "true";
         cluster
-            .operands_on("host-driver-0")
-            .await
-            .contains("dcgm-exporter"),
-        "the other node keeps it"
-    );
-    cluster
-        .label_node("l4-0", "nvidia.com/gpu.deploy.dcgm-exporter", Some("true"))
-        .await;
-    cluster
-        .until("the exporter returns to l4-0", || async {
-            let on = cluster.operands_on("l4-0").await;
-            if on.contains("dcgm-exporter") {
-                Ok(())
-            } else {
-                Err(format!("{on:?}"))
-            }
-        })
-        .await;
+            .until_operands(what, "l4-0", |on| on.contains("dcgm-exporter") == wanted)
+            .await;
+        assert!(
+            cluster
+                .operands_on("host-driver-0")
+                .await
+                .contains("dcgm-exporter"),
+            "the other node keeps it"
+        );
+    }
 
     // The kill switch empties the node; lifting it brings everything back.
     cluster.label_node("l4-0", DEPLOY_OPERANDS, Some("false")).await;
     cluster
-        .until("l4-0 runs no operand", || async {
-            let on = cluster.operands_on("l4-0").await;
-            if on.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{on:?}"))
-            }
-        })
+        .until_operands("l4-0 runs no operand", "l4-0", |on| on.is_empty())
         .await;
     cluster.label_node("l4-0", DEPLOY_OPERANDS, None).await;
     // Until the operator has switched the node's operands back on, the emptied node and a `ready` status
     // from before still look converged: wait for the pods themselves.
     cluster
-        .until("l4-0 runs its operands again", || async {
-            let on = cluster.operands_on("l4-0").await;
-            if on == ids(CONTAINER_STACK) {
-                Ok(())
-            } else {
-                Err(format!("{on:?}"))
-            }
+        .until_operands("l4-0 runs its operands again", "l4-0", |on| {
+            *on == ids(CONTAINER_STACK)
         })
         .await;
     cluster.converged("cluster-policy").await;
@@ -565,12 +558,7 @@ async fn a_tainted_node_is_excluded_and_the_status_says_so() {
         plugin.excluded_nodes.as_deref(),
         Some(&["reserved-0".to_owned()][..])
     );
-    let ready = status
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == "Ready")
-        .unwrap();
+    let ready = ready_condition(&status);
     assert!(ready.message.contains("reserved-0"), "{}", ready.message);
     cluster.stop().await;
 }
@@ -596,11 +584,7 @@ async fn disabling_a_component_prunes_it_and_deleting_the_policy_removes_everyth
                 .iter()
                 .filter(|n| n.contains("gpu-feature-discovery"))
                 .collect();
-            if left.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{left:?}"))
-            }
+            reached(left.is_empty(), &left)
         })
         .await;
     assert!(
@@ -628,11 +612,7 @@ async fn disabling_a_component_prunes_it_and_deleting_the_policy_removes_everyth
     cluster
         .until("every managed object is gone", || async {
             let managed = cluster.managed().await;
-            if managed.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{managed:?}"))
-            }
+            reached(managed.is_empty(), &managed)
         })
         .await;
     cluster
@@ -644,11 +624,7 @@ async fn disabling_a_component_prunes_it_and_deleting_the_policy_removes_everyth
                     *k == GPU_PRESENT || (k.starts_with("nvidia.com/gpu.deploy.") && labels[*k] == "true")
                 })
                 .collect();
-            if ours.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{ours:?}"))
-            }
+            reached(ours.is_empty(), &ours)
         })
         .await;
     assert_eq!(
@@ -681,12 +657,7 @@ async fn a_second_policy_is_ignored_and_an_invalid_one_changes_nothing_that_runs
         })
         .await;
     let ignored = cluster.policy("second-policy").await.status.unwrap();
-    let ready = ignored
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == "Ready")
-        .unwrap();
+    let ready = ready_condition(&ignored);
     assert!(
         ready.message.contains("\"cluster-policy\" is the active one"),
         "{}",
@@ -724,12 +695,7 @@ async fn a_second_policy_is_ignored_and_an_invalid_one_changes_nothing_that_runs
         })
         .await;
     let status = cluster.policy("cluster-policy").await.status.unwrap_or_default();
-    let ready = status
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == "Ready")
-        .unwrap();
+    let ready = ready_condition(&status);
     assert_eq!(
         (ready.status.as_str(), ready.reason.as_str()),
         ("False", "ReconcileFailed")
@@ -809,11 +775,10 @@ async fn a_restarted_operator_converges_without_duplicates_and_then_writes_nothi
                 .iter()
                 .map(|n| n.labels().get(UPGRADE_STATE))
                 .collect();
-            if states.iter().all(|s| s.is_some_and(|s| s == "upgrade-done")) {
-                Ok(())
-            } else {
-                Err(format!("{states:?}"))
-            }
+            reached(
+                states.iter().all(|s| s.is_some_and(|s| s == "upgrade-done")),
+                &states,
+            )
         })
         .await;
     // Steady state: nothing changes, so the operator writes nothing, not even a write it trusted and would

@@ -21,14 +21,15 @@ use gpuop_sim::heartbeat::{Heartbeats, LEASE_NAMESPACE};
 use gpuop_sim::kubelet::Timing;
 use gpuop_sim::scenario::{Action, DriverInstallFault, Scenario};
 use gpuop_sim::simulation::{Plays, Simulation};
-use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetStatus};
+use gpuop_testkit::fixture;
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerStatus, EnvVar, Namespace, Node, Pod, PodSpec,
-    PodTemplateSpec, ResourceRequirements, Toleration, Volume,
+    ResourceRequirements, Toleration, Volume,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -225,50 +226,25 @@ impl OperandSet {
 
     fn build(self) -> DaemonSet {
         let info = self.operand.info();
-        let labels = BTreeMap::from([("app".to_owned(), info.daemonset.to_owned())]);
-        DaemonSet {
-            metadata: ObjectMeta {
-                name: Some(info.daemonset.to_owned()),
-                namespace: Some(OPERATORS.to_owned()),
-                ..ObjectMeta::default()
-            },
-            spec: Some(DaemonSetSpec {
-                selector: LabelSelector {
-                    match_labels: Some(labels.clone()),
-                    ..LabelSelector::default()
-                },
-                template: PodTemplateSpec {
-                    metadata: Some(ObjectMeta {
-                        labels: Some(labels),
-                        ..ObjectMeta::default()
-                    }),
-                    spec: Some(PodSpec {
-                        node_selector: Some(BTreeMap::from([(
-                            info.deploy_label.to_owned(),
-                            "true".to_owned(),
-                        )])),
-                        tolerations: Some(vec![Toleration {
-                            key: Some(RESOURCE_GPU.to_owned()),
-                            operator: Some("Exists".to_owned()),
-                            effect: Some("NoSchedule".to_owned()),
-                            ..Toleration::default()
-                        }]),
-                        priority_class_name: Some("system-node-critical".to_owned()),
-                        init_containers: (!self.inits.is_empty()).then_some(self.inits),
-                        containers: vec![Container {
-                            name: info.id.to_owned(),
-                            image: Some(self.image),
-                            env: (!self.env.is_empty()).then_some(self.env),
-                            ..Container::default()
-                        }],
-                        volumes: (!self.volumes.is_empty()).then_some(self.volumes),
-                        ..PodSpec::default()
-                    }),
-                },
-                ..DaemonSetSpec::default()
-            }),
-            status: None,
-        }
+        let mut daemonset = fixture::daemonset(info.daemonset)
+            .namespace(OPERATORS)
+            .selecting(&[("app", info.daemonset)])
+            .node_selector(&[(info.deploy_label, "true")])
+            .container(info.id, &self.image)
+            .build();
+        let template = daemonset.spec.as_mut().and_then(|s| s.template.spec.as_mut());
+        let spec = template.expect("the builder set a pod spec");
+        spec.tolerations = Some(vec![Toleration {
+            key: Some(RESOURCE_GPU.to_owned()),
+            operator: Some("Exists".to_owned()),
+            effect: Some("NoSchedule".to_owned()),
+            ..Toleration::default()
+        }]);
+        spec.priority_class_name = Some("system-node-critical".to_owned());
+        spec.init_containers = (!self.inits.is_empty()).then_some(self.inits);
+        spec.containers[0].env = (!self.env.is_empty()).then_some(self.env);
+        spec.volumes = (!self.volumes.is_empty()).then_some(self.volumes);
+        daemonset
     }
 }
 
@@ -306,22 +282,8 @@ fn workload(name: &str, gpus: u32) -> Pod {
     }
 }
 
-const MIG_PARTED_CONFIG: &str = "version: v1
-mig-configs:
-  all-disabled:
-    - devices: all
-      mig-enabled: false
-  all-1g.10gb:
-    - devices: all
-      mig-enabled: true
-      mig-devices:
-        \"1g.10gb\": 7
-  three-halves:
-    - devices: all
-      mig-enabled: true
-      mig-devices:
-        \"3g.40gb\": 3
-";
+/// The mig-parted configuration the MIG manager mounts: a layout an A100 holds and one it cannot.
+const MIG_PARTED_CONFIG: &str = include_str!("../testdata/mig-parted-config.yaml");
 
 // ---------------------------------------------------------------------------------------------------
 // The cluster under test and what a user reads from it.
@@ -336,6 +298,11 @@ struct Cluster {
 impl Cluster {
     async fn start(pools: impl IntoIterator<Item = Pool>) -> Self {
         Self::start_playing(pools, Plays::Cluster).await
+    }
+
+    /// `count` H100 nodes, `h100-0` on, whose hosts have their driver, with `operands` switched on.
+    async fn h100s(count: u32, operands: &[Operand]) -> Self {
+        Self::start([Pool::h100("h100", count).with_host_driver().deploying(operands)]).await
     }
 
     async fn start_playing(pools: impl IntoIterator<Item = Pool>, plays: Plays) -> Self {
@@ -404,11 +371,8 @@ impl Cluster {
     }
 
     async fn pods(&self, app: &str) -> Vec<Pod> {
-        Api::<Pod>::namespaced(self.client.clone(), OPERATORS)
-            .list(&ListParams::default().labels(&format!("app={app}")))
-            .await
-            .expect("pods listed")
-            .items
+        let selected = ListParams::default().labels(&format!("app={app}"));
+        crate::pods::listed(&self.client, OPERATORS, &selected).await
     }
 
     /// The pod of a DaemonSet on a node, or what there is instead.
@@ -516,6 +480,11 @@ fn phase(pod: &Pod) -> &str {
 
 fn main_container(pod: &Pod) -> Option<&ContainerStatus> {
     pod.status.as_ref()?.container_statuses.as_ref()?.first()
+}
+
+/// The status of the pod's init container at `index`, in the order they run.
+fn init_container(pod: &Pod, index: usize) -> Option<&ContainerStatus> {
+    pod.status.as_ref()?.init_container_statuses.as_ref()?.get(index)
 }
 
 fn waiting_reason(status: &ContainerStatus) -> Option<&str> {
@@ -652,10 +621,7 @@ async fn a_node_with_the_driver_switched_off_gets_no_driver_pod() {
 #[tokio::test]
 async fn removing_a_deploy_label_deletes_the_pod_and_adding_it_back_recreates_it() {
     let plugin_label = Operand::DevicePlugin.info().deploy_label;
-    let cluster = Cluster::start([Pool::h100("h100", 1)
-        .with_host_driver()
-        .deploying(&[Operand::DevicePlugin])])
-    .await;
+    let cluster = Cluster::h100s(1, &[Operand::DevicePlugin]).await;
     let plugin = OperandSet::of(Operand::DevicePlugin);
     let app = plugin.name();
     cluster.deploy(plugin).await;
@@ -738,10 +704,7 @@ async fn a_tainted_node_drops_out_of_desired_number_scheduled() {
 
 #[tokio::test]
 async fn a_joining_node_gets_its_pods_and_a_leaving_one_takes_them_along() {
-    let cluster = Cluster::start([Pool::h100("h100", 1)
-        .with_host_driver()
-        .deploying(&[Operand::DevicePlugin, Operand::GpuFeatureDiscovery])])
-    .await;
+    let cluster = Cluster::h100s(1, &[Operand::DevicePlugin, Operand::GpuFeatureDiscovery]).await;
     for operand in [Operand::DevicePlugin, Operand::GpuFeatureDiscovery] {
         cluster.deploy(OperandSet::of(operand)).await;
     }
@@ -878,11 +841,7 @@ async fn the_chain_comes_up_in_order_through_the_status_files() {
     // proved the host driver and keeps failing its toolkit step.
     let waiting = eventually("the device plugin waits for toolkit-ready", async || {
         let pod = cluster.pod_on(plugin_app, "l4-0").await?;
-        let init = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.init_container_statuses.as_ref())
-            .and_then(|s| s.first());
+        let init = init_container(&pod, 0);
         let looping = init.is_some_and(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
         if looping { Ok(pod) } else { Err(describe(&pod)) }
     })
@@ -891,12 +850,7 @@ async fn the_chain_comes_up_in_order_through_the_status_files() {
     cluster.advertises_no_gpu("l4-0").await;
     let validator_pod = eventually("the validator's toolkit step fails", async || {
         let pod = cluster.pod_on(validator_app, "l4-0").await?;
-        let toolkit_step = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.init_container_statuses.as_ref())
-            .and_then(|s| s.get(1))
-            .filter(|c| c.restart_count >= 1);
+        let toolkit_step = init_container(&pod, 1).filter(|c| c.restart_count >= 1);
         match toolkit_step {
             Some(_) => Ok(pod),
             None => Err(describe(&pod)),
@@ -953,14 +907,7 @@ async fn a_driver_that_fails_to_install_crash_loops() {
     // The kubelet waits out its back-off between restarts, as `kubectl describe` shows in the exit times.
     let exited = |pod: &Pod| {
         let main = main_container(pod).unwrap();
-        let at = main
-            .last_state
-            .as_ref()?
-            .terminated
-            .as_ref()?
-            .finished_at
-            .as_ref()?
-            .0;
+        let at = gpuop_sim::kubelet::last_finished(main)?;
         Some((main.restart_count, at))
     };
     let ((before, first_exit), (after, last_exit)) = (exited(&first).unwrap(), exited(&failing).unwrap());
@@ -993,10 +940,7 @@ async fn a_driver_that_fails_to_install_crash_loops() {
 
 #[tokio::test]
 async fn an_xid_error_takes_one_gpu_out_of_allocatable() {
-    let cluster = Cluster::start([Pool::h100("h100", 1)
-        .with_host_driver()
-        .deploying(&[Operand::DevicePlugin])])
-    .await;
+    let cluster = Cluster::h100s(1, &[Operand::DevicePlugin]).await;
     cluster.deploy(OperandSet::of(Operand::DevicePlugin)).await;
     cluster.allocatable_becomes("h100-0", RESOURCE_GPU, 8).await;
 
@@ -1018,10 +962,7 @@ async fn an_xid_error_takes_one_gpu_out_of_allocatable() {
 
 #[tokio::test]
 async fn a_crash_looping_operand_stops_being_ready() {
-    let cluster = Cluster::start([Pool::h100("h100", 2)
-        .with_host_driver()
-        .deploying(&[Operand::GpuFeatureDiscovery])])
-    .await;
+    let cluster = Cluster::h100s(2, &[Operand::GpuFeatureDiscovery]).await;
     let discovery = OperandSet::of(Operand::GpuFeatureDiscovery);
     let app = discovery.name();
     cluster.deploy(discovery).await;
@@ -1066,10 +1007,7 @@ async fn a_crash_looping_operand_stops_being_ready() {
 
 #[tokio::test]
 async fn slow_image_pulls_keep_a_pod_pending() {
-    let cluster = Cluster::start([Pool::h100("h100", 2)
-        .with_host_driver()
-        .deploying(&[Operand::DevicePlugin])])
-    .await;
+    let cluster = Cluster::h100s(2, &[Operand::DevicePlugin]).await;
     cluster
         .act(Action::SlowImagePulls {
             node: "h100-1".to_owned(),
@@ -1108,10 +1046,7 @@ async fn slow_image_pulls_keep_a_pod_pending() {
 
 #[tokio::test]
 async fn a_node_that_goes_not_ready_keeps_its_daemon_pods_and_runs_no_new_ones() {
-    let cluster = Cluster::start([Pool::h100("h100", 2)
-        .with_host_driver()
-        .deploying(&[Operand::DevicePlugin, Operand::GpuFeatureDiscovery])])
-    .await;
+    let cluster = Cluster::h100s(2, &[Operand::DevicePlugin, Operand::GpuFeatureDiscovery]).await;
     let plugin = OperandSet::of(Operand::DevicePlugin);
     let plugin_app = plugin.name();
     cluster.deploy(plugin).await;
@@ -1214,9 +1149,22 @@ async fn next_state(states: &mut mpsc::UnboundedReceiver<String>) -> String {
         .expect("the watch goes on")
 }
 
+/// Chooses the MIG layout `config` for `a100-0` and asserts that the MIG manager reports `pending`, then
+/// `outcome`.
+async fn choose_mig_config(
+    cluster: &Cluster,
+    states: &mut mpsc::UnboundedReceiver<String>,
+    config: &str,
+    outcome: &str,
+) {
+    cluster.act(set_label("a100-0", MIG_CONFIG, Some(config))).await;
+    assert_eq!(next_state(states).await, "pending");
+    assert_eq!(next_state(states).await, outcome, "after choosing {config}");
+}
+
 /// An A100 node with its host driver, a MIG manager mounting a mig-parted configuration and a device
-/// plugin with the mixed strategy.
-async fn mig_cluster() -> Cluster {
+/// plugin with the mixed strategy; and a watch of the node's MIG state from then on.
+async fn mig_cluster() -> (Cluster, mpsc::UnboundedReceiver<String>) {
     let cluster = Cluster::start([Pool::gpu("a100", 1, GpuModel::A100_80GB, 8)
         .with_host_driver()
         .deploying(&[Operand::MigManager, Operand::DevicePlugin])])
@@ -1233,21 +1181,19 @@ async fn mig_cluster() -> Cluster {
     cluster
         .ready_pod("nvidia-device-plugin-daemonset", "a100-0")
         .await;
-    cluster
+    let states = watch_mig_state(&cluster.client, "a100-0").await;
+    (cluster, states)
 }
 
 #[tokio::test]
 async fn the_mig_manager_applies_a_valid_layout_through_pending_to_success() {
-    let cluster = mig_cluster().await;
-    let mut states = watch_mig_state(&cluster.client, "a100-0").await;
-    cluster
-        .act(set_label("a100-0", MIG_CONFIG, Some("all-1g.10gb")))
-        .await;
-    assert_eq!(next_state(&mut states).await, "pending");
-    assert_eq!(next_state(&mut states).await, "success");
+    let (cluster, mut states) = mig_cluster().await;
+    choose_mig_config(&cluster, &mut states, "all-1g.10gb", "success").await;
 
-    let host = cluster.sim.host("a100-0").unwrap();
-    assert_eq!(host.mig_layout, BTreeMap::from([("1g.10gb".to_owned(), 7)]));
+    assert_eq!(
+        cluster.sim.host("a100-0").unwrap().mig_layout,
+        BTreeMap::from([("1g.10gb".to_owned(), 7)])
+    );
     // The device plugin (mixed strategy) advertises the instances: 7 on each of 8 GPUs.
     cluster
         .allocatable_becomes("a100-0", "nvidia.com/mig-1g.10gb", 56)
@@ -1257,25 +1203,16 @@ async fn the_mig_manager_applies_a_valid_layout_through_pending_to_success() {
 
 #[tokio::test]
 async fn the_mig_manager_reports_failed_for_a_layout_the_gpu_cannot_hold() {
-    let cluster = mig_cluster().await;
-    let mut states = watch_mig_state(&cluster.client, "a100-0").await;
+    let (cluster, mut states) = mig_cluster().await;
     // Three 3g.40gb instances need more memory slices than an A100 has.
-    cluster
-        .act(set_label("a100-0", MIG_CONFIG, Some("three-halves")))
-        .await;
-    assert_eq!(next_state(&mut states).await, "pending");
-    assert_eq!(next_state(&mut states).await, "failed");
+    choose_mig_config(&cluster, &mut states, "three-halves", "failed").await;
     let host = cluster.sim.host("a100-0").unwrap();
     assert!(host.mig_layout.is_empty(), "MIG stays off: {:?}", host.mig_layout);
     // The whole GPUs stay as they were.
     cluster.allocatable_becomes("a100-0", RESOURCE_GPU, 8).await;
 
     // A later valid choice still applies.
-    cluster
-        .act(set_label("a100-0", MIG_CONFIG, Some("all-1g.10gb")))
-        .await;
-    assert_eq!(next_state(&mut states).await, "pending");
-    assert_eq!(next_state(&mut states).await, "success");
+    choose_mig_config(&cluster, &mut states, "all-1g.10gb", "success").await;
     cluster.stop().await;
 }
 

@@ -301,26 +301,17 @@ impl Upgrade {
 
     /// Names of the workload's running pods.
     async fn workload_pods(&self, workload: &str) -> BTreeSet<String> {
-        Api::<Pod>::namespaced(self.client.clone(), ML)
-            .list(&ListParams::default().labels(&format!("{WORKLOAD_LABEL}={workload}")))
+        let selected = ListParams::default().labels(&format!("{WORKLOAD_LABEL}={workload}"));
+        crate::pods::live(&self.client, ML, &selected)
             .await
-            .expect("pods list")
-            .items
-            .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
             .map(|p| p.name_any())
             .collect()
     }
 
     /// Names of the running pods of an operand, in the operator's namespace.
     async fn operand_pods(&self, operand: Operand) -> BTreeSet<String> {
-        Api::<Pod>::namespaced(self.client.clone(), NAMESPACE)
-            .list(&ListParams::default())
+        crate::pods::live(&self.client, NAMESPACE, &ListParams::default())
             .await
-            .expect("pods list")
-            .items
-            .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
             .filter(|p| gpuop_sim::kubelet::operand_of(p) == Some(operand))
             .map(|p| p.name_any())
             .collect()

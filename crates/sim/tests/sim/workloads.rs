@@ -17,11 +17,9 @@ use gpuop_sim::kubelet::Timing;
 use gpuop_sim::scenario::{Action, DriverInstallFault, ObjectPatch, ObjectRef};
 use gpuop_sim::simulation::Simulation;
 use gpuop_sim::workload::{WORKLOAD_LABEL, Workload};
-use k8s_openapi::api::apps::v1::{
-    DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, ReplicaSet, ReplicaSetStatus,
-};
-use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, PodTemplateSpec, Toleration};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use gpuop_testkit::fixture;
+use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet, ReplicaSetStatus};
+use k8s_openapi::api::core::v1::{Node, Pod, Toleration};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DynamicObject, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -54,44 +52,20 @@ fn pool(count: u32, gpus: u32, host_driver: bool) -> NodePool {
 /// operand.
 fn operand(operand: Operand, image: &str, strategy: &str) -> DaemonSet {
     let app = operand.info().daemonset;
-    let labels = BTreeMap::from([("app".to_owned(), app.to_owned())]);
-    DaemonSet {
-        metadata: ObjectMeta {
-            name: Some(app.to_owned()),
-            namespace: Some(OPERATORS.to_owned()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(DaemonSetSpec {
-            selector: LabelSelector {
-                match_labels: Some(labels.clone()),
-                ..LabelSelector::default()
-            },
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(PodSpec {
-                    tolerations: Some(vec![Toleration {
-                        operator: Some("Exists".to_owned()),
-                        ..Toleration::default()
-                    }]),
-                    containers: vec![Container {
-                        name: operand.id().to_owned(),
-                        image: Some(image.to_owned()),
-                        ..Container::default()
-                    }],
-                    ..PodSpec::default()
-                }),
-            },
-            update_strategy: Some(DaemonSetUpdateStrategy {
-                type_: Some(strategy.to_owned()),
-                ..DaemonSetUpdateStrategy::default()
-            }),
-            ..DaemonSetSpec::default()
-        }),
-        status: None,
-    }
+    let mut daemonset = fixture::daemonset(app)
+        .namespace(OPERATORS)
+        .selecting(&[("app", app)])
+        .container(operand.id(), image)
+        .update_strategy(strategy, None)
+        .build();
+    // Tolerates every taint, whatever its key.
+    let everything = Toleration {
+        operator: Some("Exists".to_owned()),
+        ..Toleration::default()
+    };
+    let template = daemonset.spec.as_mut().and_then(|s| s.template.spec.as_mut());
+    template.expect("the builder set a pod spec").tolerations = Some(vec![everything]);
+    daemonset
 }
 
 struct Cluster {
@@ -628,13 +602,15 @@ async fn scenario_actions_apply_patch_and_delete_a_cluster_policy() {
         missing.to_string().contains("patch ClusterPolicy no-such-policy"),
         "{missing}"
     );
+    // The policy `cluster-policy` as the kind `kind`, which the server may not know.
+    let policy_as = |kind: &str| ObjectRef {
+        api_version: "nvidia.com/v1".into(),
+        kind: kind.into(),
+        name: "cluster-policy".into(),
+        namespace: None,
+    };
     let unknown = sim
-        .apply(&Action::Delete(ObjectRef {
-            api_version: "nvidia.com/v1".into(),
-            kind: "ClusterPolicies".into(),
-            name: "cluster-policy".into(),
-            namespace: None,
-        }))
+        .apply(&Action::Delete(policy_as("ClusterPolicies")))
         .await
         .unwrap_err();
     assert!(
@@ -642,14 +618,9 @@ async fn scenario_actions_apply_patch_and_delete_a_cluster_policy() {
         "{unknown}"
     );
 
-    sim.apply(&Action::Delete(ObjectRef {
-        api_version: "nvidia.com/v1".into(),
-        kind: "ClusterPolicy".into(),
-        name: "cluster-policy".into(),
-        namespace: None,
-    }))
-    .await
-    .unwrap();
+    sim.apply(&Action::Delete(policy_as("ClusterPolicy")))
+        .await
+        .unwrap();
     assert!(policies.get_opt("cluster-policy").await.unwrap().is_none());
     sim.stop().await;
 }

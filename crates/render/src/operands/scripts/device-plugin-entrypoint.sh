@@ -2,14 +2,7 @@
 # Entrypoint of the device plugin: wait until the validator has proven the driver on this node, take over
 # what it found, offer GDRCopy and GPUDirect Storage devices when their modules are loaded (unless the
 # policy already decided), then run the plugin.
-until [ -f /run/nvidia/validations/driver-ready ]; do
-  echo "waiting for /run/nvidia/validations/driver-ready"
-  sleep 5
-done
-
-set -o allexport
-cat /run/nvidia/validations/driver-ready
-. /run/nvidia/validations/driver-ready
+# @include driver-ready-prelude.sh
 
 if lsmod | grep -q '^gdrdrv '; then
   : "${GDRCOPY_ENABLED:=true}"

@@ -2,14 +2,7 @@
 # Entrypoint of the MIG manager: wait until the validator has proven the driver on this node and take over
 # what it found. With a driver installed on the host, the host's GPU clients (listed in the gpu-clients
 # ConfigMap) are stopped while MIG is reconfigured.
-until [ -f /run/nvidia/validations/driver-ready ]; do
-  echo "waiting for /run/nvidia/validations/driver-ready"
-  sleep 5
-done
-
-set -o allexport
-cat /run/nvidia/validations/driver-ready
-. /run/nvidia/validations/driver-ready
+# @include driver-ready-prelude.sh
 
 WITH_SHUTDOWN_HOST_GPU_CLIENTS=$IS_HOST_DRIVER
 echo "WITH_SHUTDOWN_HOST_GPU_CLIENTS=$WITH_SHUTDOWN_HOST_GPU_CLIENTS"
