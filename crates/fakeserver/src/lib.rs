@@ -50,7 +50,6 @@ pub mod faults;
 mod fieldset;
 mod gc;
 mod http;
-mod json;
 mod load;
 mod logs;
 mod object;

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::Value;
 
-use crate::json;
 use crate::registry::ResourceInfo;
 use crate::selector::Labels;
 
@@ -108,8 +107,24 @@ impl Labels for Stored {
 
 impl Meta {
     pub(crate) fn read(object: &Value, info: &ResourceInfo) -> Self {
-        let text = |pointer: &str| json::text(object, pointer).to_owned();
-        let labels = json::string_entries(object, "/metadata/labels");
+        let metadata = object.get("metadata");
+        let text = |key: &str| {
+            metadata
+                .and_then(|m| m.get(key))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let labels = metadata
+            .and_then(|m| m.get("labels"))
+            .and_then(Value::as_object)
+            .map(|labels| {
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default();
         let fields = info
             .field_labels
             .iter()
@@ -117,31 +132,53 @@ impl Meta {
             .map(|f| (f.label.clone(), f.value_of(object)))
             .filter(|(label, value)| info.field_label(label).is_none_or(|f| f.absent != value))
             .collect();
-        let owners = json::items(object, "/metadata/ownerReferences")
+        let owners = metadata
+            .and_then(|m| m.get("ownerReferences"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
             .map(|owner| {
-                let text = |pointer: &str| json::text(owner, pointer).to_owned();
+                let text = |key: &str| {
+                    owner
+                        .get(key)
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned()
+                };
                 Owner {
-                    uid: text("/uid"),
-                    api_version: text("/apiVersion"),
-                    kind: text("/kind"),
-                    name: text("/name"),
+                    uid: text("uid"),
+                    api_version: text("apiVersion"),
+                    kind: text("kind"),
+                    name: text("name"),
                     block_owner_deletion: owner.get("blockOwnerDeletion").and_then(Value::as_bool)
                         == Some(true),
                 }
             })
             .collect();
+        let finalizers = metadata
+            .and_then(|m| m.get("finalizers"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect();
         Self {
-            namespace: text("/metadata/namespace"),
-            name: text("/metadata/name"),
-            uid: text("/metadata/uid"),
-            resource_version: text("/metadata/resourceVersion").parse().unwrap_or(0),
-            api_version: text("/apiVersion"),
+            namespace: text("namespace"),
+            name: text("name"),
+            uid: text("uid"),
+            resource_version: text("resourceVersion").parse().unwrap_or(0),
+            api_version: object
+                .get("apiVersion")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
             labels,
             fields,
             owners,
-            finalizers: json::strings(object, "/metadata/finalizers"),
-            deleting: object
-                .pointer("/metadata/deletionTimestamp")
+            finalizers,
+            deleting: metadata
+                .and_then(|m| m.get("deletionTimestamp"))
                 .is_some_and(|t| !t.is_null()),
         }
     }

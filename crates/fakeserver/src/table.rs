@@ -15,7 +15,6 @@ use jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
 use crate::clock::Clock;
-use crate::json::{self, text};
 use crate::registry::ResourceInfo;
 
 /// What each row carries besides its cells (`?includeObject=`).
@@ -332,6 +331,10 @@ pub(crate) fn table(
     table
 }
 
+fn text<'v>(value: &'v Value, pointer: &str) -> &'v str {
+    value.pointer(pointer).and_then(Value::as_str).unwrap_or_default()
+}
+
 fn int(value: &Value, pointer: &str) -> i64 {
     value.pointer(pointer).and_then(Value::as_i64).unwrap_or(0)
 }
@@ -433,9 +436,18 @@ fn selector(selector: Option<&Value>) -> String {
     if labels != "<none>" {
         parts.push(labels);
     }
-    for expression in json::items(selector, "/matchExpressions") {
+    for expression in selector
+        .get("matchExpressions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let key = text(expression, "/key");
-        let values: Vec<&str> = json::items(expression, "/values")
+        let values: Vec<&str> = expression
+            .get("values")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
             .filter_map(Value::as_str)
             .collect();
         parts.push(match text(expression, "/operator") {
@@ -841,7 +853,11 @@ fn pod_cells(pod: &Value, name: Value, created: Value, now: Timestamp) -> Vec<Va
     let gates_cell = if gates == 0 {
         "<none>".to_owned()
     } else {
-        let met = json::items(pod, "/spec/readinessGates")
+        let met = pod
+            .pointer("/spec/readinessGates")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
             .filter(|gate| {
                 pod.pointer("/status/conditions")
                     .and_then(Value::as_array)
@@ -876,11 +892,22 @@ fn service_cells(service: &Value, name: Value, created: Value) -> Vec<Value> {
         "" => "<none>",
         ip => ip,
     };
-    let mut external: Vec<String> = json::strings(service, "/spec/externalIPs");
+    let mut external: Vec<String> = service
+        .pointer("/spec/externalIPs")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect();
     if kind == "ExternalName" {
         external.push(text(service, "/spec/externalName").to_owned());
     }
-    let ports: Vec<String> = json::items(service, "/spec/ports")
+    let ports: Vec<String> = service
+        .pointer("/spec/ports")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
         .map(|port| {
             let protocol = match text(port, "/protocol") {
                 "" => "TCP",

@@ -13,7 +13,6 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::json;
 use crate::selector::LabelSelector;
 
 /// `*`: every verb, group, resource or URL.
@@ -40,20 +39,37 @@ pub struct PolicyRule {
     pub non_resource_urls: Vec<String>,
 }
 
-/// The string at `pointer`, owned.
+fn strings(value: &Value, key: &str) -> Vec<String> {
+    value
+        .get(key)
+        .and_then(Value::as_array)
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn text(value: &Value, pointer: &str) -> String {
-    json::text(value, pointer).to_owned()
+    value
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
 }
 
 impl PolicyRule {
     /// The rule as stored JSON writes it.
     pub fn from_json(value: &Value) -> Self {
         Self {
-            verbs: json::strings(value, "/verbs"),
-            api_groups: json::strings(value, "/apiGroups"),
-            resources: json::strings(value, "/resources"),
-            resource_names: json::strings(value, "/resourceNames"),
-            non_resource_urls: json::strings(value, "/nonResourceURLs"),
+            verbs: strings(value, "verbs"),
+            api_groups: strings(value, "apiGroups"),
+            resources: strings(value, "resources"),
+            resource_names: strings(value, "resourceNames"),
+            non_resource_urls: strings(value, "nonResourceURLs"),
         }
     }
 
@@ -247,22 +263,6 @@ pub struct RoleId {
     pub name: String,
 }
 
-impl RoleId {
-    /// The role a binding in `binding_namespace` refers to: a Role in the binding's own namespace, or a
-    /// ClusterRole, which has none.
-    pub(crate) fn referenced(kind: RoleKind, binding_namespace: &str, name: &str) -> Self {
-        let namespace = match kind {
-            RoleKind::Role => binding_namespace.to_owned(),
-            RoleKind::ClusterRole => String::new(),
-        };
-        Self {
-            kind,
-            namespace,
-            name: name.to_owned(),
-        }
-    }
-}
-
 /// One rule of one role: the role and the rule's index in its (aggregated, for aggregated ClusterRoles)
 /// rules.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -444,8 +444,20 @@ impl RbacIndex {
                 } else {
                     RoleKind::ClusterRole
                 };
-                let role = RoleId::referenced(role_kind, &namespace, json::text(object, "/roleRef/name"));
-                let subjects: Vec<Subject> = json::items(object, "/subjects")
+                let role = RoleId {
+                    kind: role_kind,
+                    namespace: if role_kind == RoleKind::Role {
+                        namespace.clone()
+                    } else {
+                        String::new()
+                    },
+                    name: text(object, "/roleRef/name"),
+                };
+                let subjects: Vec<Subject> = object
+                    .get("subjects")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
                     .map(|s| Subject {
                         kind: text(s, "/kind"),
                         name: text(s, "/name"),
@@ -627,7 +639,16 @@ impl RbacIndex {
 }
 
 fn role_entry(object: &Value, cluster: bool) -> RoleEntry {
-    let labels = json::string_entries(object, "/metadata/labels");
+    let labels = object
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .map(|labels| {
+            labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
     let aggregation = cluster
         .then(|| object.pointer("/aggregationRule/clusterRoleSelectors"))
         .flatten()
@@ -908,14 +929,6 @@ mod tests {
         binding
     }
 
-    /// Binds the ClusterRole `role` to `subjects` cluster-wide, in a binding of the same name.
-    fn bind_cluster_role(index: &mut RbacIndex, role: &str, subjects: Value) {
-        index.upsert(
-            RbacKind::ClusterRoleBinding,
-            &binding(None, role, "ClusterRole", role, subjects),
-        );
-    }
-
     fn sa(namespace: &str, name: &str) -> Value {
         json!([{"kind": "ServiceAccount", "name": name, "namespace": namespace}])
     }
@@ -939,7 +952,16 @@ mod tests {
                 ],
             ),
         );
-        bind_cluster_role(&mut index, "op", sa("gpu-operator", "gpu-operator"));
+        index.upsert(
+            RbacKind::ClusterRoleBinding,
+            &binding(
+                None,
+                "op",
+                "ClusterRole",
+                "op",
+                sa("gpu-operator", "gpu-operator"),
+            ),
+        );
         let me = sa_user("gpu-operator", "gpu-operator");
         let at = |verb: &str, group: &str, resource: &str, ns: &str, name: &str| {
             allowed(
@@ -988,7 +1010,16 @@ mod tests {
                 ],
             ),
         );
-        bind_cluster_role(&mut index, "cp", json!([{"kind": "User", "name": "alice"}]));
+        index.upsert(
+            RbacKind::ClusterRoleBinding,
+            &binding(
+                None,
+                "cp",
+                "ClusterRole",
+                "cp",
+                json!([{"kind": "User", "name": "alice"}]),
+            ),
+        );
         let alice = user("alice", &["system:authenticated"]);
         let at = |verb: &str, name: &str| {
             allowed(
@@ -1084,10 +1115,15 @@ mod tests {
                 vec![json!({"verbs": ["get"], "nonResourceURLs": ["/healthz", "/apis/*"]})],
             ),
         );
-        bind_cluster_role(
-            &mut index,
-            "d",
-            json!([{"kind": "Group", "name": "system:authenticated"}]),
+        index.upsert(
+            RbacKind::ClusterRoleBinding,
+            &binding(
+                None,
+                "d",
+                "ClusterRole",
+                "d",
+                json!([{"kind": "Group", "name": "system:authenticated"}]),
+            ),
         );
         let me = user("bob", &["system:authenticated"]);
         assert!(allowed(&index, &me, &Attributes::non_resource("get", "/healthz")));
@@ -1123,8 +1159,26 @@ mod tests {
                 vec![rule(&["list"], &[""], &["nodes"]), rule(&["*"], &["*"], &["*"])],
             ),
         );
-        bind_cluster_role(&mut index, "r", json!([{"kind": "User", "name": "u"}]));
-        bind_cluster_role(&mut index, "gone", json!([{"kind": "User", "name": "v"}]));
+        index.upsert(
+            RbacKind::ClusterRoleBinding,
+            &binding(
+                None,
+                "r",
+                "ClusterRole",
+                "r",
+                json!([{"kind": "User", "name": "u"}]),
+            ),
+        );
+        index.upsert(
+            RbacKind::ClusterRoleBinding,
+            &binding(
+                None,
+                "gone",
+                "ClusterRole",
+                "gone",
+                json!([{"kind": "User", "name": "v"}]),
+            ),
+        );
         let decision = authorize(
             &index,
             &user("u", &[]),
