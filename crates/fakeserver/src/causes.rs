@@ -170,19 +170,7 @@ pub(crate) fn dns_subdomain_problem(name: &str) -> Option<String> {
 
 /// Why `name` is not a DNS-1123 label: every reason (`IsDNS1123Label`).
 pub(crate) fn dns_label_problems(name: &str) -> Vec<String> {
-    let mut problems = Vec::new();
-    if name.len() > 63 {
-        problems.push("must be no more than 63 characters".into());
-    }
-    let ok = name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-        && name.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-    if !ok {
-        problems.push(DNS_LABEL.into());
-    }
-    problems
+    label_problems(name, |c| c.is_ascii_lowercase() || c.is_ascii_digit(), DNS_LABEL)
 }
 
 /// The first reason `name` is not a DNS-1123 label, if it is not.
@@ -192,17 +180,23 @@ pub(crate) fn dns_label_problem(name: &str) -> Option<String> {
 
 /// Why `name` is not a DNS-1035 label (Service names: a letter first): every reason (`IsDNS1035Label`).
 pub(crate) fn dns1035_label_problems(name: &str) -> Vec<String> {
+    label_problems(name, |c| c.is_ascii_lowercase(), DNS1035_LABEL)
+}
+
+/// Why `name` is not a DNS label of the kind whose first character `first` accepts and whose format
+/// `rule` words: at most 63 lower-case alphanumerics or '-', ending alphanumeric. Every reason.
+fn label_problems(name: &str, first: fn(char) -> bool, rule: &str) -> Vec<String> {
     let mut problems = Vec::new();
     if name.len() > 63 {
         problems.push("must be no more than 63 characters".into());
     }
-    let ok = name.starts_with(|c: char| c.is_ascii_lowercase())
+    let ok = name.starts_with(first)
         && name.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
         && name
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
     if !ok {
-        problems.push(DNS1035_LABEL.into());
+        problems.push(rule.into());
     }
     problems
 }

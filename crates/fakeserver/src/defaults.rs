@@ -8,6 +8,7 @@
 
 use serde_json::{Map, Value, json};
 
+use crate::json;
 use crate::registry::ResourceInfo;
 
 fn set(map: &mut Map<String, Value>, key: &str, value: Value) {
@@ -40,16 +41,11 @@ fn device_requests(requests: Option<&mut Value>) {
             set(request, "count", json!(1));
         }
     };
-    for request in requests.and_then(Value::as_array_mut).into_iter().flatten() {
+    for request in json::objects_mut(requests) {
         if let Some(exactly) = request.get_mut("exactly").and_then(Value::as_object_mut) {
             one_device(exactly);
         }
-        let alternatives = request.get_mut("firstAvailable").and_then(Value::as_array_mut);
-        for alternative in alternatives
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_object_mut)
-        {
+        for alternative in json::objects_mut(request.get_mut("firstAvailable")) {
             one_device(alternative);
         }
     }
@@ -68,19 +64,7 @@ pub(crate) fn apply(info: &ResourceInfo, object: &mut Value) {
         }
         ("apps", "DaemonSet") => {
             if let Some(spec) = object_at(object, "spec") {
-                let strategy = spec
-                    .entry("updateStrategy")
-                    .or_insert_with(|| json!({}))
-                    .as_object_mut()
-                    .expect("an object was just ensured");
-                set(strategy, "type", json!("RollingUpdate"));
-                if strategy.get("type") == Some(&json!("RollingUpdate")) {
-                    let rolling = strategy.entry("rollingUpdate").or_insert_with(|| json!({}));
-                    if let Some(rolling) = rolling.as_object_mut() {
-                        set(rolling, "maxUnavailable", json!(1));
-                        set(rolling, "maxSurge", json!(0));
-                    }
-                }
+                rolling_update(spec, "updateStrategy", json!(1), json!(0));
                 set(spec, "revisionHistoryLimit", json!(10));
                 template(spec);
             }
@@ -88,17 +72,7 @@ pub(crate) fn apply(info: &ResourceInfo, object: &mut Value) {
         ("apps", "Deployment") => {
             if let Some(spec) = object_at(object, "spec") {
                 set(spec, "replicas", json!(1));
-                let strategy = spec.entry("strategy").or_insert_with(|| json!({}));
-                if let Some(strategy) = strategy.as_object_mut() {
-                    set(strategy, "type", json!("RollingUpdate"));
-                    if strategy.get("type") == Some(&json!("RollingUpdate")) {
-                        let rolling = strategy.entry("rollingUpdate").or_insert_with(|| json!({}));
-                        if let Some(rolling) = rolling.as_object_mut() {
-                            set(rolling, "maxUnavailable", json!("25%"));
-                            set(rolling, "maxSurge", json!("25%"));
-                        }
-                    }
-                }
+                rolling_update(spec, "strategy", json!("25%"), json!("25%"));
                 set(spec, "revisionHistoryLimit", json!(10));
                 set(spec, "progressDeadlineSeconds", json!(600));
                 template(spec);
@@ -128,17 +102,10 @@ pub(crate) fn apply(info: &ResourceInfo, object: &mut Value) {
                 if spec.get("type") != Some(&json!("ExternalName")) {
                     set(spec, "internalTrafficPolicy", json!("Cluster"));
                 }
-                for port in spec
-                    .get_mut("ports")
-                    .and_then(Value::as_array_mut)
-                    .into_iter()
-                    .flatten()
-                {
-                    if let Some(port) = port.as_object_mut() {
-                        set(port, "protocol", json!("TCP"));
-                        if let Some(number) = port.get("port").cloned() {
-                            set(port, "targetPort", number);
-                        }
+                for port in json::objects_mut(spec.get_mut("ports")) {
+                    set(port, "protocol", json!("TCP"));
+                    if let Some(number) = port.get("port").cloned() {
+                        set(port, "targetPort", number);
                     }
                 }
             }
@@ -160,11 +127,7 @@ pub(crate) fn apply(info: &ResourceInfo, object: &mut Value) {
             }
         }
         ("", "Namespace") => {
-            let name = object
-                .pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
+            let name = json::text(object, "/metadata/name").to_owned();
             if let Some(metadata) = object_at(object, "metadata") {
                 let labels = metadata.entry("labels").or_insert_with(|| json!({}));
                 if let Some(labels) = labels.as_object_mut() {
@@ -173,18 +136,11 @@ pub(crate) fn apply(info: &ResourceInfo, object: &mut Value) {
             }
         }
         ("rbac.authorization.k8s.io", "RoleBinding" | "ClusterRoleBinding") => {
-            for subject in object
-                .get_mut("subjects")
-                .and_then(Value::as_array_mut)
-                .into_iter()
-                .flatten()
-            {
-                if let Some(subject) = subject.as_object_mut()
-                    && matches!(
-                        subject.get("kind").and_then(Value::as_str),
-                        Some("User" | "Group")
-                    )
-                {
+            for subject in json::objects_mut(object.get_mut("subjects")) {
+                if matches!(
+                    subject.get("kind").and_then(Value::as_str),
+                    Some("User" | "Group")
+                ) {
                     set(subject, "apiGroup", json!("rbac.authorization.k8s.io"));
                 }
             }
@@ -213,6 +169,22 @@ fn template(spec: &mut Map<String, Value>) {
     }
 }
 
+/// A workload's update strategy under `key` (a DaemonSet's `updateStrategy`, a Deployment's `strategy`):
+/// `RollingUpdate` unless another type is set, and then the rolling update's limits.
+fn rolling_update(spec: &mut Map<String, Value>, key: &str, max_unavailable: Value, max_surge: Value) {
+    let Some(strategy) = spec.entry(key).or_insert_with(|| json!({})).as_object_mut() else {
+        return;
+    };
+    set(strategy, "type", json!("RollingUpdate"));
+    if strategy.get("type") == Some(&json!("RollingUpdate")) {
+        let rolling = strategy.entry("rollingUpdate").or_insert_with(|| json!({}));
+        if let Some(rolling) = rolling.as_object_mut() {
+            set(rolling, "maxUnavailable", max_unavailable);
+            set(rolling, "maxSurge", max_surge);
+        }
+    }
+}
+
 fn pod_spec(spec: &mut Map<String, Value>) {
     set(spec, "restartPolicy", json!("Always"));
     set(spec, "terminationGracePeriodSeconds", json!(30));
@@ -224,26 +196,11 @@ fn pod_spec(spec: &mut Map<String, Value>) {
         set(spec, "serviceAccount", account);
     }
     for list in ["initContainers", "containers"] {
-        for container in spec
-            .get_mut(list)
-            .and_then(Value::as_array_mut)
-            .into_iter()
-            .flatten()
-        {
-            if let Some(container) = container.as_object_mut() {
-                self::container(container);
-            }
+        for container in json::objects_mut(spec.get_mut(list)) {
+            self::container(container);
         }
     }
-    for volume in spec
-        .get_mut("volumes")
-        .and_then(Value::as_array_mut)
-        .into_iter()
-        .flatten()
-    {
-        let Some(volume) = volume.as_object_mut() else {
-            continue;
-        };
+    for volume in json::objects_mut(spec.get_mut("volumes")) {
         for source in ["configMap", "secret", "projected", "downwardAPI"] {
             if let Some(source) = volume.get_mut(source).and_then(Value::as_object_mut) {
                 set(source, "defaultMode", json!(420));
@@ -261,24 +218,13 @@ fn container(container: &mut Map<String, Value>) {
     set(container, "resources", json!({}));
     let image = container.get("image").and_then(Value::as_str).unwrap_or_default();
     set(container, "imagePullPolicy", json!(pull_policy(image)));
-    for port in container
-        .get_mut("ports")
-        .and_then(Value::as_array_mut)
-        .into_iter()
-        .flatten()
-    {
-        if let Some(port) = port.as_object_mut() {
-            set(port, "protocol", json!("TCP"));
-        }
+    for port in json::objects_mut(container.get_mut("ports")) {
+        set(port, "protocol", json!("TCP"));
     }
-    for variable in container
-        .get_mut("env")
-        .and_then(Value::as_array_mut)
-        .into_iter()
-        .flatten()
-    {
+    for variable in json::objects_mut(container.get_mut("env")) {
         if let Some(field) = variable
-            .pointer_mut("/valueFrom/fieldRef")
+            .get_mut("valueFrom")
+            .and_then(|from| from.get_mut("fieldRef"))
             .and_then(Value::as_object_mut)
         {
             set(field, "apiVersion", json!("v1"));

@@ -265,10 +265,7 @@ mod tests {
     fn resource_lists_carry_subresources_and_short_names() {
         let registry = Registry::builtin();
         let core = resource_list(&registry, "", "v1").expect("core");
-        let names: Vec<&str> = core["resources"]
-            .as_array()
-            .into_iter()
-            .flatten()
+        let names: Vec<&str> = crate::json::items(&core, "/resources")
             .filter_map(|r| r["name"].as_str())
             .collect();
         for expected in [

@@ -30,11 +30,16 @@ impl GroupResource {
 
 impl fmt::Display for GroupResource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.group.is_empty() {
-            f.write_str(&self.resource)
-        } else {
-            write!(f, "{}.{}", self.resource, self.group)
-        }
+        write_qualified(f, &self.resource, &self.group)
+    }
+}
+
+/// Writes `name` qualified by `group` as the API server prints it: `pods`, `clusterpolicies.nvidia.com`.
+fn write_qualified(f: &mut fmt::Formatter<'_>, name: &str, group: &str) -> fmt::Result {
+    if group.is_empty() {
+        f.write_str(name)
+    } else {
+        write!(f, "{name}.{group}")
     }
 }
 
@@ -49,11 +54,7 @@ pub struct GroupKind {
 
 impl fmt::Display for GroupKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.group.is_empty() {
-            f.write_str(&self.kind)
-        } else {
-            write!(f, "{}.{}", self.kind, self.group)
-        }
+        write_qualified(f, &self.kind, &self.group)
     }
 }
 

@@ -443,6 +443,18 @@ impl FaultInjector {
 mod tests {
     use super::*;
 
+    /// The rule that `resource=<resource>` and `effect` parse to: every request for the resource is hit.
+    fn every_request_for(resource: &str, effect: Effect) -> FaultRule {
+        FaultRule {
+            verb: None,
+            resource: Some(resource.into()),
+            client: None,
+            listener: None,
+            rate: 1.0,
+            effect,
+        }
+    }
+
     fn hits(faults: Faults, requests: usize) -> Vec<bool> {
         let injector = FaultInjector::default();
         injector.set(faults);
@@ -538,12 +550,8 @@ mod tests {
         assert_eq!(
             rule,
             FaultRule {
-                verb: None,
-                resource: Some("leases".into()),
                 client: Some("replica-a".into()),
-                listener: None,
-                rate: 1.0,
-                effect: Effect::Hang,
+                ..every_request_for("leases", Effect::Hang)
             }
         );
         for bad in [
@@ -578,14 +586,7 @@ mod tests {
         let delay: FaultRule = "resource=nodes,watch-delay-ms=3000".parse().expect("parses");
         assert_eq!(
             delay,
-            FaultRule {
-                verb: None,
-                resource: Some("nodes".into()),
-                client: None,
-                listener: None,
-                rate: 1.0,
-                effect: Effect::WatchDelay(Duration::from_secs(3)),
-            }
+            every_request_for("nodes", Effect::WatchDelay(Duration::from_secs(3)))
         );
         let operator: FaultRule = "client=gpu-operator-rs,code=500".parse().expect("parses");
         assert_eq!(operator.client.as_deref(), Some("gpu-operator-rs"));

@@ -149,13 +149,17 @@ impl State {
             .collect()
     }
 
+    /// The object with this uid if it is being deleted and still holds `finalizer`: an owner whose
+    /// dependents foreground deletion or orphaning has yet to deal with.
+    fn deleting_with(&self, uid: &str, finalizer: &str) -> Option<(Arc<ResourceInfo>, Arc<Stored>)> {
+        self.by_uid(uid)
+            .filter(|(_, owner)| owner.meta.deleting && owner.meta.finalizers.iter().any(|f| f == finalizer))
+    }
+
     fn foreground(&mut self, uid: &str) {
-        let Some((info, owner)) = self.by_uid(uid) else {
+        let Some((info, owner)) = self.deleting_with(uid, "foregroundDeletion") else {
             return;
         };
-        if !owner.meta.deleting || !owner.meta.finalizers.iter().any(|f| f == "foregroundDeletion") {
-            return;
-        }
         for (dependent_info, dependent) in self.dependents_of(&owner) {
             if !dependent.meta.deleting {
                 let has_own = self
@@ -185,12 +189,9 @@ impl State {
     }
 
     fn orphan(&mut self, uid: &str) {
-        let Some((info, owner)) = self.by_uid(uid) else {
+        let Some((info, owner)) = self.deleting_with(uid, "orphan") else {
             return;
         };
-        if !owner.meta.deleting || !owner.meta.finalizers.iter().any(|f| f == "orphan") {
-            return;
-        }
         for (dependent_info, dependent) in self.dependents_of(&owner) {
             let mut value = dependent.value();
             if let Some(references) = value
@@ -300,18 +301,7 @@ impl State {
             return;
         }
         let value = definition.value();
-        let key = crate::registry::StorageKey {
-            group: value
-                .pointer("/spec/group")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned(),
-            plural: value
-                .pointer("/spec/names/plural")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned(),
-        };
+        let key = crate::registry::StorageKey::of_crd(&value);
         if let Some(info) = self.info_for(&key) {
             let contents: Vec<Arc<Stored>> = self.table(&key).objects.values().cloned().collect();
             for object in &contents {

@@ -50,6 +50,7 @@ pub mod faults;
 mod fieldset;
 mod gc;
 mod http;
+mod json;
 mod load;
 mod logs;
 mod object;

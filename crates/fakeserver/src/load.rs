@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::json;
 use crate::store::{Store, WriteOptions};
 
 /// Why objects could not be loaded.
@@ -109,13 +110,7 @@ pub(crate) fn create_all(store: &Store, mut objects: Vec<(String, Value)>) -> Re
                 meta.remove(key);
             }
         }
-        let text = |key: &str| {
-            object
-                .pointer(key)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned()
-        };
+        let text = |pointer: &str| json::text(&object, pointer).to_owned();
         let (kind, name) = (text("/kind"), text("/metadata/name"));
         store
             .create_object(object, &opts)

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::Value;
 
+use crate::json;
 use crate::registry::ResourceInfo;
 use crate::selector::Labels;
 
@@ -107,24 +108,8 @@ impl Labels for Stored {
 
 impl Meta {
     pub(crate) fn read(object: &Value, info: &ResourceInfo) -> Self {
-        let metadata = object.get("metadata");
-        let text = |key: &str| {
-            metadata
-                .and_then(|m| m.get(key))
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let labels = metadata
-            .and_then(|m| m.get("labels"))
-            .and_then(Value::as_object)
-            .map(|labels| {
-                labels
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let text = |pointer: &str| json::text(object, pointer).to_owned();
+        let labels = json::string_entries(object, "/metadata/labels");
         let fields = info
             .field_labels
             .iter()
@@ -132,53 +117,31 @@ impl Meta {
             .map(|f| (f.label.clone(), f.value_of(object)))
             .filter(|(label, value)| info.field_label(label).is_none_or(|f| f.absent != value))
             .collect();
-        let owners = metadata
-            .and_then(|m| m.get("ownerReferences"))
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
+        let owners = json::items(object, "/metadata/ownerReferences")
             .map(|owner| {
-                let text = |key: &str| {
-                    owner
-                        .get(key)
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_owned()
-                };
+                let text = |pointer: &str| json::text(owner, pointer).to_owned();
                 Owner {
-                    uid: text("uid"),
-                    api_version: text("apiVersion"),
-                    kind: text("kind"),
-                    name: text("name"),
+                    uid: text("/uid"),
+                    api_version: text("/apiVersion"),
+                    kind: text("/kind"),
+                    name: text("/name"),
                     block_owner_deletion: owner.get("blockOwnerDeletion").and_then(Value::as_bool)
                         == Some(true),
                 }
             })
             .collect();
-        let finalizers = metadata
-            .and_then(|m| m.get("finalizers"))
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .map(str::to_owned)
-            .collect();
         Self {
-            namespace: text("namespace"),
-            name: text("name"),
-            uid: text("uid"),
-            resource_version: text("resourceVersion").parse().unwrap_or(0),
-            api_version: object
-                .get("apiVersion")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned(),
+            namespace: text("/metadata/namespace"),
+            name: text("/metadata/name"),
+            uid: text("/metadata/uid"),
+            resource_version: text("/metadata/resourceVersion").parse().unwrap_or(0),
+            api_version: text("/apiVersion"),
             labels,
             fields,
             owners,
-            finalizers,
-            deleting: metadata
-                .and_then(|m| m.get("deletionTimestamp"))
+            finalizers: json::strings(object, "/metadata/finalizers"),
+            deleting: object
+                .pointer("/metadata/deletionTimestamp")
                 .is_some_and(|t| !t.is_null()),
         }
     }

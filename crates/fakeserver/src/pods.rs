@@ -7,16 +7,13 @@
 use serde_json::{Value, json};
 
 use crate::error::{ApiError, Cause, GroupKind, GroupResource};
+use crate::json;
 use crate::selector::LabelSelector;
 
 /// Fills in what admission plugins add to a new pod. `class` is the PriorityClass the pod names, if it
 /// names one and it exists. Fails when the pod names a PriorityClass that does not exist.
 pub(crate) fn admit(pod: &mut Value, class: Option<&Value>) -> Result<(), ApiError> {
-    let name = pod
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
+    let name = json::text(pod, "/metadata/name").to_owned();
     let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else {
         return Ok(());
     };
@@ -72,16 +69,8 @@ pub(crate) fn admit(pod: &mut Value, class: Option<&Value>) -> Result<(), ApiErr
 
 /// Binds a pod to a node: sets `spec.nodeName` and the `PodScheduled` condition.
 pub(crate) fn bind(pod: &mut Value, binding: &Value, now: &str) -> Result<(), ApiError> {
-    let name = pod
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
-    let node = binding
-        .pointer("/target/name")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
+    let name = json::text(pod, "/metadata/name").to_owned();
+    let node = json::text(binding, "/target/name").to_owned();
     if node.is_empty() {
         return Err(ApiError::invalid_causes(
             GroupKind {
@@ -123,15 +112,9 @@ pub(crate) fn bind(pod: &mut Value, binding: &Value, now: &str) -> Result<(), Ap
 fn is_ready(pod: &Value) -> bool {
     pod.pointer("/metadata/deletionTimestamp")
         .is_none_or(Value::is_null)
-        && pod
-            .pointer("/status/conditions")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .any(|c| {
-                c.get("type").and_then(Value::as_str) == Some("Ready")
-                    && c.get("status") == Some(&json!("True"))
-            })
+        && json::items(pod, "/status/conditions").any(|c| {
+            c.get("type").and_then(Value::as_str) == Some("Ready") && c.get("status") == Some(&json!("True"))
+        })
 }
 
 /// An `intstr` budget (`3` or `"50%"`) resolved against `total`, rounding up as the disruption controller does.
@@ -167,10 +150,7 @@ pub(crate) fn may_evict(pod: &Value, budgets: &[Value], pods: &[Value]) -> Resul
         })
         .collect();
     // A pod that is not running (or not yet ready) can always go: evicting it disrupts nothing.
-    let phase = pod
-        .pointer("/status/phase")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
+    let phase = json::text(pod, "/status/phase");
     if covering.is_empty() || matches!(phase, "Succeeded" | "Failed" | "Pending") || !is_ready(pod) {
         return Ok(());
     }
@@ -204,10 +184,7 @@ pub(crate) fn may_evict(pod: &Value, budgets: &[Value], pods: &[Value]) -> Resul
     };
     let allowed = healthy.saturating_sub(desired);
     if allowed == 0 {
-        let budget_name = budget
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let budget_name = json::text(budget, "/metadata/name");
         return Err(ApiError::TooManyRequests {
             message: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
             retry_after_seconds: None,

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use crate::causes::{dns_subdomain_problem, forbidden, invalid, required, unsupported};
 use crate::error::Cause;
+use crate::json::{self, text};
 
 /// A field label usable in a field selector, and where its value lives in the object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,6 +140,16 @@ pub struct StorageKey {
     pub group: String,
     /// Plural resource name.
     pub plural: String,
+}
+
+impl StorageKey {
+    /// Where the objects of the resource a CustomResourceDefinition object defines are stored.
+    pub(crate) fn of_crd(crd: &Value) -> Self {
+        Self {
+            group: text(crd, "/spec/group").to_owned(),
+            plural: text(crd, "/spec/names/plural").to_owned(),
+        }
+    }
 }
 
 struct Builtin {
@@ -504,36 +515,18 @@ impl Registry {
         self.resources
             .retain(|r| !(r.custom.is_some() && r.group == group && r.plural == plural));
         let namespaced = text(spec, "/scope") != "Cluster";
-        let versions = spec
-            .get("versions")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
+        let versions: Vec<&Value> = json::items(spec, "/versions").collect();
         let storage_version = versions
             .iter()
             .find(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
             .map(|v| text(v, "/name"))
             .unwrap_or_default();
-        let strings = |value: Option<&Value>| -> Vec<String> {
-            value
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .map(str::to_owned)
-                .collect()
-        };
         for version in versions
             .iter()
             .filter(|v| v.get("served").and_then(Value::as_bool) != Some(false))
         {
             let mut field_labels = base_fields();
-            for selectable in version
-                .get("selectableFields")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
+            for selectable in json::items(version, "/selectableFields") {
                 let path = text(selectable, "/jsonPath");
                 field_labels.push(FieldLabel::new(path.trim_start_matches('.'), ""));
             }
@@ -542,31 +535,27 @@ impl Registry {
                 .and_then(Value::as_str)
                 .map_or_else(|| kind.to_lowercase(), str::to_owned);
             self.resources.push(Arc::new(ResourceInfo {
-                group: group.clone(),
-                version: text(version, "/name"),
-                kind: kind.clone(),
+                group: group.to_owned(),
+                version: text(version, "/name").to_owned(),
+                kind: kind.to_owned(),
                 list_kind: names
                     .get("listKind")
                     .and_then(Value::as_str)
                     .map_or_else(|| format!("{kind}List"), str::to_owned),
-                plural: plural.clone(),
+                plural: plural.to_owned(),
                 singular,
                 namespaced,
                 status_subresource: version.pointer("/subresources/status").is_some(),
                 subresources: Vec::new(),
-                short_names: strings(names.get("shortNames")),
-                categories: strings(names.get("categories")),
+                short_names: json::strings(&names, "/shortNames"),
+                categories: json::strings(&names, "/categories"),
                 generation: true,
                 field_labels,
                 create_only: false,
                 custom: Some(CustomInfo {
                     schema: version.pointer("/schema/openAPIV3Schema").cloned(),
-                    storage_version: storage_version.clone(),
-                    crd_name: crd
-                        .pointer("/metadata/name")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_owned(),
+                    storage_version: storage_version.to_owned(),
+                    crd_name: text(crd, "/metadata/name").to_owned(),
                     printer_columns: version
                         .get("additionalPrinterColumns")
                         .and_then(Value::as_array)
@@ -579,37 +568,19 @@ impl Registry {
 
     /// Removes every version of a CRD's resource.
     pub fn unregister_crd(&mut self, crd: &Value) {
-        let group = crd
-            .pointer("/spec/group")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let plural = crd
-            .pointer("/spec/names/plural")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let group = text(crd, "/spec/group");
+        let plural = text(crd, "/spec/names/plural");
         self.resources
             .retain(|r| !(r.custom.is_some() && r.group == group && r.plural == plural));
     }
 }
 
-fn text(value: &Value, pointer: &str) -> String {
-    value
-        .pointer(pointer)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned()
-}
-
 /// Fills in what the API server defaults in a CRD: singular and list kind, conversion strategy.
 pub(crate) fn default_crd(crd: &mut Value) {
+    let kind = text(crd, "/spec/names/kind").to_owned();
     let Some(names) = crd.pointer_mut("/spec/names").and_then(Value::as_object_mut) else {
         return;
     };
-    let kind = names
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
     names
         .entry("singular")
         .or_insert_with(|| Value::from(kind.to_lowercase()));
@@ -624,11 +595,7 @@ pub(crate) fn default_crd(crd: &mut Value) {
 
 /// The status the API server's CRD controllers would settle on: names accepted, established.
 pub(crate) fn crd_status(crd: &Value, now: &str) -> Value {
-    let storage: Vec<Value> = crd
-        .pointer("/spec/versions")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
+    let storage: Vec<Value> = json::items(crd, "/spec/versions")
         .filter(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
         .filter_map(|v| v.get("name").cloned())
         .collect();
@@ -654,11 +621,11 @@ pub(crate) fn validate_crd(crd: &Value, old: Option<&Value>, causes: &mut Vec<Ca
     } else if !group.contains('.') {
         causes.push(invalid(
             "spec.group",
-            &Value::from(group.as_str()),
+            &Value::from(group),
             "should be a domain with at least one dot",
         ));
-    } else if let Some(problem) = dns_subdomain_problem(&group) {
-        causes.push(invalid("spec.group", &Value::from(group.as_str()), problem));
+    } else if let Some(problem) = dns_subdomain_problem(group) {
+        causes.push(invalid("spec.group", &Value::from(group), problem));
     }
     if plural.is_empty() {
         causes.push(required("spec.names.plural", ""));
@@ -669,23 +636,19 @@ pub(crate) fn validate_crd(crd: &Value, old: Option<&Value>, causes: &mut Vec<Ca
     if name != format!("{plural}.{group}") {
         causes.push(invalid(
             "metadata.name",
-            &Value::from(name.as_str()),
+            &Value::from(name),
             "must be spec.names.plural+\".\"+spec.group",
         ));
     }
     let scope = text(crd, "/spec/scope");
-    if !matches!(scope.as_str(), "Namespaced" | "Cluster") {
+    if !matches!(scope, "Namespaced" | "Cluster") {
         causes.push(unsupported(
             "spec.scope",
-            &Value::from(scope.as_str()),
+            &Value::from(scope),
             &["Cluster", "Namespaced"],
         ));
     }
-    let versions = crd
-        .pointer("/spec/versions")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+    let versions: Vec<&Value> = json::items(crd, "/spec/versions").collect();
     if versions.is_empty() {
         causes.push(invalid(
             "spec.versions",
@@ -722,11 +685,7 @@ pub(crate) fn validate_crd(crd: &Value, old: Option<&Value>, causes: &mut Vec<Ca
     }
     if let Some(old) = old {
         if text(old, "/spec/group") != group {
-            causes.push(invalid(
-                "spec.group",
-                &Value::from(group.as_str()),
-                "field is immutable",
-            ));
+            causes.push(invalid("spec.group", &Value::from(group), "field is immutable"));
         }
         if text(old, "/spec/scope") != scope {
             causes.push(forbidden("spec.scope", "field is immutable"));

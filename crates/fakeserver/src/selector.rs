@@ -6,6 +6,8 @@
 
 use serde_json::Value;
 
+use crate::json;
+
 /// A selector that could not be parsed; the API server answers 400 `BadRequest` with this message, worded as
 /// `k8s.io/apimachinery`'s `labels.Parse` and `fields.ParseSelector` word theirs.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -122,28 +124,9 @@ impl LabelSelector {
                 });
             }
         }
-        for expression in selector
-            .get("matchExpressions")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let key = expression
-                .get("key")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
-            let values: Vec<String> = expression
-                .get("values")
-                .and_then(Value::as_array)
-                .map(|values| {
-                    values
-                        .iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_owned)
-                        .collect()
-                })
-                .unwrap_or_default();
+        for expression in json::items(selector, "/matchExpressions") {
+            let key = json::text(expression, "/key").to_owned();
+            let values = json::strings(expression, "/values");
             let operator = match expression.get("operator").and_then(Value::as_str) {
                 Some("In") => Operator::In,
                 Some("NotIn") => Operator::NotIn,

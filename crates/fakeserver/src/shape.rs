@@ -8,6 +8,8 @@
 
 use serde_json::Value;
 
+use crate::json;
+
 /// How a list merges.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum ListType {
@@ -129,16 +131,7 @@ impl<'a> Shape<'a> {
             Shape::Schema { schema, .. } => {
                 match schema.get("x-kubernetes-list-type").and_then(Value::as_str) {
                     Some("set") => ListType::Set,
-                    Some("map") => ListType::SchemaMap(
-                        schema
-                            .get("x-kubernetes-list-map-keys")
-                            .and_then(Value::as_array)
-                            .into_iter()
-                            .flatten()
-                            .filter_map(Value::as_str)
-                            .map(str::to_owned)
-                            .collect(),
-                    ),
+                    Some("map") => ListType::SchemaMap(json::strings(schema, "/x-kubernetes-list-map-keys")),
                     _ => ListType::Atomic,
                 }
             }

@@ -13,6 +13,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::fieldset::{self, Element, FieldSet, Path, same_values};
+use crate::json;
 use crate::shape::{ListType, Shape};
 
 /// How a manager wrote its fields.
@@ -76,35 +77,25 @@ impl ManagedEntry {
 
 /// Reads `metadata.managedFields`.
 pub(crate) fn read_entries(object: &Value) -> Vec<ManagedEntry> {
-    object
-        .pointer("/metadata/managedFields")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
+    json::items(object, "/metadata/managedFields")
         .filter_map(read_entry)
         .collect()
 }
 
 /// Reads one entry of `metadata.managedFields`; `None` for an operation that is neither `Apply` nor `Update`.
 fn read_entry(entry: &Value) -> Option<ManagedEntry> {
-    let text = |key: &str| {
-        entry
-            .get(key)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned()
-    };
+    let text = |pointer: &str| json::text(entry, pointer).to_owned();
     let operation = match entry.get("operation").and_then(Value::as_str) {
         Some("Apply") => Operation::Apply,
         Some("Update") => Operation::Update,
         _ => return None,
     };
     Some(ManagedEntry {
-        manager: text("manager"),
+        manager: text("/manager"),
         operation,
-        api_version: text("apiVersion"),
-        time: text("time"),
-        subresource: text("subresource"),
+        api_version: text("/apiVersion"),
+        time: text("/time"),
+        subresource: text("/subresource"),
         fields: entry
             .get("fieldsV1")
             .map(FieldSet::from_fields_v1)
@@ -119,6 +110,11 @@ pub(crate) fn write_entries(object: &mut Value, entries: &[ManagedEntry]) {
         .filter(|e| !e.fields.is_empty())
         .map(ManagedEntry::to_json)
         .collect();
+    set_managed_fields(object, entries);
+}
+
+/// Stores `entries` as `metadata.managedFields`, or removes the field where there are none.
+fn set_managed_fields(object: &mut Value, entries: Vec<Value>) {
     if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
         if entries.is_empty() {
             metadata.remove("managedFields");
@@ -493,13 +489,7 @@ fn write(object: &mut Value, entries: Vec<Entry>) {
             Entry::Kept(raw) => Some(raw),
         })
         .collect();
-    if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
-        if entries.is_empty() {
-            metadata.remove("managedFields");
-        } else {
-            metadata.insert("managedFields".into(), Value::Array(entries));
-        }
-    }
+    set_managed_fields(object, entries);
 }
 
 /// Whether a stored entry is this manager's, for this operation and subresource.

@@ -27,6 +27,7 @@ use crate::authz::{CreateOnApply, Escalation};
 use crate::causes;
 use crate::clock::{Clock, format_time};
 use crate::error::{ApiError, GroupKind};
+use crate::json::{self, text};
 use crate::object::Stored;
 use crate::patch::PatchType;
 use crate::pods;
@@ -505,16 +506,8 @@ impl Store {
 
     /// Creates an object found by its own `apiVersion` and `kind` (fixtures, bootstrap).
     pub(crate) fn create_object(&self, object: Value, opts: &WriteOptions) -> Result<Written, ApiError> {
-        let api_version = object
-            .get("apiVersion")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
-        let kind = object
-            .get("kind")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
+        let api_version = text(&object, "/apiVersion").to_owned();
+        let kind = text(&object, "/kind").to_owned();
         let info = self
             .lock()
             .registry
@@ -1073,10 +1066,6 @@ pub(crate) fn shape_of(info: &ResourceInfo) -> Shape<'_> {
     }
 }
 
-pub(crate) fn text<'a>(value: &'a Value, pointer: &str) -> &'a str {
-    value.pointer(pointer).and_then(Value::as_str).unwrap_or_default()
-}
-
 pub(crate) fn metadata_mut(value: &mut Value) -> &mut serde_json::Map<String, Value> {
     if !value.get("metadata").is_some_and(Value::is_object) {
         value["metadata"] = json!({});
@@ -1085,14 +1074,7 @@ pub(crate) fn metadata_mut(value: &mut Value) -> &mut serde_json::Map<String, Va
 }
 
 pub(crate) fn finalizers(value: &Value) -> Vec<String> {
-    value
-        .pointer("/metadata/finalizers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .map(str::to_owned)
-        .collect()
+    json::strings(value, "/metadata/finalizers")
 }
 
 impl State {
@@ -1262,9 +1244,7 @@ impl State {
         }
         if info.is("apiextensions.k8s.io", "CustomResourceDefinition") {
             self.registry.unregister_crd(&value);
-            let group = text(&value, "/spec/group").to_owned();
-            let plural = text(&value, "/spec/names/plural").to_owned();
-            self.tables.remove(&StorageKey { group, plural });
+            self.tables.remove(&StorageKey::of_crd(&value));
         }
         stored
     }

@@ -15,6 +15,7 @@ use jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
 use crate::clock::Clock;
+use crate::json::{self, text};
 use crate::registry::ResourceInfo;
 
 /// What each row carries besides its cells (`?includeObject=`).
@@ -331,10 +332,6 @@ pub(crate) fn table(
     table
 }
 
-fn text<'v>(value: &'v Value, pointer: &str) -> &'v str {
-    value.pointer(pointer).and_then(Value::as_str).unwrap_or_default()
-}
-
 fn int(value: &Value, pointer: &str) -> i64 {
     value.pointer(pointer).and_then(Value::as_i64).unwrap_or(0)
 }
@@ -436,18 +433,9 @@ fn selector(selector: Option<&Value>) -> String {
     if labels != "<none>" {
         parts.push(labels);
     }
-    for expression in selector
-        .get("matchExpressions")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
+    for expression in json::items(selector, "/matchExpressions") {
         let key = text(expression, "/key");
-        let values: Vec<&str> = expression
-            .get("values")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
+        let values: Vec<&str> = json::items(expression, "/values")
             .filter_map(Value::as_str)
             .collect();
         parts.push(match text(expression, "/operator") {
@@ -853,11 +841,7 @@ fn pod_cells(pod: &Value, name: Value, created: Value, now: Timestamp) -> Vec<Va
     let gates_cell = if gates == 0 {
         "<none>".to_owned()
     } else {
-        let met = pod
-            .pointer("/spec/readinessGates")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
+        let met = json::items(pod, "/spec/readinessGates")
             .filter(|gate| {
                 pod.pointer("/status/conditions")
                     .and_then(Value::as_array)
@@ -892,22 +876,11 @@ fn service_cells(service: &Value, name: Value, created: Value) -> Vec<Value> {
         "" => "<none>",
         ip => ip,
     };
-    let mut external: Vec<String> = service
-        .pointer("/spec/externalIPs")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .map(str::to_owned)
-        .collect();
+    let mut external: Vec<String> = json::strings(service, "/spec/externalIPs");
     if kind == "ExternalName" {
         external.push(text(service, "/spec/externalName").to_owned());
     }
-    let ports: Vec<String> = service
-        .pointer("/spec/ports")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
+    let ports: Vec<String> = json::items(service, "/spec/ports")
         .map(|port| {
             let protocol = match text(port, "/protocol") {
                 "" => "TCP",

@@ -312,15 +312,24 @@ mod tests {
     use crate::registry::Registry;
     use serde_json::json;
 
+    /// [`normalize`] of `object` as the built-in resource `plural` of `group`/`version`.
+    fn normalize_as(
+        group: &str,
+        version: &str,
+        plural: &str,
+        object: &Value,
+    ) -> Result<Normalized, ApiError> {
+        let registry = Registry::builtin();
+        let info = registry
+            .find(group, version, plural)
+            .expect("a built-in resource");
+        normalize(&info, object)
+    }
+
     #[test]
     fn wrong_types_are_refused_naming_the_field() {
-        let registry = Registry::builtin();
-        let info = registry.find("apps", "v1", "deployments").expect("deployments");
-        let error = normalize(
-            &info,
-            &json!({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": "two"}}),
-        )
-        .expect_err("refused");
+        let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": "two"}});
+        let error = normalize_as("apps", "v1", "deployments", &deployment).expect_err("refused");
         assert_eq!(error.code(), 400);
         let message = error.to_string();
         assert!(
@@ -333,14 +342,9 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_dropped_and_reported() {
-        let registry = Registry::builtin();
-        let info = registry.find("", "v1", "configmaps").expect("configmaps");
-        let normalized = normalize(
-            &info,
-            &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "bogus": 1},
-                    "data": {"k": "v"}, "spec": {"x": 1}}),
-        )
-        .expect("decodes");
+        let configmap = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "bogus": 1},
+                               "data": {"k": "v"}, "spec": {"x": 1}});
+        let normalized = normalize_as("", "v1", "configmaps", &configmap).expect("decodes");
         assert_eq!(normalized.unknown, ["metadata.bogus", "spec"]);
         assert_eq!(
             normalized.object,

@@ -13,6 +13,7 @@ use crate::causes::{
     qualified_name_problems, required, unsupported,
 };
 use crate::error::Cause;
+use crate::json;
 use crate::registry::ResourceInfo;
 use crate::selector::LabelSelector;
 
@@ -25,13 +26,7 @@ fn policy_rules(object: &Value, namespaced: bool) -> Vec<Cause> {
             .and_then(Value::as_array)
             .is_some_and(|a| !a.is_empty())
     };
-    for (i, rule) in object
-        .get("rules")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
+    for (i, rule) in json::items(object, "/rules").enumerate() {
         let field = |key: &str| format!("rules[{i}].{key}");
         if !list(rule, "verbs") {
             causes.push(required(&field("verbs"), "verbs must contain at least one value"));
@@ -86,45 +81,31 @@ fn policy_rules(object: &Value, namespaced: bool) -> Vec<Cause> {
 fn binding_refs(object: &Value, namespaced: bool) -> Vec<Cause> {
     const GROUP: &str = "rbac.authorization.k8s.io";
     let mut causes = Vec::new();
-    let text = |value: &Value, key: &str| {
-        value
-            .get(key)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned()
-    };
-    let role_ref = object.get("roleRef").cloned().unwrap_or(Value::Null);
-    let group = text(&role_ref, "apiGroup");
+    let group = json::text(object, "/roleRef/apiGroup");
     if group != GROUP {
         causes.push(unsupported("roleRef.apiGroup", &Value::from(group), &[GROUP]));
     }
-    let kind = text(&role_ref, "kind");
+    let kind = json::text(object, "/roleRef/kind");
     let kinds: &[&str] = if namespaced {
         &["Role", "ClusterRole"]
     } else {
         &["ClusterRole"]
     };
-    if !kind.is_empty() && !kinds.contains(&kind.as_str()) {
+    if !kind.is_empty() && !kinds.contains(&kind) {
         causes.push(unsupported("roleRef.kind", &Value::from(kind), kinds));
     }
-    for (i, subject) in object
-        .get("subjects")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
+    for (i, subject) in json::items(object, "/subjects").enumerate() {
         let field = |key: &str| format!("subjects[{i}].{key}");
-        if text(subject, "name").is_empty() {
+        if json::text(subject, "/name").is_empty() {
             causes.push(required(&field("name"), ""));
         }
-        let api_group = text(subject, "apiGroup");
-        match text(subject, "kind").as_str() {
+        let api_group = json::text(subject, "/apiGroup");
+        match json::text(subject, "/kind") {
             "ServiceAccount" => {
                 if !api_group.is_empty() {
                     causes.push(unsupported(&field("apiGroup"), &Value::from(api_group), &[""]));
                 }
-                if !namespaced && text(subject, "namespace").is_empty() {
+                if !namespaced && json::text(subject, "/namespace").is_empty() {
                     causes.push(required(&field("namespace"), ""));
                 }
             }
@@ -203,13 +184,7 @@ pub(crate) fn metadata(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
             });
         }
     }
-    for (index, finalizer) in meta
-        .get("finalizers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
+    for (index, finalizer) in json::items(meta, "/finalizers").enumerate() {
         let text = finalizer.as_str().unwrap_or_default();
         if let Some(problem) = qualified_name_problem(text) {
             causes.push(invalid(
@@ -220,13 +195,7 @@ pub(crate) fn metadata(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
         }
     }
     let mut controllers = 0;
-    for (index, owner) in meta
-        .get("ownerReferences")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
+    for (index, owner) in json::items(meta, "/ownerReferences").enumerate() {
         let at = format!("metadata.ownerReferences[{index}]");
         for key in ["apiVersion", "kind", "name", "uid"] {
             if owner.get(key).and_then(Value::as_str).is_none_or(str::is_empty) {
@@ -445,9 +414,9 @@ pub(crate) fn builtin(info: &ResourceInfo, object: &Value, old: Option<&Value>) 
             "spec.spec.devices.requests",
             &mut causes,
         ),
-        ("", "Event") => event(&EventFields::core(object), &mut causes),
+        ("", "Event") => event(&EventFields::read(object, &EventLayout::CORE), &mut causes),
         ("events.k8s.io", "Event") => {
-            let fields = EventFields::events_v1(object);
+            let fields = EventFields::read(object, &EventLayout::EVENTS_V1);
             event(&fields, &mut causes);
             if old.is_none() {
                 event_v1_create(object, &fields, &mut causes);
@@ -471,42 +440,41 @@ struct EventFields<'a> {
     message: &'a str,
 }
 
-impl<'a> EventFields<'a> {
-    fn core(object: &'a Value) -> Self {
-        let text = |pointer: &str| {
-            object
-                .pointer(pointer)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-        };
-        Self {
-            namespace: text("/metadata/namespace"),
-            involved_namespace: text("/involvedObject/namespace"),
-            event_time: object.get("eventTime").is_some_and(|t| !t.is_null()),
-            reporting_controller: text("/reportingComponent"),
-            reporting_instance: text("/reportingInstance"),
-            action: text("/action"),
-            reason: text("/reason"),
-            message: text("/message"),
-        }
-    }
+/// Where an event API keeps the fields that the two APIs name differently.
+struct EventLayout {
+    involved_namespace: &'static str,
+    reporting_controller: &'static str,
+    message: &'static str,
+}
 
-    fn events_v1(object: &'a Value) -> Self {
-        let text = |pointer: &str| {
-            object
-                .pointer(pointer)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-        };
+impl EventLayout {
+    /// core/v1 `Event`.
+    const CORE: EventLayout = EventLayout {
+        involved_namespace: "/involvedObject/namespace",
+        reporting_controller: "/reportingComponent",
+        message: "/message",
+    };
+
+    /// events.k8s.io/v1 `Event`.
+    const EVENTS_V1: EventLayout = EventLayout {
+        involved_namespace: "/regarding/namespace",
+        reporting_controller: "/reportingController",
+        message: "/note",
+    };
+}
+
+impl<'a> EventFields<'a> {
+    fn read(object: &'a Value, layout: &EventLayout) -> Self {
+        let text = |pointer: &str| json::text(object, pointer);
         Self {
             namespace: text("/metadata/namespace"),
-            involved_namespace: text("/regarding/namespace"),
+            involved_namespace: text(layout.involved_namespace),
             event_time: object.get("eventTime").is_some_and(|t| !t.is_null()),
-            reporting_controller: text("/reportingController"),
+            reporting_controller: text(layout.reporting_controller),
             reporting_instance: text("/reportingInstance"),
             action: text("/action"),
             reason: text("/reason"),
-            message: text("/note"),
+            message: text(layout.message),
         }
     }
 }
@@ -606,14 +574,9 @@ fn event_v1_create(object: &Value, event: &EventFields<'_>, causes: &mut Vec<Cau
     if object.get("deprecatedCount").and_then(Value::as_i64).unwrap_or(0) != 0 {
         causes.push(invalid("count", &Value::from(""), "needs to be unset"));
     }
-    let source = object.get("deprecatedSource");
-    let source_text = |key: &str| {
-        source
-            .and_then(|s| s.get(key))
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-    };
-    if !source_text("component").is_empty() || !source_text("host").is_empty() {
+    if !json::text(object, "/deprecatedSource/component").is_empty()
+        || !json::text(object, "/deprecatedSource/host").is_empty()
+    {
         causes.push(invalid("source", &Value::from(""), "needs to be unset"));
     }
 }
@@ -670,74 +633,61 @@ fn workload(object: &Value, old: Option<&Value>, causes: &mut Vec<Cause>) {
 }
 
 fn pod_spec(spec: Option<&Value>, at: &str, causes: &mut Vec<Cause>) {
-    let containers = spec.and_then(|s| s.get("containers")).and_then(Value::as_array);
+    let null = Value::Null;
+    let spec = spec.unwrap_or(&null);
+    let containers = spec.get("containers").and_then(Value::as_array);
     if containers.is_none_or(Vec::is_empty) {
         causes.push(required(&format!("{at}.containers"), ""));
     }
     let mut names: Vec<&str> = Vec::new();
-    for list in ["initContainers", "containers"] {
-        for (index, container) in spec
-            .and_then(|s| s.get(list))
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            let field = format!("{at}.{list}[{index}]");
-            match container.get("name").and_then(Value::as_str) {
-                None | Some("") => causes.push(required(&format!("{field}.name"), "")),
-                Some(name) => {
-                    if let Some(problem) = dns_label_problem(name) {
-                        causes.push(invalid(&format!("{field}.name"), &Value::from(name), problem));
-                    }
-                    if names.contains(&name) {
-                        causes.push(duplicate(&format!("{field}.name"), &Value::from(name)));
-                    }
-                    names.push(name);
+    for (field, container) in all_containers(spec, at) {
+        match container.get("name").and_then(Value::as_str) {
+            None | Some("") => causes.push(required(&format!("{field}.name"), "")),
+            Some(name) => {
+                if let Some(problem) = dns_label_problem(name) {
+                    causes.push(invalid(&format!("{field}.name"), &Value::from(name), problem));
                 }
-            }
-            if container
-                .get("image")
-                .and_then(Value::as_str)
-                .is_none_or(|i| i.trim().is_empty())
-            {
-                causes.push(required(&format!("{field}.image"), ""));
+                if names.contains(&name) {
+                    causes.push(duplicate(&format!("{field}.name"), &Value::from(name)));
+                }
+                names.push(name);
             }
         }
+        if container
+            .get("image")
+            .and_then(Value::as_str)
+            .is_none_or(|i| i.trim().is_empty())
+        {
+            causes.push(required(&format!("{field}.image"), ""));
+        }
     }
-    let volumes: Vec<&str> = spec
-        .and_then(|s| s.get("volumes"))
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
+    let volumes: Vec<&str> = json::items(spec, "/volumes")
         .filter_map(|v| v.get("name").and_then(Value::as_str))
         .collect();
-    for list in ["initContainers", "containers"] {
-        for (index, container) in spec
-            .and_then(|s| s.get(list))
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            for (m, mount) in container
-                .get("volumeMounts")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .enumerate()
-            {
-                let name = mount.get("name").and_then(Value::as_str).unwrap_or_default();
-                if !volumes.contains(&name) {
-                    causes.push(Cause {
-                        reason: "FieldValueNotFound".into(),
-                        message: format!("Not found: {name:?}"),
-                        field: format!("{at}.{list}[{index}].volumeMounts[{m}].name"),
-                    });
-                }
+    for (field, container) in all_containers(spec, at) {
+        for (m, mount) in json::items(container, "/volumeMounts").enumerate() {
+            let name = json::text(mount, "/name");
+            if !volumes.contains(&name) {
+                causes.push(Cause {
+                    reason: "FieldValueNotFound".into(),
+                    message: format!("Not found: {name:?}"),
+                    field: format!("{field}.volumeMounts[{m}].name"),
+                });
             }
         }
     }
+}
+
+/// The init containers and then the containers of a pod spec, each with its field path
+/// (`{at}.initContainers[0]`).
+fn all_containers<'v>(spec: &'v Value, at: &'v str) -> impl Iterator<Item = (String, &'v Value)> {
+    ["initContainers", "containers"]
+        .into_iter()
+        .flat_map(move |list| {
+            json::items(spec, &format!("/{list}"))
+                .enumerate()
+                .map(move |(index, container)| (format!("{at}.{list}[{index}]"), container))
+        })
 }
 
 fn pod_immutables(object: &Value, old: &Value, causes: &mut Vec<Cause>) {
@@ -756,13 +706,8 @@ fn pod_immutables(object: &Value, old: &Value, causes: &mut Vec<Cause>) {
             map.remove("tolerations");
             map.remove("schedulingGates");
             for list in ["containers", "initContainers"] {
-                for container in map
-                    .get_mut(list)
-                    .and_then(Value::as_array_mut)
-                    .into_iter()
-                    .flatten()
-                {
-                    container.as_object_mut().map(|c| c.remove("image"));
+                for container in json::objects_mut(map.get_mut(list)) {
+                    container.remove("image");
                 }
             }
         }

@@ -14,6 +14,7 @@ use crate::causes;
 use crate::clock::format_time;
 use crate::defaults;
 use crate::error::{ApiError, Cause, GroupKind, GroupResource};
+use crate::json::text;
 use crate::object::Stored;
 use crate::patch::{self, PatchType};
 use crate::pods;
@@ -21,7 +22,7 @@ use crate::registry::ResourceInfo;
 use crate::ssa::{self, Applier, Scope, Updater};
 use crate::store::{
     DeleteOptions, Deleted, FieldValidation, PodTermination, Propagation, Source, State, Work, WriteOptions,
-    Written, finalizers, metadata_mut, not_found, shape_of, text,
+    Written, finalizers, metadata_mut, not_found, shape_of,
 };
 use crate::typed;
 use crate::validation;

@@ -30,6 +30,7 @@ use serde_json::{Value, json};
 
 use crate::clock::{Clock, format_time};
 use crate::error::{ApiError, Cause, GroupKind, GroupResource};
+use crate::json;
 use crate::random::Random;
 use crate::registry::ResourceInfo;
 use rbac::{Attributes, PolicyRule, RbacIndex, RoleId, RoleKind, UserInfo, service_account_user};
@@ -359,38 +360,23 @@ impl Authz {
         let subject = match user {
             Some(user) => user.clone(),
             None => UserInfo {
-                name: spec
-                    .get("user")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned(),
-                groups: spec
-                    .get("groups")
-                    .and_then(Value::as_array)
-                    .map(|g| g.iter().filter_map(Value::as_str).map(str::to_owned).collect())
-                    .unwrap_or_default(),
+                name: json::text(&spec, "/user").to_owned(),
+                groups: json::strings(&spec, "/groups"),
             },
-        };
-        let field = |value: &Value, key: &str| {
-            value
-                .get(key)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned()
         };
         let attrs = match (spec.get("resourceAttributes"), spec.get("nonResourceAttributes")) {
             (Some(r), None) => {
                 let mut attrs = Attributes::resource(
-                    &field(r, "verb"),
-                    &field(r, "group"),
-                    &field(r, "resource"),
-                    &field(r, "namespace"),
-                    &field(r, "name"),
+                    json::text(r, "/verb"),
+                    json::text(r, "/group"),
+                    json::text(r, "/resource"),
+                    json::text(r, "/namespace"),
+                    json::text(r, "/name"),
                 );
-                attrs.subresource = field(r, "subresource");
+                attrs.subresource = json::text(r, "/subresource").to_owned();
                 attrs
             }
-            (None, Some(n)) => Attributes::non_resource(&field(n, "verb"), &field(n, "path")),
+            (None, Some(n)) => Attributes::non_resource(json::text(n, "/verb"), json::text(n, "/path")),
             _ => {
                 return Err(ApiError::invalid_causes(
                     GroupKind {
@@ -431,10 +417,7 @@ impl Authz {
     /// Answers a SelfSubjectRulesReview (`kubectl auth can-i --list`): the rules `user` holds in
     /// `spec.namespace`, split into resource and non-resource rules as the real server lists them.
     pub(crate) fn rules_review(&self, user: &UserInfo, body: &Value) -> Value {
-        let namespace = body
-            .pointer("/spec/namespace")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let namespace = json::text(body, "/spec/namespace");
         let (rules, errors) = if !self.enforcing() || user.is_master() {
             let everything = vec![
                 PolicyRule::from_json(&json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]})),
@@ -600,10 +583,7 @@ impl Escalation {
         if old.is_some_and(|old| only_gc_fields_differ(old, new)) {
             return Ok(());
         }
-        let name = new
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let name = json::text(new, "/metadata/name");
         let namespace = &self.attrs.namespace;
         let held = |namespace: &str| {
             let index = self.authz.index.read().unwrap_or_else(PoisonError::into_inner);
@@ -637,15 +617,8 @@ impl Escalation {
                 Ok(())
             }
             "rolebindings" | "clusterrolebindings" => {
-                let kind = new
-                    .pointer("/roleRef/kind")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                let role_name = new
-                    .pointer("/roleRef/name")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                let (role_kind, role_resource) = match kind {
+                let role_name = json::text(new, "/roleRef/name");
+                let (role_kind, role_resource) = match json::text(new, "/roleRef/kind") {
                     "Role" => (RoleKind::Role, "roles"),
                     "ClusterRole" => (RoleKind::ClusterRole, "clusterroles"),
                     // Validation refuses other kinds.
@@ -654,15 +627,7 @@ impl Escalation {
                 if self.allowed_to("bind", role_resource, namespace, role_name) {
                     return Ok(());
                 }
-                let role = RoleId {
-                    kind: role_kind,
-                    namespace: if role_kind == RoleKind::Role {
-                        namespace.clone()
-                    } else {
-                        String::new()
-                    },
-                    name: role_name.to_owned(),
-                };
+                let role = RoleId::referenced(role_kind, namespace, role_name);
                 let requested = {
                     let index = self.authz.index.read().unwrap_or_else(PoisonError::into_inner);
                     index.role_rules(&role).map_err(ApiError::BadRequest)?

@@ -13,6 +13,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::json;
 use crate::selector::LabelSelector;
 
 /// `*`: every verb, group, resource or URL.
@@ -39,37 +40,20 @@ pub struct PolicyRule {
     pub non_resource_urls: Vec<String>,
 }
 
-fn strings(value: &Value, key: &str) -> Vec<String> {
-    value
-        .get(key)
-        .and_then(Value::as_array)
-        .map(|items| {
-            items
-                .iter()
-                .filter_map(Value::as_str)
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
+/// The string at `pointer`, owned.
 fn text(value: &Value, pointer: &str) -> String {
-    value
-        .pointer(pointer)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned()
+    json::text(value, pointer).to_owned()
 }
 
 impl PolicyRule {
     /// The rule as stored JSON writes it.
     pub fn from_json(value: &Value) -> Self {
         Self {
-            verbs: strings(value, "verbs"),
-            api_groups: strings(value, "apiGroups"),
-            resources: strings(value, "resources"),
-            resource_names: strings(value, "resourceNames"),
-            non_resource_urls: strings(value, "nonResourceURLs"),
+            verbs: json::strings(value, "/verbs"),
+            api_groups: json::strings(value, "/apiGroups"),
+            resources: json::strings(value, "/resources"),
+            resource_names: json::strings(value, "/resourceNames"),
+            non_resource_urls: json::strings(value, "/nonResourceURLs"),
         }
     }
 
@@ -263,6 +247,22 @@ pub struct RoleId {
     pub name: String,
 }
 
+impl RoleId {
+    /// The role a binding in `binding_namespace` refers to: a Role in the binding's own namespace, or a
+    /// ClusterRole, which has none.
+    pub(crate) fn referenced(kind: RoleKind, binding_namespace: &str, name: &str) -> Self {
+        let namespace = match kind {
+            RoleKind::Role => binding_namespace.to_owned(),
+            RoleKind::ClusterRole => String::new(),
+        };
+        Self {
+            kind,
+            namespace,
+            name: name.to_owned(),
+        }
+    }
+}
+
 /// One rule of one role: the role and the rule's index in its (aggregated, for aggregated ClusterRoles)
 /// rules.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -444,20 +444,8 @@ impl RbacIndex {
                 } else {
                     RoleKind::ClusterRole
                 };
-                let role = RoleId {
-                    kind: role_kind,
-                    namespace: if role_kind == RoleKind::Role {
-                        namespace.clone()
-                    } else {
-                        String::new()
-                    },
-                    name: text(object, "/roleRef/name"),
-                };
-                let subjects: Vec<Subject> = object
-                    .get("subjects")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
+                let role = RoleId::referenced(role_kind, &namespace, json::text(object, "/roleRef/name"));
+                let subjects: Vec<Subject> = json::items(object, "/subjects")
                     .map(|s| Subject {
                         kind: text(s, "/kind"),
                         name: text(s, "/name"),
@@ -639,16 +627,7 @@ impl RbacIndex {
 }
 
 fn role_entry(object: &Value, cluster: bool) -> RoleEntry {
-    let labels = object
-        .pointer("/metadata/labels")
-        .and_then(Value::as_object)
-        .map(|labels| {
-            labels
-                .iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
-                .collect()
-        })
-        .unwrap_or_default();
+    let labels = json::string_entries(object, "/metadata/labels");
     let aggregation = cluster
         .then(|| object.pointer("/aggregationRule/clusterRoleSelectors"))
         .flatten()
@@ -929,6 +908,14 @@ mod tests {
         binding
     }
 
+    /// Binds the ClusterRole `role` to `subjects` cluster-wide, in a binding of the same name.
+    fn bind_cluster_role(index: &mut RbacIndex, role: &str, subjects: Value) {
+        index.upsert(
+            RbacKind::ClusterRoleBinding,
+            &binding(None, role, "ClusterRole", role, subjects),
+        );
+    }
+
     fn sa(namespace: &str, name: &str) -> Value {
         json!([{"kind": "ServiceAccount", "name": name, "namespace": namespace}])
     }
@@ -952,16 +939,7 @@ mod tests {
                 ],
             ),
         );
-        index.upsert(
-            RbacKind::ClusterRoleBinding,
-            &binding(
-                None,
-                "op",
-                "ClusterRole",
-                "op",
-                sa("gpu-operator", "gpu-operator"),
-            ),
-        );
+        bind_cluster_role(&mut index, "op", sa("gpu-operator", "gpu-operator"));
         let me = sa_user("gpu-operator", "gpu-operator");
         let at = |verb: &str, group: &str, resource: &str, ns: &str, name: &str| {
             allowed(
@@ -1010,16 +988,7 @@ mod tests {
                 ],
             ),
         );
-        index.upsert(
-            RbacKind::ClusterRoleBinding,
-            &binding(
-                None,
-                "cp",
-                "ClusterRole",
-                "cp",
-                json!([{"kind": "User", "name": "alice"}]),
-            ),
-        );
+        bind_cluster_role(&mut index, "cp", json!([{"kind": "User", "name": "alice"}]));
         let alice = user("alice", &["system:authenticated"]);
         let at = |verb: &str, name: &str| {
             allowed(
@@ -1115,15 +1084,10 @@ mod tests {
                 vec![json!({"verbs": ["get"], "nonResourceURLs": ["/healthz", "/apis/*"]})],
             ),
         );
-        index.upsert(
-            RbacKind::ClusterRoleBinding,
-            &binding(
-                None,
-                "d",
-                "ClusterRole",
-                "d",
-                json!([{"kind": "Group", "name": "system:authenticated"}]),
-            ),
+        bind_cluster_role(
+            &mut index,
+            "d",
+            json!([{"kind": "Group", "name": "system:authenticated"}]),
         );
         let me = user("bob", &["system:authenticated"]);
         assert!(allowed(&index, &me, &Attributes::non_resource("get", "/healthz")));
@@ -1159,26 +1123,8 @@ mod tests {
                 vec![rule(&["list"], &[""], &["nodes"]), rule(&["*"], &["*"], &["*"])],
             ),
         );
-        index.upsert(
-            RbacKind::ClusterRoleBinding,
-            &binding(
-                None,
-                "r",
-                "ClusterRole",
-                "r",
-                json!([{"kind": "User", "name": "u"}]),
-            ),
-        );
-        index.upsert(
-            RbacKind::ClusterRoleBinding,
-            &binding(
-                None,
-                "gone",
-                "ClusterRole",
-                "gone",
-                json!([{"kind": "User", "name": "v"}]),
-            ),
-        );
+        bind_cluster_role(&mut index, "r", json!([{"kind": "User", "name": "u"}]));
+        bind_cluster_role(&mut index, "gone", json!([{"kind": "User", "name": "v"}]));
         let decision = authorize(
             &index,
             &user("u", &[]),
