@@ -775,9 +775,13 @@ async fn reconcile_active(
     }
     // A policy exists: "no policy" no longer holds for the upgrade controller, which would otherwise strip
     // the upgrade state the labeller is writing now. Its pools come after the apply.
-    context
-        .upgrade_pools
-        .send_if_modified(|current| matches!(current, Some(Upgrades::NoPolicy)) && current.take().is_some());
+    context.upgrade_pools.send_if_modified(|current| {
+        let stale = matches!(current, Some(Upgrades::NoPolicy));
+        if stale {
+            *current = None;
+        }
+        stale
+    });
     let planned = match decide_plan(context, &validated, &labelling) {
         Ok(planned) => planned,
         // Without the facts nothing can be rendered right: nothing is changed, and the status says why.
